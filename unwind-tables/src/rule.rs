@@ -1,0 +1,78 @@
+//! The rules a compact row points at: how to get from one frame to its caller.
+//!
+//! These are the only unwinding operations the BPF program and the userspace
+//! twin ([`crate::walk`]) know. Whatever CFI does not reduce to one of them is
+//! [`Rule::Unsupported`], so that no walker ever guesses.
+
+/// DWARF register numbers (x86-64 System V) a rule may name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reg {
+    Rbp = 6,
+    Rsp = 7,
+}
+
+/// How to compute the canonical frame address (the caller's rsp after return).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cfa {
+    /// CFA = rsp + offset.
+    Rsp(i32),
+    /// CFA = rbp + offset.
+    Rbp(i32),
+    /// GCC's PLT expression: CFA = rsp + 8 + ((rip & 15) >= threshold ? 8 : 0).
+    Plt { threshold: u8 },
+    /// CFA = *(reg + offset) + add (stack-realigning functions using a DRAP register).
+    Deref { reg: Reg, offset: i32, add: i32 },
+}
+
+/// Where the caller's rbp is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RbpRule {
+    /// rbp is unchanged in the caller.
+    Same,
+    /// caller's rbp = *(CFA + offset).
+    AtCfa(i32),
+    /// caller's rbp = *(rbp + offset) (DRAP frames describe it from rbp).
+    AtRbp(i32),
+}
+
+/// Why a row is marked unsupported. The numeric values are part of the BPF
+/// layout (`ct_rule.reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum UnsupportedReason {
+    /// The CFA is computed from a register other than rsp/rbp (e.g. r10 in DRAP epilogues).
+    CfaRegister = 1,
+    /// The CFA is a DWARF expression of a shape the walker does not know.
+    CfaExpression = 2,
+    /// An offset does not fit in i32.
+    OffsetOverflow = 3,
+    /// rbp is restored by a rule other than "same" or "at CFA/rbp + offset".
+    RbpRule = 4,
+    /// The return address is not at CFA-8.
+    ReturnAddress = 5,
+    /// The CFI could not be evaluated (gimli error inside an otherwise good FDE).
+    BadCfi = 6,
+}
+
+/// One unwinding step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rule {
+    /// No CFI covers this address.
+    Gap,
+    /// An ordinary frame: return address at CFA-8.
+    Frame { cfa: Cfa, rbp: RbpRule },
+    /// The return address is undefined: this is the outermost frame (`_start`, thread entry).
+    End,
+    /// A signal trampoline (`__restore_rt`): rip, rsp and rbp come from the ucontext at rsp.
+    Signal,
+    /// CFI exists but the walker must not guess at it.
+    Unsupported(UnsupportedReason),
+}
+
+/// Offsets of the interrupted registers in the x86-64 `ucontext_t` found at rsp
+/// inside `__restore_rt`. Mirrored by `CT_SIGFRAME_*` in the BPF header.
+pub mod sigframe {
+    pub const RBP: u64 = 120;
+    pub const RSP: u64 = 160;
+    pub const RIP: u64 = 168;
+}
