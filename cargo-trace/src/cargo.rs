@@ -1,0 +1,82 @@
+//! Build the crate's target with cargo and find the executable it produced.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use cargo_metadata::{Message, TargetKind};
+
+use crate::cli::CargoArgs;
+
+/// Build the selected target (release by default, with debug info so stacks
+/// symbolize) and return the path of its executable.
+pub fn build(args: &CargoArgs) -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.arg("build").arg("--message-format=json-render-diagnostics");
+    if let Some(profile) = &args.profile {
+        command.args(["--profile", profile]);
+    } else if !args.dev {
+        command.arg("--release");
+        // Line tables at least, unless the user configured more.
+        if std::env::var_os("CARGO_PROFILE_RELEASE_DEBUG").is_none() {
+            command.env("CARGO_PROFILE_RELEASE_DEBUG", "line-tables-only");
+        }
+    }
+    let selections = [
+        ("--bin", &args.bin),
+        ("--example", &args.example),
+        ("--test", &args.test),
+        ("--bench", &args.bench),
+        ("--package", &args.package),
+    ];
+    for (flag, value) in selections {
+        if let Some(value) = value {
+            command.args([flag, value]);
+        }
+    }
+    for features in &args.features {
+        command.args(["--features", features]);
+    }
+    if args.all_features {
+        command.arg("--all-features");
+    }
+    if args.no_default_features {
+        command.arg("--no-default-features");
+    }
+    if let Some(manifest) = &args.manifest_path {
+        command.arg("--manifest-path").arg(manifest);
+    }
+    command.stdout(Stdio::piped());
+    let mut child = command.spawn().context("running cargo build")?;
+    let stdout = child.stdout.take().context("cargo build's output")?;
+    let mut executables = Vec::new();
+    for message in Message::parse_stream(std::io::BufReader::new(stdout)) {
+        if let Message::CompilerArtifact(artifact) = message.context("reading cargo's output")? {
+            let wanted = match (&args.test, &args.bench, &args.example) {
+                (Some(_), _, _) => artifact.target.kind.contains(&TargetKind::Test),
+                (_, Some(_), _) => artifact.target.kind.contains(&TargetKind::Bench),
+                (_, _, Some(_)) => artifact.target.kind.contains(&TargetKind::Example),
+                _ => artifact.target.kind.contains(&TargetKind::Bin),
+            };
+            if let (true, Some(executable)) = (wanted, artifact.executable) {
+                executables.push((artifact.target.name, executable.into_std_path_buf()));
+            }
+        }
+    }
+    let status = child.wait().context("waiting for cargo build")?;
+    if !status.success() {
+        bail!("cargo build failed ({status})");
+    }
+    match executables.len() {
+        0 => bail!("cargo built no executable target; choose one with --bin, --example, --test or --bench"),
+        1 => Ok(executables.remove(0).1),
+        _ => {
+            let names: Vec<_> = executables.iter().map(|(name, _)| name.as_str()).collect();
+            bail!(
+                "several executables were built ({}); choose one with --bin NAME",
+                names.join(", ")
+            )
+        }
+    }
+}

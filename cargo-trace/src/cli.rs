@@ -1,0 +1,187 @@
+//! Command line: bpftrace's probe grammar and `-c`/`-p`, cargo-flamegraph's cargo flags.
+//!
+//! Cargo runs a subcommand as `cargo-trace trace ARGS`; run directly it is
+//! `cargo-trace ARGS`. [`Cli::parse_from_env`] accepts both.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Trace a program with eBPF probes, unwinding user stacks in the kernel, and write a flamegraph.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo-trace",
+    bin_name = "cargo trace",
+    version,
+    after_help = "EXAMPLES:\n  \
+        cargo trace profile:hz:99                      build the crate's binary, run it, flamegraph.svg\n  \
+        cargo trace profile:hz:99 --bin server -- --port 8080\n  \
+        cargo trace uprobe:libc:malloc -c './prog arg'\n  \
+        cargo trace uprobe:libc:malloc -p 1234         attach to a running process\n  \
+        cargo trace tracepoint:sched:sched_switch -c ./prog"
+)]
+pub struct Cli {
+    /// Probes in bpftrace's grammar, e.g. profile:hz:99, uprobe:libc:malloc,
+    /// uretprobe:./prog:myprog::parse, tracepoint:sched:sched_switch.
+    #[arg(value_name = "PROBE", required = true)]
+    pub probes: Vec<String>,
+
+    /// Run this command (split like a shell would, without running a shell) and trace it.
+    #[arg(short = 'c', long = "command", value_name = "CMD", conflicts_with = "pid")]
+    pub command: Option<String>,
+
+    /// Attach to this running process instead of starting one. With a non-numeric value,
+    /// `-p` is cargo's `--package`.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pid: Option<u32>,
+
+    /// Where to write the flamegraph (SVG).
+    #[arg(short = 'o', long = "output", value_name = "PATH", default_value = "flamegraph.svg")]
+    pub output: PathBuf,
+
+    /// Also write folded stacks (`outer;...;inner COUNT`, one line per distinct stack).
+    #[arg(long = "folded", value_name = "PATH")]
+    pub folded: Option<PathBuf>,
+
+    /// Don't write the flamegraph SVG (e.g. with --folded only).
+    #[arg(long = "no-svg")]
+    pub no_svg: bool,
+
+    /// Title of the flamegraph (default: the probes and the command).
+    #[arg(long = "title", value_name = "TEXT")]
+    pub title: Option<String>,
+
+    #[command(flatten)]
+    pub cargo: CargoArgs,
+
+    /// Arguments passed to the binary cargo builds (after `--`).
+    #[arg(last = true, value_name = "ARGS")]
+    pub trailing: Vec<String>,
+}
+
+/// The cargo flags that select and build the target, as cargo-flamegraph takes them.
+#[derive(Debug, Default, clap::Args)]
+pub struct CargoArgs {
+    /// Binary target to build and run.
+    #[arg(long, value_name = "NAME")]
+    pub bin: Option<String>,
+    /// Example target to build and run.
+    #[arg(long, value_name = "NAME")]
+    pub example: Option<String>,
+    /// Test target to build and run.
+    #[arg(long, value_name = "NAME")]
+    pub test: Option<String>,
+    /// Bench target to build and run.
+    #[arg(long, value_name = "NAME")]
+    pub bench: Option<String>,
+    /// Package of the workspace to build (also `-p NAME` when NAME is not a number).
+    #[arg(long, value_name = "SPEC")]
+    pub package: Option<String>,
+    /// Cargo profile to build with (default: release).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Build with the release profile (the default unless --dev or --profile).
+    #[arg(long)]
+    pub release: bool,
+    /// Build with the dev profile.
+    #[arg(long, conflicts_with_all = ["release", "profile"])]
+    pub dev: bool,
+    /// Features to enable.
+    #[arg(short = 'F', long, value_name = "FEATURES")]
+    pub features: Vec<String>,
+    /// Enable all features.
+    #[arg(long)]
+    pub all_features: bool,
+    /// Disable default features.
+    #[arg(long)]
+    pub no_default_features: bool,
+    /// Path to Cargo.toml.
+    #[arg(long, value_name = "PATH")]
+    pub manifest_path: Option<PathBuf>,
+}
+
+impl Cli {
+    /// Parse the process arguments, whether cargo or a user invoked the binary.
+    pub fn parse_from_env() -> Self {
+        Self::parse_from(normalize_args(std::env::args_os().collect()))
+    }
+}
+
+/// Drop cargo's `trace` subcommand word, and turn `-p VALUE` into `--pid` or
+/// `--package` depending on whether VALUE is a process id.
+pub fn normalize_args(mut args: Vec<OsString>) -> Vec<OsString> {
+    if args.get(1).is_some_and(|word| word == "trace") {
+        args.remove(1);
+    }
+    let mut out = Vec::with_capacity(args.len());
+    let mut iter = args.into_iter();
+    while let Some(arg) = iter.next() {
+        if arg == "--" {
+            out.push(arg);
+            out.extend(iter);
+            break;
+        }
+        let text = arg.to_string_lossy().into_owned();
+        let (flag_value, inline) = if text == "-p" {
+            (iter.next(), false)
+        } else if let Some(rest) = text.strip_prefix("-p").filter(|rest| !rest.is_empty()) {
+            (Some(OsString::from(rest.trim_start_matches('='))), true)
+        } else {
+            out.push(arg);
+            continue;
+        };
+        match flag_value {
+            Some(value) => {
+                let is_pid = value.to_str().is_some_and(|v| v.parse::<u32>().is_ok());
+                out.push(if is_pid { "--pid" } else { "--package" }.into());
+                out.push(value);
+            }
+            None if !inline => out.push(arg),
+            None => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(words: &[&str]) -> Cli {
+        let args = words.iter().map(OsString::from).collect();
+        Cli::try_parse_from(normalize_args(args)).expect("parses")
+    }
+
+    #[test]
+    fn cargo_subcommand_word_is_dropped() {
+        let cli = parse(&["cargo-trace", "trace", "profile:hz:99", "-c", "./prog a"]);
+        assert_eq!(cli.probes, ["profile:hz:99"]);
+        assert_eq!(cli.command.as_deref(), Some("./prog a"));
+    }
+
+    #[test]
+    fn dash_p_is_pid_or_package() {
+        let cli = parse(&["cargo-trace", "uprobe:libc:malloc", "-p", "1234"]);
+        assert_eq!(cli.pid, Some(1234));
+        assert_eq!(cli.cargo.package, None);
+        let cli = parse(&["cargo-trace", "profile:hz:99", "-p", "server", "--bin", "s"]);
+        assert_eq!(cli.pid, None);
+        assert_eq!(cli.cargo.package.as_deref(), Some("server"));
+    }
+
+    #[test]
+    fn args_after_double_dash_go_to_the_target() {
+        let cli = parse(&["cargo-trace", "profile:hz:99", "--bin", "server", "--", "-p", "8080"]);
+        assert_eq!(cli.cargo.bin.as_deref(), Some("server"));
+        assert_eq!(cli.trailing, ["-p", "8080"]);
+        assert_eq!(cli.pid, None);
+    }
+
+    #[test]
+    fn several_probes() {
+        let cli = parse(&["cargo-trace", "uprobe:libc:malloc", "uretprobe:libc:malloc", "-c", "x"]);
+        assert_eq!(cli.probes.len(), 2);
+        assert_eq!(cli.output, PathBuf::from("flamegraph.svg"));
+    }
+}

@@ -1,0 +1,138 @@
+//! Aggregated stacks → folded lines → flamegraph SVG, and the closing summary.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::symbolize::{Frame, Symbolizer};
+
+/// One aggregated stack as read from the kernel.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub probe: usize,
+    pub pid: u32,
+    /// User return addresses, innermost first; `user[0]` is the current pc.
+    pub user: Vec<u64>,
+    /// Why the user walk ended early, if it did (e.g. "read fault").
+    pub truncated: Option<String>,
+    /// Kernel addresses, innermost first.
+    pub kernel: Vec<u64>,
+    pub count: u64,
+}
+
+/// Folded stacks: `root;...;leaf` → count, merged over identical symbolized stacks.
+pub struct Folded {
+    pub lines: BTreeMap<String, u64>,
+}
+
+/// Symbolize every sample and fold it. With more than one probe, each stack is
+/// rooted at its probe's name so the probes' counts stay apart.
+pub fn fold(samples: &[Sample], probe_names: &[String], symbolizer: &mut Symbolizer) -> Folded {
+    let mut lines = BTreeMap::new();
+    for sample in samples {
+        let mut frames: Vec<String> = Vec::new();
+        if probe_names.len() > 1 {
+            frames.push(probe_names[sample.probe].clone());
+        }
+        if let Some(reason) = &sample.truncated {
+            frames.push(format!("[truncated: {reason}]"));
+        }
+        for (depth, &pc) in sample.user.iter().enumerate().rev() {
+            let symbolized = symbolizer.user(sample.pid, pc, depth > 0);
+            frames.extend(symbolized.iter().map(frame_name));
+        }
+        for &address in sample.kernel.iter().rev() {
+            frames.push(format!("{}_[k]", symbolizer.kernel(address).function));
+        }
+        if frames.is_empty() {
+            frames.push("[no stack]".to_string());
+        }
+        *lines.entry(frames.join(";")).or_insert(0) += sample.count;
+    }
+    Folded { lines }
+}
+
+/// A frame as it appears in folded output: `;` would split it, so it becomes `:`
+/// as in the original stackcollapse scripts.
+fn frame_name(frame: &Frame) -> String {
+    frame.function.replace(';', ":")
+}
+
+impl Folded {
+    pub fn total(&self) -> u64 {
+        self.lines.values().sum()
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut text = String::new();
+        for (stack, count) in &self.lines {
+            let _ = writeln!(text, "{stack} {count}");
+        }
+        text
+    }
+
+    pub fn write_folded(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_text())
+            .with_context(|| format!("writing folded stacks to {}", path.display()))
+    }
+
+    pub fn write_svg(&self, path: &Path, title: &str, count_name: &str) -> Result<()> {
+        let mut options = inferno::flamegraph::Options::default();
+        options.title = title.to_string();
+        options.count_name = count_name.to_string();
+        let text = self.to_text();
+        let mut svg = Vec::new();
+        if text.is_empty() {
+            // inferno refuses empty input; an empty profile is still a valid answer.
+            options.title = format!("{title} (no events)");
+            inferno::flamegraph::from_lines(&mut options, ["[no events] 1"], &mut svg)
+        } else {
+            inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)
+        }
+        .context("rendering the flamegraph")?;
+        let mut file = std::fs::File::create(path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        file.write_all(&svg)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn semicolons_in_names_do_not_split_frames() {
+        let frame = Frame {
+            function: "<[u8; 32] as Debug>::fmt".into(),
+            file: None,
+            line: None,
+        };
+        assert_eq!(frame_name(&frame), "<[u8: 32] as Debug>::fmt");
+    }
+
+    #[test]
+    fn svg_of_folded_lines_and_of_nothing() {
+        let dir = std::env::temp_dir().join(format!("ct-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut lines = BTreeMap::new();
+        lines.insert("main;work;leaf".to_string(), 3);
+        lines.insert("main;other".to_string(), 1);
+        let folded = Folded { lines };
+        assert_eq!(folded.total(), 4);
+        assert_eq!(folded.to_text(), "main;other 1\nmain;work;leaf 3\n");
+        let svg = dir.join("a.svg");
+        folded.write_svg(&svg, "t", "samples").unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.starts_with("<?xml") && text.contains("leaf"));
+        let empty = Folded {
+            lines: BTreeMap::new(),
+        };
+        empty.write_svg(&svg, "t", "samples").unwrap();
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("no events"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,271 @@
+//! Addresses → function names: addr2line with inline frames and demangling,
+//! the ELF symbol table where there is no DWARF, /proc/kallsyms for the kernel.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::maps::{ExecMapping, MappedObject};
+
+/// One frame of a symbolized stack (an address may expand into several, inlined ones).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Frame {
+    fn named(function: String) -> Self {
+        Frame {
+            function,
+            file: None,
+            line: None,
+        }
+    }
+}
+
+/// A mapping as it was when the process ran, with the object it came from.
+#[derive(Clone, Debug)]
+pub struct SymbolMapping {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    /// File to read symbols from (for the vDSO, a copy of its image).
+    pub path: Option<PathBuf>,
+    /// Short name for unsymbolized frames (`libc.so.6`, `[vdso]`).
+    pub label: String,
+}
+
+impl SymbolMapping {
+    pub fn new(mapping: &ExecMapping, bias: u64, path: Option<PathBuf>) -> Self {
+        let label = match &mapping.object {
+            MappedObject::File(file) => file
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            MappedObject::Vdso => "[vdso]".to_string(),
+            MappedObject::Anonymous(name) if name.is_empty() => "[anon]".to_string(),
+            MappedObject::Anonymous(name) => name.clone(),
+        };
+        SymbolMapping {
+            start: mapping.start,
+            end: mapping.end,
+            bias,
+            path,
+            label,
+        }
+    }
+}
+
+/// Symbolizes user addresses of the traced processes and kernel addresses.
+pub struct Symbolizer {
+    mappings: HashMap<u32, Vec<SymbolMapping>>,
+    loaders: HashMap<PathBuf, Option<addr2line::Loader>>,
+    cache: HashMap<(u32, u64, bool), Vec<Frame>>,
+    kernel: Option<KernelSymbols>,
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        Symbolizer {
+            mappings: HashMap::new(),
+            loaders: HashMap::new(),
+            cache: HashMap::new(),
+            kernel: None,
+        }
+    }
+
+    /// Record the mappings of `pid` (sorted or not).
+    pub fn add_process(&mut self, pid: u32, mut mappings: Vec<SymbolMapping>) {
+        mappings.sort_by_key(|m| m.start);
+        self.mappings.insert(pid, mappings);
+    }
+
+    /// Frames for user address `pc` of `pid`, outermost inline frame first.
+    /// `is_return_address`: `pc` was read from the stack, so the call is at `pc - 1`.
+    pub fn user(&mut self, pid: u32, pc: u64, is_return_address: bool) -> Vec<Frame> {
+        let key = (pid, pc, is_return_address);
+        if let Some(frames) = self.cache.get(&key) {
+            return frames.clone();
+        }
+        let frames = self.resolve_user(pid, pc, is_return_address);
+        self.cache.insert(key, frames.clone());
+        frames
+    }
+
+    fn resolve_user(&mut self, pid: u32, pc: u64, is_return_address: bool) -> Vec<Frame> {
+        let lookup = if is_return_address {
+            pc.saturating_sub(1)
+        } else {
+            pc
+        };
+        let Some(mapping) = self.mappings.get(&pid).and_then(|maps| {
+            let index = maps.partition_point(|m| m.start <= lookup);
+            index
+                .checked_sub(1)
+                .map(|i| &maps[i])
+                .filter(|m| lookup < m.end)
+        }) else {
+            return vec![Frame::named(format!("[unknown] {pc:#x}"))];
+        };
+        let address = lookup.wrapping_sub(mapping.bias);
+        let label = mapping.label.clone();
+        let Some(path) = mapping.path.clone() else {
+            return vec![Frame::named(format!("[{label}]"))];
+        };
+        let loader = self
+            .loaders
+            .entry(path.clone())
+            .or_insert_with(|| addr2line::Loader::new(&path).ok());
+        let Some(loader) = loader else {
+            return vec![Frame::named(format!("[{label}+{address:#x}]"))];
+        };
+        let frames = dwarf_frames(loader, address);
+        if !frames.is_empty() {
+            return frames;
+        }
+        match loader.find_symbol(address) {
+            Some(name) => vec![Frame::named(demangle(name))],
+            None => vec![Frame::named(format!("[{label}+{address:#x}]"))],
+        }
+    }
+
+    /// The kernel function containing `address`.
+    pub fn kernel(&mut self, address: u64) -> Frame {
+        let kernel = self.kernel.get_or_insert_with(KernelSymbols::load);
+        Frame::named(kernel.lookup(address))
+    }
+}
+
+/// Frames from DWARF, outermost inline frame first. Empty when there is no DWARF
+/// for the address (the caller then falls back to the symbol table).
+fn dwarf_frames(loader: &addr2line::Loader, address: u64) -> Vec<Frame> {
+    let mut frames = Vec::new();
+    let Ok(mut iter) = loader.find_frames(address) else {
+        return frames;
+    };
+    while let Ok(Some(frame)) = iter.next() {
+        let Some(function) = frame.function.as_ref() else {
+            continue;
+        };
+        let name = match function.raw_name() {
+            Ok(raw) => demangle_with(&raw, function.language),
+            Err(_) => continue,
+        };
+        let (file, line) = frame
+            .location
+            .as_ref()
+            .map(|loc| (loc.file.map(shorten_path), loc.line))
+            .unwrap_or((None, None));
+        frames.push(Frame {
+            function: name,
+            file,
+            line,
+        });
+    }
+    // addr2line yields the innermost inline frame first.
+    frames.reverse();
+    frames
+}
+
+fn demangle_with(raw: &str, language: Option<gimli::DwLang>) -> String {
+    addr2line::demangle_auto(raw.into(), language).into_owned()
+}
+
+/// Demangle a symbol-table name (Rust legacy/v0 without hash, or C++).
+pub fn demangle(name: &str) -> String {
+    demangle_with(name, None)
+}
+
+fn shorten_path(path: &str) -> String {
+    // Keep paths readable in the flamegraph: the registry/rustlib prefixes carry no information.
+    for marker in ["/library/", "/src/"] {
+        if let Some(index) = path.rfind(marker) {
+            if path.contains("/rustc/") || path.contains("/.cargo/registry/") {
+                return path[index + 1..].to_string();
+            }
+        }
+    }
+    path.to_string()
+}
+
+struct KernelSymbols {
+    symbols: Vec<(u64, String)>,
+}
+
+impl KernelSymbols {
+    fn load() -> Self {
+        let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        let mut symbols: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let address = u64::from_str_radix(fields.next()?, 16).ok()?;
+                let kind = fields.next()?;
+                let name = fields.next()?;
+                (address != 0 && matches!(kind, "t" | "T" | "w" | "W"))
+                    .then(|| (address, name.to_string()))
+            })
+            .collect();
+        symbols.sort_unstable();
+        KernelSymbols { symbols }
+    }
+
+    fn lookup(&self, address: u64) -> String {
+        let index = self.symbols.partition_point(|(start, _)| *start <= address);
+        match index.checked_sub(1) {
+            Some(i) => self.symbols[i].1.clone(),
+            None => format!("[kernel] {address:#x}"),
+        }
+    }
+}
+
+/// A copy of the target's vDSO image on disk, so addr2line can read its symbols.
+pub fn save_vdso(image: &[u8], dir: &Path, pid: u32) -> Option<PathBuf> {
+    let path = dir.join(format!("vdso-{pid}.so"));
+    std::fs::write(&path, image).ok().map(|()| path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn a_known_function() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    #[test]
+    fn symbolizes_a_function_of_this_binary() {
+        let pid = std::process::id();
+        let maps = crate::maps::executable_mappings(pid).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let elf = object::File::parse(&*bytes).unwrap();
+        let mut symbolizer = Symbolizer::new();
+        let mappings = maps
+            .iter()
+            .filter(|m| m.object == MappedObject::File(exe.clone()))
+            .map(|m| {
+                let bias = crate::maps::load_bias(&elf, m.start, m.offset).unwrap();
+                SymbolMapping::new(m, bias, Some(exe.clone()))
+            })
+            .collect();
+        symbolizer.add_process(pid, mappings);
+        assert_eq!(a_known_function(), 7);
+        let frames = symbolizer.user(pid, a_known_function as usize as u64, false);
+        let last = frames.last().expect("a frame");
+        assert!(
+            last.function.ends_with("symbolize::tests::a_known_function"),
+            "{frames:?}"
+        );
+        assert!(last.file.as_deref().unwrap_or("").ends_with("symbolize.rs"));
+    }
+
+    #[test]
+    fn unknown_addresses_say_so() {
+        let mut symbolizer = Symbolizer::new();
+        let frames = symbolizer.user(1, 0x1234, true);
+        assert_eq!(frames[0].function, "[unknown] 0x1234");
+    }
+}
