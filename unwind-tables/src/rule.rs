@@ -76,3 +76,85 @@ pub mod sigframe {
     pub const RSP: u64 = 160;
     pub const RIP: u64 = 168;
 }
+
+impl UnsupportedReason {
+    /// Every reason, in numeric order.
+    pub const ALL: [UnsupportedReason; 6] = [
+        UnsupportedReason::CfaRegister,
+        UnsupportedReason::CfaExpression,
+        UnsupportedReason::OffsetOverflow,
+        UnsupportedReason::RbpRule,
+        UnsupportedReason::ReturnAddress,
+        UnsupportedReason::BadCfi,
+    ];
+
+    /// The reason with numeric value `value`, as stored in `ct_rule.reason`.
+    pub fn from_u8(value: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|reason| *reason as u8 == value)
+    }
+
+    /// A short lowercase name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnsupportedReason::CfaRegister => "cfa-register",
+            UnsupportedReason::CfaExpression => "cfa-expression",
+            UnsupportedReason::OffsetOverflow => "offset-overflow",
+            UnsupportedReason::RbpRule => "rbp-rule",
+            UnsupportedReason::ReturnAddress => "return-address",
+            UnsupportedReason::BadCfi => "bad-cfi",
+        }
+    }
+}
+
+/// The shape of a rule without its operands, for statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuleKind {
+    Gap,
+    CfaRsp,
+    CfaRbp,
+    Plt,
+    Deref,
+    End,
+    Signal,
+    Unsupported(UnsupportedReason),
+}
+
+impl RuleKind {
+    /// A short lowercase name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleKind::Gap => "gap",
+            RuleKind::CfaRsp => "cfa-rsp",
+            RuleKind::CfaRbp => "cfa-rbp",
+            RuleKind::Plt => "plt",
+            RuleKind::Deref => "deref",
+            RuleKind::End => "end",
+            RuleKind::Signal => "signal",
+            RuleKind::Unsupported(reason) => reason.name(),
+        }
+    }
+}
+
+impl Rule {
+    /// The shape of this rule.
+    pub fn kind(&self) -> RuleKind {
+        match *self {
+            Rule::Gap => RuleKind::Gap,
+            Rule::Frame { cfa, .. } => match cfa {
+                Cfa::Rsp(_) => RuleKind::CfaRsp,
+                Cfa::Rbp(_) => RuleKind::CfaRbp,
+                Cfa::Plt { .. } => RuleKind::Plt,
+                Cfa::Deref { .. } => RuleKind::Deref,
+            },
+            Rule::End => RuleKind::End,
+            Rule::Signal => RuleKind::Signal,
+            Rule::Unsupported(reason) => RuleKind::Unsupported(reason),
+        }
+    }
+
+    /// True for the rules a walker can execute: [`Rule::Frame`], [`Rule::End`] and
+    /// [`Rule::Signal`]. Code covered by these counts as "supported" in [`crate::Stats`].
+    pub fn is_supported(&self) -> bool {
+        matches!(self, Rule::Frame { .. } | Rule::End | Rule::Signal)
+    }
+}

@@ -8,10 +8,23 @@
 //! before the page's slice governs (it started in an earlier page). This is the
 //! exact lookup the BPF program does; [`CompactTable::lookup`] is its twin.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::error::Error;
 use crate::rule::Rule;
 
 /// log2 of the page size that splits row addresses into page index + low bits.
 pub const PAGE_SHIFT: u32 = 16;
+
+/// Most distinct rules a table can hold: a row names its rule with 16 bits.
+pub const MAX_RULES: usize = 1 << 16;
+
+/// Most pages a table may span (4 GiB of address space). Pages without rows still cost
+/// 8 bytes each, so an ELF with CFI at wildly distant addresses (corrupt, or crafted) must
+/// not make us allocate gigabytes; no real object has 4 GiB between its first and last
+/// function.
+pub const MAX_PAGES: u64 = 1 << 16;
 
 /// One row: low 16 bits of the start address and an index into [`CompactTable::rules`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,8 +86,189 @@ impl CompactTable {
         }
     }
 
+    /// Every row as (start address, rule), in address order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Rule)> + '_ {
+        self.pages.iter().enumerate().flat_map(move |(page, span)| {
+            let base = (self.first_page + page as u64) << PAGE_SHIFT;
+            let first = span.first_row as usize;
+            let rows = self
+                .rows
+                .get(first..first + span.nrows as usize)
+                .unwrap_or(&[]);
+            rows.iter().map(move |row| {
+                let rule = self.rules.get(usize::from(row.rule)).copied();
+                (base | u64::from(row.addr_lo), rule.unwrap_or(Rule::Gap))
+            })
+        })
+    }
+
+    /// Checks every invariant the BPF lookup relies on: pages partition the rows in order,
+    /// rows ascend within a page, rule indices are in range, consecutive rows differ.
+    /// Tables read from outside (the on-disk cache) go through this before use.
+    pub fn check(&self) -> Result<(), InvalidTable> {
+        if self.rules.len() > MAX_RULES {
+            return Err(InvalidTable("more than 65536 rules"));
+        }
+        if self.pages.len() as u64 > MAX_PAGES {
+            return Err(InvalidTable("too many pages"));
+        }
+        if self
+            .first_page
+            .checked_add(self.pages.len() as u64)
+            .is_none_or(|end| end > (u64::MAX >> PAGE_SHIFT) + 1)
+        {
+            return Err(InvalidTable("pages extend past the address space"));
+        }
+        if self.rows.len() > u32::MAX as usize {
+            return Err(InvalidTable("more than 2^32 rows"));
+        }
+        let mut next_row = 0usize;
+        for span in &self.pages {
+            if span.first_row as usize != next_row {
+                return Err(InvalidTable("pages do not partition the rows in order"));
+            }
+            next_row += span.nrows as usize;
+            let Some(rows) = self.rows.get(span.first_row as usize..next_row) else {
+                return Err(InvalidTable("page points past the rows"));
+            };
+            if rows
+                .windows(2)
+                .any(|pair| pair[0].addr_lo >= pair[1].addr_lo)
+            {
+                return Err(InvalidTable("rows of a page are not in ascending order"));
+            }
+        }
+        if next_row != self.rows.len() {
+            return Err(InvalidTable("rows not covered by any page"));
+        }
+        if self
+            .rows
+            .iter()
+            .any(|row| usize::from(row.rule) >= self.rules.len())
+        {
+            return Err(InvalidTable("row names a rule that does not exist"));
+        }
+        if self
+            .rows
+            .windows(2)
+            .any(|pair| pair[0].rule == pair[1].rule)
+        {
+            return Err(InvalidTable("consecutive rows share a rule"));
+        }
+        Ok(())
+    }
+
+    /// Builds a table from rows in strictly ascending address order, no two consecutive
+    /// rows with the same rule (the compiler merges them before).
+    pub(crate) fn from_sorted_rows(rows: &[(u64, Rule)]) -> Result<CompactTable, Error> {
+        let (Some(&(first, _)), Some(&(last, _))) = (rows.first(), rows.last()) else {
+            return Ok(CompactTable::default());
+        };
+        let first_page = first >> PAGE_SHIFT;
+        let npages = (last >> PAGE_SHIFT) - first_page + 1;
+        if npages > MAX_PAGES {
+            return Err(Error::TableTooLarge {
+                span: last - first,
+                max: MAX_PAGES << PAGE_SHIFT,
+            });
+        }
+
+        let mut rule_index: HashMap<Rule, u16, BuildHasherDefault<FxHasher>> = HashMap::default();
+        let mut rules = Vec::new();
+        let mut compact = Vec::with_capacity(rows.len());
+        for &(addr, rule) in rows {
+            let index = match rule_index.get(&rule) {
+                Some(&index) => index,
+                None => {
+                    let index = u16::try_from(rules.len()).map_err(|_| Error::TooManyRules {
+                        count: rules.len() + 1,
+                    })?;
+                    rules.push(rule);
+                    rule_index.insert(rule, index);
+                    index
+                }
+            };
+            compact.push(CompactRow {
+                addr_lo: (addr & 0xffff) as u16,
+                rule: index,
+            });
+        }
+        if compact.len() > u32::MAX as usize {
+            // Unreachable for real input (each row costs at least one byte of CFI), but the
+            // page spans are 32-bit.
+            return Err(Error::TableTooLarge {
+                span: last - first,
+                max: MAX_PAGES << PAGE_SHIFT,
+            });
+        }
+
+        let mut pages = Vec::with_capacity(npages as usize);
+        let mut row = 0usize;
+        for page in first_page..first_page + npages {
+            let first_row = row;
+            while row < rows.len() && rows[row].0 >> PAGE_SHIFT == page {
+                row += 1;
+            }
+            pages.push(PageSpan {
+                first_row: first_row as u32,
+                nrows: (row - first_row) as u32,
+            });
+        }
+        Ok(CompactTable {
+            first_page,
+            pages,
+            rows: compact,
+            rules,
+        })
+    }
+
     /// Bytes the kernel holds for this table: 4 per row, 8 per page, 16 per rule.
     pub fn kernel_bytes(&self) -> usize {
         self.rows.len() * 4 + self.pages.len() * 8 + self.rules.len() * 16
+    }
+}
+
+/// A table that breaks an invariant of the layout (see [`CompactTable::check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid unwind table: {0}")]
+pub struct InvalidTable(pub &'static str);
+
+/// The multiply-rotate hash of rustc's FxHasher. Rule deduplication hashes every row's rule;
+/// std's SipHash (DoS-resistant, which nothing here needs: the keys are a few hundred rules)
+/// was a tenth of the compile time.
+#[derive(Default)]
+struct FxHasher {
+    hash: u64,
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u8(&mut self, value: u8) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_i32(&mut self, value: i32) {
+        self.write_u64(value as u32 as u64);
+    }
+
+    fn write_isize(&mut self, value: isize) {
+        self.write_u64(value as u64);
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ value).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.hash
     }
 }

@@ -1,0 +1,211 @@
+//! Compile-time benchmark: prints figures, asserts nothing about time.
+//!
+//! For libc.so.6 and the largest ELF at hand: time to read the file alone (the same run's
+//! baseline), to compile it from a path and from memory, to load it from a warm cache; rows,
+//! bytes per row, rules, supported share; and what push/pop row merging would save.
+//!
+//! Run: `cargo bench -p unwind-tables` (release). Targets: libc ≤ 15 ms, cached load ≤ 2 ms.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use unwind_tables::cache::{Cache, Outcome};
+use unwind_tables::{compile, compile_file, Cfa, CompactTable, Rule};
+
+/// Median and minimum of `runs` timings of `f`.
+fn time<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, Duration) {
+    let mut times: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(f());
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    (times[times.len() / 2], times[0])
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// The largest regular file under a few system and toolchain directories that compiles.
+fn largest_binary() -> Option<PathBuf> {
+    let mut dirs = vec![
+        PathBuf::from("/usr/bin"),
+        PathBuf::from("/usr/lib/x86_64-linux-gnu"),
+        PathBuf::from("/usr/libexec"),
+    ];
+    // The toolchain running this bench (cargo sets CARGO): its lib/ has librustc_driver.
+    if let Some(cargo) = std::env::var_os("CARGO").map(PathBuf::from) {
+        if let Some(toolchain) = cargo.parent().and_then(Path::parent) {
+            dirs.push(toolchain.join("lib"));
+        }
+    }
+    let mut files: Vec<(u64, PathBuf)> = dirs
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let meta = std::fs::metadata(entry.path()).ok()?;
+            meta.is_file().then(|| (meta.len(), entry.path()))
+        })
+        .collect();
+    files.sort_by(|a, b| b.cmp(a));
+    files.dedup_by(|a, b| a.0 == b.0);
+    files
+        .into_iter()
+        .take(20)
+        .map(|(_, path)| path)
+        .find(|path| compile_file(path).is_ok())
+}
+
+/// What merging push/pop rows would save with a hypothetical row-relative rule
+/// `CFA = rsp + offset + (pc - row_start >= step_at ? ±8 : 0)`: pairs of consecutive rsp rows
+/// with the same rbp rule whose offsets differ by 8 and whose first row is shorter than 256
+/// bytes. Returns (rows after, rules after).
+fn push_pop_merge(table: &CompactTable) -> (usize, usize) {
+    let rows: Vec<(u64, Rule)> = table.iter().collect();
+    let mut kept_rules = std::collections::HashSet::new();
+    let mut merged_rules = std::collections::HashSet::new();
+    let mut out_rows = 0;
+    let mut index = 0;
+    while index < rows.len() {
+        out_rows += 1;
+        let (start, rule) = rows[index];
+        if let (Some(&(second_start, second)), Some(&(_, _))) =
+            (rows.get(index + 1), rows.get(index + 2))
+        {
+            if let (
+                Rule::Frame {
+                    cfa: Cfa::Rsp(a),
+                    rbp: rbp_a,
+                },
+                Rule::Frame {
+                    cfa: Cfa::Rsp(b),
+                    rbp: rbp_b,
+                },
+            ) = (rule, second)
+            {
+                let step_at = second_start - start;
+                if rbp_a == rbp_b && (b - a).abs() == 8 && step_at < 256 {
+                    merged_rules.insert((a, rbp_a, step_at, b > a));
+                    index += 2;
+                    continue;
+                }
+            }
+        }
+        kept_rules.insert(rule);
+        index += 1;
+    }
+    (out_rows, kept_rules.len() + merged_rules.len())
+}
+
+fn bench_file(path: &Path, runs: usize, cache_dir: &Path) {
+    let read = time(runs, || std::fs::read(path).expect("read"));
+    let bytes = std::fs::read(path).expect("read");
+    let from_path = time(runs, || compile_file(path).expect("compile"));
+    let from_memory = time(runs, || compile(&bytes).expect("compile"));
+    let object = compile_file(path).expect("compile");
+    let stats = &object.stats;
+
+    let cache = Cache::new(cache_dir);
+    let first = Instant::now();
+    let loaded = cache.load_or_compile(path).expect("cache miss");
+    let miss = first.elapsed();
+    assert!(
+        matches!(
+            loaded.outcome,
+            Outcome::Compiled {
+                store_error: None,
+                ..
+            }
+        ),
+        "{:?}",
+        loaded.outcome
+    );
+    let hit = time(runs.max(20), || {
+        let loaded = cache.load_or_compile(path).expect("cache hit");
+        assert!(matches!(loaded.outcome, Outcome::Hit));
+        loaded
+    });
+    let entry_bytes: u64 = std::fs::read_dir(cache_dir)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+
+    let (merged_rows, merged_rules) = push_pop_merge(&object.table);
+    let merged_bytes = merged_rows * 4 + object.table.pages.len() * 8 + merged_rules * 16;
+
+    println!("{} ({:.1} MB)", path.display(), bytes.len() as f64 / 1e6);
+    println!(
+        "  read file alone:      median {:8.3} ms  min {:8.3} ms   (baseline)",
+        ms(read.0),
+        ms(read.1)
+    );
+    println!(
+        "  compile_file:         median {:8.3} ms  min {:8.3} ms   ({:.1}x reading)",
+        ms(from_path.0),
+        ms(from_path.1),
+        from_path.0.as_secs_f64() / read.0.as_secs_f64()
+    );
+    println!(
+        "  compile (in memory):  median {:8.3} ms  min {:8.3} ms",
+        ms(from_memory.0),
+        ms(from_memory.1)
+    );
+    println!("  cache miss (compile + store): {:8.3} ms", ms(miss));
+    println!(
+        "  cache hit:            median {:8.3} ms  min {:8.3} ms   (entry {} bytes)",
+        ms(hit.0),
+        ms(hit.1),
+        entry_bytes
+    );
+    println!(
+        "  {} FDEs, {} CFI rows -> {} rows ({} gap), {} rules, {} pages: {} kernel bytes, {:.2} B/row; {:.3}% of {} code bytes supported",
+        stats.fdes(),
+        stats.cfi_rows,
+        stats.rows,
+        stats.kind(unwind_tables::RuleKind::Gap).rows,
+        stats.rules,
+        stats.pages,
+        stats.kernel_bytes,
+        stats.bytes_per_row(),
+        stats.supported_share() * 100.0,
+        stats.code_bytes_with_cfi
+    );
+    println!(
+        "  push/pop merging (not implemented): {} rows, {} rules, {} kernel bytes ({:+.1}%)",
+        merged_rows,
+        merged_rules,
+        merged_bytes,
+        (merged_bytes as f64 / stats.kernel_bytes as f64 - 1.0) * 100.0
+    );
+}
+
+fn main() {
+    // `cargo bench` passes --bench; anything else (`cargo test --benches`, a debug build)
+    // gets one quick pass so the bench is exercised without taking minutes.
+    let quick = !std::env::args().any(|arg| arg == "--bench");
+    let cache_root =
+        std::env::temp_dir().join(format!("unwind-tables-bench-{}", std::process::id()));
+    let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    if libc.exists() {
+        bench_file(libc, if quick { 1 } else { 50 }, &cache_root.join("libc"));
+    } else {
+        println!("SKIP libc: {} not found", libc.display());
+    }
+    match largest_binary() {
+        Some(path) => bench_file(
+            &path,
+            if quick { 1 } else { 5 },
+            &cache_root.join("largest"),
+        ),
+        None => println!("SKIP largest binary: none found"),
+    }
+    let _ = std::fs::remove_dir_all(&cache_root);
+}
