@@ -1,1 +1,115 @@
-//! (placeholder)
+//! cargo-trace's BPF side: programs that walk user stacks inside the kernel
+//! with unwind tables, every byte layout they share with userspace, and a
+//! typed loader ([`Tracer`]).
+//!
+//! # What it does
+//!
+//! `src/bpf/trace.bpf.c` holds five programs: `on_uprobe`, `on_uretprobe`,
+//! `on_perf_event`, `on_tracepoint` and `on_uprobe_count` (a uprobe that
+//! counts without walking, the benchmark's baseline). On every event each
+//! walking program takes the user registers of the current thread (from the
+//! probe context, or from `bpf_task_pt_regs` when a sample or tracepoint
+//! fires in kernel mode), walks the stack exactly as `docs/walk.md` says (the
+//! userspace twin is `unwind_tables::walk`), stores the stack once by hash
+//! and adds 1 to the counter of (probe, process, user stack, kernel stack).
+//! Nothing is sent per event: userspace reads the maps when it wants
+//! ([`Tracer::counts`], [`Tracer::stack`], [`Tracer::kernel_stack`]).
+//!
+//! Every way a walk can stop is counted in `walk_errors`
+//! ([`Tracer::walk_errors`], indexed by [`WalkError`]), and the frames found
+//! before the stop are stored with the reason ([`Stack::error`]): a partial
+//! stack is never dropped. A hash collision between distinct stacks is
+//! detected by a second, independent hash, counted, and the second stack is
+//! stored under the next key; a full map is counted too.
+//!
+//! # What it does not do
+//!
+//! - Compile tables (the `unwind-tables` crate does), read `/proc`, ELF
+//!   files or symbols: callers hand in [`unwind_tables::CompactTable`]s and
+//!   [`Mapping`]s.
+//! - Attach: the `*_program()` accessors return the programs; the `probes`
+//!   crate attaches them (the attach cookie becomes the probe id). A perf
+//!   event fd given to `attach_perf_event*` belongs to the link afterwards:
+//!   libbpf closes it when the link drops.
+//! - Remove tables: they are loaded once per object and shared.
+//! - Fill [`Count::bytes`]: no program adds an amount yet.
+//!
+//! # Data flow
+//!
+//! ```text
+//! CompactTable --add_table--> rows / pages / rules (mmapped arrays, memcpy)
+//!                             tables[id] = { where its rows, pages, rules start }
+//! /proc maps   --set_mappings-> procs[tgid] = sorted { start, end, bias, table id }
+//! filter_pid   --------------> pid_filter[tgid]   (perf events, tracepoints)
+//!
+//! event -> user regs -> walk (bpf_loop, <= 512 frames) -> stacks[hash] = frames + stop reason
+//!                                                      -> counts[{hash, kstack, tgid, probe}] += 1
+//!                                                      -> walk_errors[reason] += 1
+//! ```
+//!
+//! Per frame: the mapping holding the pc (the previous frame's mapping is
+//! tried first, then a branch-free binary search of the process's sorted
+//! mappings); the rule for the address, from a per-CPU rule cache keyed by
+//! (table, address) or, on a miss, the table's 64 KiB page and a branch-free
+//! binary search of its rows; then the rule is applied with reads of the
+//! user stack served from a per-CPU cache of whole 4 KiB pages (one
+//! `bpf_probe_read_user` costs ~90 ns on the machines measured, as much as
+//! everything else in a frame). The walk's state and stack live in a per-CPU
+//! map, which also keeps the verifier's work to one pass over the loop body.
+//! `benches/uprobe.rs` measures the costs.
+//!
+//! # Layouts
+//!
+//! `src/bpf/cargo_trace.h` is the single definition of every map key and
+//! value. [`layout`] mirrors each struct and constant and checks them at
+//! compile time against the types libbpf-cargo generates from the object's
+//! BTF, so the two sides cannot drift apart silently.
+//!
+//! # Building without clang
+//!
+//! `build.rs` compiles the C with the first clang it finds (`$BPF_CLANG`,
+//! `clang`, `clang-19` … `clang-14`) through libbpf-cargo, against the
+//! committed `src/bpf/vmlinux.h` (from `bpftool btf dump file
+//! /sys/kernel/btf/vmlinux format c`; CO-RE relocates the few kernel fields
+//! used). A machine without clang builds from the committed
+//! `src/bpf/prebuilt/trace.bpf.o` instead, but only if the source hash
+//! recorded beside it (`trace.bpf.o.source-hash`) matches the current sources;
+//! otherwise the build fails and says how to refresh it
+//! (`BPF_PROG_UPDATE_PREBUILT=1 cargo build -p bpf-prog` on a machine with
+//! clang). The test `prebuilt_object_matches_the_sources` fails in CI when
+//! someone changes the C or the header without refreshing the object, and
+//! `prebuilt_object_loads` proves the committed object passes the verifier.
+//! Hashes rather than bytes are compared because clang versions emit
+//! different bytes for the same source. [`OBJECT_ORIGIN`] says which path a
+//! build took; `BPF_PROG_USE_PREBUILT=1` forces the prebuilt one.
+//!
+//! # Requirements
+//!
+//! Linux 6.1 or later with BTF (`bpf_loop`, `bpf_task_pt_regs`, attach
+//! cookies, non-preallocated hash maps in perf-event programs), and
+//! CAP_BPF + CAP_PERFMON (or root). RLIMIT_MEMLOCK is not touched: kernels of
+//! that age account BPF memory to the memory cgroup.
+
+mod error;
+pub mod layout;
+mod records;
+mod sys;
+mod tracer;
+
+#[allow(clippy::all, clippy::pedantic, missing_docs, unsafe_op_in_unsafe_fn)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/trace.skel.rs"));
+}
+
+pub use error::{Error, Result, TableMap};
+pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS};
+pub use records::{Count, CountKey, Stack, StackRef, WalkError};
+pub use sys::{enable_run_time_stats, ProgramStats};
+pub use tracer::{Mapping, Options, TableId, TableUsage, Tracer};
+
+/// Where the BPF object embedded in this build came from: "compiled with
+/// clang-NN" or "prebuilt" (see the crate docs).
+pub const OBJECT_ORIGIN: &str = env!("BPF_PROG_OBJECT_ORIGIN");
+
+/// Hash of the BPF sources this build was made from.
+pub const SOURCE_HASH: &str = env!("BPF_PROG_SOURCE_HASH");

@@ -2,9 +2,11 @@
 /*
  * Every byte layout shared by the BPF programs and userspace.
  *
- * bpf-prog/src/layout.rs mirrors each struct here with size and offset
- * assertions, so a change on one side that is not made on the other fails the
- * build. Keep fields naturally aligned and padding explicit.
+ * bpf-prog/src/layout.rs mirrors each struct here and asserts, at compile
+ * time, that its size and field offsets equal those of the types libbpf-cargo
+ * generates from this header's BTF, so a change on one side that is not made
+ * on the other fails the build. Keep fields naturally aligned and padding
+ * explicit.
  *
  * Unwind tables (compiled by the unwind-tables crate from .eh_frame):
  *   mapping (pid, address) -> table id + load bias
@@ -13,15 +15,58 @@
  *   binary search on the low 16 bits of the rows of that page; when no row of
  *   the page starts at or before pc, the row before the page's first governs.
  *   row -> rule index -> ct_rule { how to find the CFA, RBP and return address }
+ * The walk itself is specified in docs/walk.md.
  */
 #ifndef CARGO_TRACE_H
 #define CARGO_TRACE_H
 
-#define CT_MAX_FRAMES 512
-#define CT_MAX_MAPPINGS 512
-#define CT_PAGE_SHIFT 16
-#define CT_MAX_PROBES 64
-#define CT_KSTACK_DEPTH 127
+/*
+ * Constants are enum members rather than #defines so that they reach the
+ * object's BTF (see the anchors in trace.bpf.c), and from there the generated
+ * skeleton that layout.rs checks its mirrors against.
+ */
+enum ct_limits {
+	CT_MAX_FRAMES = 512,
+	CT_MAX_MAPPINGS = 512,
+	CT_PAGE_SHIFT = 16,
+	CT_KSTACK_DEPTH = 127,
+	/*
+	 * The rows map holds chunks of rows rather than single rows: array map
+	 * elements are padded to 8 bytes, so a 4-byte element would waste half
+	 * the map, while a 4 KiB chunk has no padding and the mmapped map is
+	 * one flat array of rows that userspace fills with memcpy.
+	 */
+	CT_ROWS_PER_CHUNK = 1024,
+	/* Binary search steps: ceil(log2(n + 1)) for the largest n. */
+	CT_ROW_SEARCH_STEPS = 17,     /* a 64 KiB page holds at most 65536 rows */
+	CT_MAPPING_SEARCH_STEPS = 10, /* CT_MAX_MAPPINGS mappings */
+	/* Slots tried after a stack hash collision (hash, hash + 1, ...). */
+	CT_STACK_SLOTS = 4,
+	/*
+	 * The walk reads the user stack a page at a time into a per-CPU cache
+	 * of CT_PAGE_SLOTS pages (the page_cache map has that many entries per
+	 * possible CPU): one bpf_probe_read_user costs ~90 ns on the machines
+	 * measured, about as much as the rest of a frame, and a 4 KiB page
+	 * usually holds many frames.
+	 */
+	CT_USER_PAGE_SIZE = 4096,
+	CT_PAGE_SLOTS = 8,
+	/*
+	 * Rules found for (table, address), cached per CPU across events (the
+	 * rule_cache map has that many entries per possible CPU): profiles
+	 * see the same return addresses over and over, and a hit replaces the
+	 * page lookup and the binary search of a frame. Tables never change
+	 * once loaded, so entries never go stale.
+	 */
+	CT_RULE_CACHE_SLOTS = 4096,
+};
+
+/* Reserved values of ct_count_key.stack_hash; stored stacks have keys >= CT_STACK_FIRST. */
+enum ct_stack_key {
+	CT_STACK_NONE = 0,	 /* no user stack was walked (kernel thread, counting probe) */
+	CT_STACK_NOT_STORED = 1, /* walked, but the stacks map had no room (or 4 collisions) */
+	CT_STACK_FIRST = 2,
+};
 
 /* Rule kinds. Keep in sync with unwind_tables::Rule (see layout.rs). */
 enum ct_rule_kind {
@@ -48,9 +93,11 @@ enum ct_rbp_kind {
 };
 
 /* struct ucontext_t offsets at rsp inside __restore_rt (x86-64). */
-#define CT_SIGFRAME_RBP 120
-#define CT_SIGFRAME_RSP 160
-#define CT_SIGFRAME_RIP 168
+enum ct_sigframe {
+	CT_SIGFRAME_RBP = 120,
+	CT_SIGFRAME_RSP = 160,
+	CT_SIGFRAME_RIP = 168,
+};
 
 struct ct_rule {
 	__u8 kind;     /* enum ct_rule_kind */
@@ -66,6 +113,23 @@ struct ct_rule {
 struct ct_row {
 	__u16 addr_lo;
 	__u16 rule;
+};
+
+/* One element of the rows map: rows [i * CT_ROWS_PER_CHUNK, (i + 1) * ...). */
+struct ct_row_chunk {
+	struct ct_row rows[CT_ROWS_PER_CHUNK];
+};
+
+/* One element of the page_cache map: a copy of one page of user stack. */
+struct ct_user_page {
+	__u8 bytes[CT_USER_PAGE_SIZE];
+};
+
+/* One element of the rule_cache map. */
+struct ct_rule_cache_entry {
+	__u64 addr;	/* ELF address looked up */
+	__u32 table_id; /* its table + 1; 0: empty */
+	__u32 rule;	/* global index into the rules map */
 };
 
 struct ct_page {
@@ -86,21 +150,30 @@ struct ct_table {
 struct ct_mapping {
 	__u64 start; /* runtime address range [start, end) */
 	__u64 end;
-	__u64 bias;	  /* runtime address - ELF virtual address */
-	__u32 table_id;	  /* index into the tables map */
-	__u32 flags;	  /* CT_MAPPING_* */
+	__u64 bias;	/* runtime address - ELF virtual address */
+	__u32 table_id; /* index into the tables map */
+	__u32 flags;	/* CT_MAPPING_* */
 };
 
-#define CT_MAPPING_NO_TABLE 1 /* executable, but no unwind table (e.g. JIT) */
+enum ct_mapping_flags {
+	/* Executable, but no unwind table (e.g. JIT code): a pc in it ends the
+	 * walk with CT_WALK_NO_ROW, as a gap of a table would. */
+	CT_MAPPING_NO_TABLE = 1,
+};
 
-/* Mappings of one process (tgid), sorted by start. */
+/* Mappings of one process (tgid), sorted by start, disjoint. */
 struct ct_proc {
 	__u32 nmappings;
 	__u32 pad;
 	struct ct_mapping mappings[CT_MAX_MAPPINGS];
 };
 
-/* Why a walk stopped early. Index into the walk_errors per-CPU array. */
+/*
+ * Why a walk stopped, and the other per-event failures. Index into the
+ * walk_errors per-CPU array: every walk adds 1 to exactly one of the first
+ * CT_WALK_STOP_COUNT entries (OK included, so their sum is the number of
+ * walks); the entries after count events that lost something else.
+ */
 enum ct_walk_error {
 	CT_WALK_OK = 0,		 /* reached an end-of-stack rule */
 	CT_WALK_NO_PROC = 1,	 /* process has no registered mappings */
@@ -109,18 +182,22 @@ enum ct_walk_error {
 	CT_WALK_UNSUPPORTED = 4, /* the row is marked unsupported */
 	CT_WALK_READ_FAULT = 5,	 /* bpf_probe_read_user failed */
 	CT_WALK_DEPTH_CAP = 6,	 /* CT_MAX_FRAMES frames and still going */
-	CT_WALK_STACK_MAP_FULL = 7, /* stacks map full: stack not stored */
-	CT_WALK_COUNT_MAP_FULL = 8, /* counts map full: event not counted */
-	CT_WALK_HASH_COLLISION = 9, /* distinct stacks with one hash; stored under the next slot */
-	CT_WALK_BAD_RA = 10,	    /* return address 0 or CFA did not grow */
-	CT_WALK_ERROR_COUNT = 11,
+	CT_WALK_BAD_RA = 7,	 /* return address 0 or CFA did not grow */
+	CT_WALK_STOP_COUNT = 8,
+	/* Not walk ends: events that lost something after the walk. */
+	CT_WALK_STACK_MAP_FULL = 8,  /* stacks map full: stack not stored */
+	CT_WALK_COUNT_MAP_FULL = 9,  /* counts map full: event not counted */
+	CT_WALK_HASH_COLLISION = 10, /* distinct stacks with one hash; stored under the next slot */
+	CT_WALK_KSTACK_LOST = 11,    /* bpf_get_stackid failed: no kernel stack */
+	CT_WALK_ERROR_COUNT = 12,
 };
 
 /* A user stack, stored once by hash. */
 struct ct_stack {
-	__u64 check;	/* second, independent hash of the frames: detects collisions */
-	__u32 len;	/* frames in pcs */
-	__u32 error;	/* enum ct_walk_error that ended the walk (0: complete) */
+	__u64 check;		  /* second, independent hash of the frames: detects collisions */
+	__u32 len;		  /* frames in pcs */
+	__u16 error;		  /* enum ct_walk_error that ended the walk (0: complete) */
+	__u16 reason;		  /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
 	__u64 pcs[CT_MAX_FRAMES]; /* pcs[0] = innermost; return addresses as read */
 };
 
@@ -129,13 +206,15 @@ struct ct_count_key {
 	__u64 stack_hash; /* key in the stacks map; 0: no user stack */
 	__s32 kstack_id;  /* id in the kernel stack trace map; <0: none */
 	__u32 pid;	  /* tgid */
-	__u32 probe_id;
+	__u32 probe_id;	  /* the attach cookie */
 	__u32 pad;
 };
 
 struct ct_count {
 	__u64 events;
 	__u64 bytes; /* probe-defined amount (e.g. allocation size) */
+	__u64 check; /* ct_stack.check of the stack counted: lets an event whose
+		      * stack is already stored skip the stacks map */
 };
 
 #endif /* CARGO_TRACE_H */

@@ -1,0 +1,720 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * cargo-trace's in-kernel stack walker and aggregator.
+ *
+ * Every event (uprobe, uretprobe, perf sample, tracepoint) takes the user
+ * registers of the current thread, walks its stack with the unwind tables
+ * userspace loaded (docs/walk.md is the contract, shared with
+ * unwind_tables::walk), stores the stack once by hash and adds 1 to the
+ * counter of (stack, kernel stack, process, probe). Nothing is sent to
+ * userspace per event; it reads the maps when it wants.
+ *
+ * Where the time goes (benches/uprobe.rs measures it): helper calls are
+ * dear where the kernel mitigates return speculation (~90 ns for one
+ * bpf_probe_read_user on the machines measured), so the hot path avoids
+ * them. Per event: the process lookup, one bpf_probe_read_user per 4 KiB
+ * page of stack touched (page_cache), and usually a single counts lookup
+ * (see record()). Per frame, no helper call: the previous frame's mapping
+ * is tried first, the rule comes from a per-CPU cache (rule_cache) or, on a
+ * miss, from a branch-free binary search of the rows of its 64 KiB page, and
+ * reads are served from the cached pages.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "cargo_trace.h"
+
+#define EEXIST 17
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Set by userspace before load (bpf_prog::Options). */
+const volatile __u8 filter_uprobes = 0; /* uprobes count only pids in pid_filter */
+const volatile __u8 filter_events = 1;	/* same for perf events and tracepoints */
+const volatile __u8 kernel_stacks = 1;	/* record kernel stacks of kernel-mode events */
+
+/*
+ * Anchors: they put the header's enums in BTF, so that the generated skeleton
+ * carries their values and layout.rs can check its mirrors at compile time.
+ */
+const volatile enum ct_limits anchor_limits;
+const volatile enum ct_stack_key anchor_stack_key;
+const volatile enum ct_rule_kind anchor_rule_kind;
+const volatile enum ct_reg anchor_reg;
+const volatile enum ct_rbp_kind anchor_rbp_kind;
+const volatile enum ct_sigframe anchor_sigframe;
+const volatile enum ct_mapping_flags anchor_mapping_flags;
+const volatile enum ct_walk_error anchor_walk_error;
+
+/* Map sizes here are defaults; userspace may resize them before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ct_row_chunk);
+	__uint(max_entries, 8192); /* 8M rows, 32 MiB */
+} rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ct_page);
+	__uint(max_entries, 262144); /* 16 GiB of code, 2 MiB */
+} pages SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ct_rule);
+	__uint(max_entries, 262144); /* 4 MiB */
+} rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_table);
+	__uint(max_entries, 4096);
+} tables SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* 16 KiB values: allocate on use */
+	__type(key, __u32);		      /* tgid */
+	__type(value, struct ct_proc);
+	__uint(max_entries, 4096);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* 4 KiB values: allocate on use */
+	__type(key, __u64);		      /* stack hash */
+	__type(value, struct ct_stack);
+	__uint(max_entries, 16384);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_count_key);
+	__type(value, struct ct_count);
+	__uint(max_entries, 65536);
+} counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, CT_KSTACK_DEPTH * sizeof(__u64));
+	__uint(max_entries, 8192);
+} kstacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, CT_WALK_ERROR_COUNT);
+} walk_errors SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* tgid */
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+} pid_filter SEC(".maps");
+
+/*
+ * The walk's state, and the stack it builds. It lives in a per-CPU map
+ * rather than on the BPF stack for two reasons: a ct_stack does not fit in
+ * 512 bytes of stack, and values loaded from a map are unknown to the
+ * verifier, so it checks one iteration of the walk for every frame count
+ * instead of simulating CT_MAX_FRAMES iterations with a known counter.
+ * Per CPU is enough: tracing programs of the kinds used here do not nest on
+ * one CPU (the kernel's bpf_prog_active guard).
+ */
+struct walk_scratch {
+	struct ct_stack stack;	       /* stack.len counts the frames found so far */
+	__u64 page_tag[CT_PAGE_SLOTS]; /* user page number + 1 held by each slot; 0: none */
+	__u32 page_base;	       /* this CPU's first slot in page_cache */
+	__u32 rule_cache_base;	       /* this CPU's first slot in rule_cache */
+	__u64 pc;
+	__u64 rsp;
+	__u64 rbp;
+	__u64 hash;
+	__u64 check;
+	__u32 nmappings;
+	__u32 mapping; /* index of the mapping of the previous pc: tried first */
+	__u32 exact;   /* pc is a current pc, not a return address */
+	__u16 error;
+	__u16 reason;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct walk_scratch);
+	__uint(max_entries, 1);
+} scratch SEC(".maps");
+
+/* Pages of user stack read during the current walk: CT_PAGE_SLOTS slots per
+ * CPU, sized by userspace to the number of possible CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_user_page);
+	__uint(max_entries, 64 * CT_PAGE_SLOTS);
+} page_cache SEC(".maps");
+
+/* See CT_RULE_CACHE_SLOTS; sized by userspace to the number of possible CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_rule_cache_entry);
+	__uint(max_entries, 64 * CT_RULE_CACHE_SLOTS);
+} rule_cache SEC(".maps");
+
+/*
+ * Frames walked per bpf_loop iteration. Each iteration is a call and a
+ * return of the callback, and returns are expensive where the kernel
+ * mitigates return-address speculation (SRSO safe RET here): four steps per
+ * call took ~3.5 ns off each frame, at 4x the verifier's work.
+ */
+#define STEPS_PER_CALL 4
+
+/* What bpf_loop passes to each step (it must live on the BPF stack). */
+struct walk_ctx {
+	struct walk_scratch *w;
+	struct ct_proc *proc;
+};
+
+static __always_inline void count_error(__u32 error)
+{
+	__u64 *value = bpf_map_lookup_elem(&walk_errors, &error);
+
+	if (value)
+		*value += 1;
+}
+
+/* Two independent 64-bit hashes of the frames (multiply-xorshift with
+ * unrelated constants), finished with murmur3's fmix64. */
+static __always_inline __u64 hash_step(__u64 hash, __u64 pc)
+{
+	hash = (hash ^ pc) * 0x9e3779b97f4a7c15ULL;
+	return hash ^ (hash >> 29);
+}
+
+static __always_inline __u64 check_step(__u64 check, __u64 pc)
+{
+	check = (check + pc) * 0xc2b2ae3d27d4eb4fULL;
+	return (check << 31) | (check >> 33);
+}
+
+static __always_inline __u64 fmix64(__u64 k)
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdULL;
+	k ^= k >> 33;
+	k *= 0xc4ceb9fe1a85ec53ULL;
+	k ^= k >> 33;
+	return k;
+}
+
+/*
+ * The binary searches below are branch-free apart from their exit test: a
+ * comparison becomes an all-ones/all-zeros mask. This keeps the verifier on
+ * one path per step (a branchy search forks its state at every step and blows
+ * the 1M-instruction budget) and spares the CPU a mispredicted branch per
+ * step. The empty asm keeps clang from turning the mask back into a branch.
+ */
+static __always_inline __u64 mask_if_negative(__s64 value)
+{
+	asm volatile("" : "+r"(value));
+	return (__u64)(value >> 63);
+}
+
+/* Index of the mapping holding addr, or CT_MAX_MAPPINGS if none does. */
+static __always_inline __u32 find_mapping(struct ct_proc *proc, __u32 n, __u64 addr)
+{
+	/* lo = number of mappings that start at or before addr */
+	__u32 lo = 0, len = n;
+
+	for (int step = 0; step < CT_MAPPING_SEARCH_STEPS; step++) {
+		if (len == 0)
+			break;
+		__u32 half = len >> 1;
+		__u64 start = proc->mappings[(lo + half) & (CT_MAX_MAPPINGS - 1)].start;
+		/* start <= addr; user addresses are below 2^63 */
+		__u32 take = mask_if_negative(start - addr - 1);
+		lo += (half + 1) & take;
+		len = half - (take & ((len & 1) ^ 1));
+	}
+	if (lo == 0)
+		return CT_MAX_MAPPINGS;
+	lo -= 1;
+	if (addr >= proc->mappings[lo & (CT_MAX_MAPPINGS - 1)].end)
+		return CT_MAX_MAPPINGS;
+	return lo;
+}
+
+static __always_inline struct ct_row *row_at(__u32 index)
+{
+	__u32 chunk_index = index / CT_ROWS_PER_CHUNK;
+	struct ct_row_chunk *chunk = bpf_map_lookup_elem(&rows, &chunk_index);
+
+	if (!chunk)
+		return NULL;
+	return &chunk->rows[index % CT_ROWS_PER_CHUNK];
+}
+
+/* The index in the rules map of the rule governing ELF address addr in
+ * table t; -1 when the table has none (a gap). */
+static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr)
+{
+	__u64 page_index = (addr >> CT_PAGE_SHIFT) - t->first_page;
+
+	/* below first_page the subtraction wraps to a huge index */
+	if (page_index >= t->npages)
+		return -1;
+	__u32 key = t->pages_base + (__u32)page_index;
+	struct ct_page *page = bpf_map_lookup_elem(&pages, &key);
+	if (!page)
+		return -1;
+
+	/* the last row of the page whose addr_lo <= the low bits of addr */
+	__u32 addr_lo = addr & 0xffff;
+	__u32 first = page->first_row;
+	__u32 lo = 0, len = page->nrows;
+	__u32 rule = 0;
+	for (int step = 0; step < CT_ROW_SEARCH_STEPS; step++) {
+		if (len == 0)
+			break;
+		__u32 half = len >> 1;
+		struct ct_row *row = row_at(first + lo + half);
+		if (!row)
+			return -1;
+		/* row->addr_lo <= addr_lo */
+		__u32 take = mask_if_negative((__s64)row->addr_lo - addr_lo - 1);
+		lo += (half + 1) & take;
+		len = half - (take & ((len & 1) ^ 1));
+		rule = (row->rule & take) | (rule & ~take);
+	}
+	if (lo == 0) {
+		/* no row of this page starts at or before addr: the row before
+		 * the page governs, if the table has one */
+		if (first <= t->rows_base)
+			return -1;
+		struct ct_row *row = row_at(first - 1);
+		if (!row)
+			return -1;
+		rule = row->rule;
+	}
+	return t->rules_base + rule;
+}
+
+/* find_rule through the rule cache; NULL for a gap. */
+static __always_inline struct ct_rule *cached_rule(struct walk_scratch *w, __u32 table_id,
+						   __u64 addr)
+{
+	__u32 slot = ((addr ^ ((__u64)table_id << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
+	__u32 key = w->rule_cache_base + (slot & (CT_RULE_CACHE_SLOTS - 1));
+	struct ct_rule_cache_entry *entry = bpf_map_lookup_elem(&rule_cache, &key);
+	__u32 index;
+
+	if (entry && entry->addr == addr && entry->table_id == table_id + 1) {
+		index = entry->rule;
+	} else {
+		struct ct_table *t = bpf_map_lookup_elem(&tables, &table_id);
+		if (!t)
+			return NULL;
+		__s64 found = find_rule(t, addr);
+		if (found < 0)
+			return NULL;
+		index = found;
+		if (entry) {
+			entry->addr = addr;
+			entry->table_id = table_id + 1;
+			entry->rule = index;
+		}
+	}
+	return bpf_map_lookup_elem(&rules, &index);
+}
+
+/*
+ * Reads the u64 at user address addr through the page cache. Equivalent to
+ * bpf_probe_read_user of those 8 bytes: a page read succeeds exactly when
+ * the page is mapped, readable and present. Returns 0 on success.
+ */
+static __always_inline int read_user(struct walk_scratch *w, __u64 addr, __u64 *value)
+{
+	__u64 offset = addr & (CT_USER_PAGE_SIZE - 1);
+
+	if (offset > CT_USER_PAGE_SIZE - sizeof(__u64))
+		/* straddles two pages: rare enough to read directly */
+		return bpf_probe_read_user(value, sizeof(*value), (void *)addr);
+
+	__u64 page = addr / CT_USER_PAGE_SIZE;
+	__u32 slot = page & (CT_PAGE_SLOTS - 1);
+	__u32 key = w->page_base + slot;
+	struct ct_user_page *copy = bpf_map_lookup_elem(&page_cache, &key);
+	if (!copy)
+		return -1;
+	if (w->page_tag[slot] != page + 1) {
+		if (bpf_probe_read_user(copy->bytes, CT_USER_PAGE_SIZE,
+					(void *)(page * CT_USER_PAGE_SIZE))) {
+			w->page_tag[slot] = 0;
+			return -1;
+		}
+		w->page_tag[slot] = page + 1;
+	}
+	*value = *(__u64 *)&copy->bytes[offset];
+	return 0;
+}
+
+static __always_inline int stop(struct walk_scratch *w, __u16 error)
+{
+	w->error = error;
+	return 1;
+}
+
+/* One step of docs/walk.md: from the frame at w->pc to its caller. */
+static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *proc)
+{
+	__u64 lookup = w->exact ? w->pc : w->pc - 1;
+	__u32 mi = w->mapping;
+
+	if (mi >= CT_MAX_MAPPINGS)
+		return stop(w, CT_WALK_NO_MAPPING);
+	struct ct_mapping *m = &proc->mappings[mi];
+	if (lookup < m->start || lookup >= m->end) {
+		mi = find_mapping(proc, w->nmappings, lookup);
+		if (mi >= CT_MAX_MAPPINGS)
+			return stop(w, CT_WALK_NO_MAPPING);
+		m = &proc->mappings[mi];
+		w->mapping = mi;
+	}
+	if (m->flags & CT_MAPPING_NO_TABLE)
+		return stop(w, CT_WALK_NO_ROW);
+
+	struct ct_rule *rule = cached_rule(w, m->table_id, lookup - m->bias);
+	if (!rule)
+		return stop(w, CT_WALK_NO_ROW);
+
+	__u64 rsp = w->rsp, rbp = w->rbp;
+	__u64 cfa, ra;
+	__u32 exact = 0;
+	switch (rule->kind) {
+	case CT_RULE_CFA_RSP:
+		cfa = rsp + (__s64)rule->cfa_off;
+		break;
+	case CT_RULE_CFA_RBP:
+		cfa = rbp + (__s64)rule->cfa_off;
+		break;
+	case CT_RULE_PLT:
+		cfa = rsp + 8 + ((w->pc & 15) >= (__u64)rule->cfa_off ? 8 : 0);
+		break;
+	case CT_RULE_CFA_DEREF: {
+		__u64 base = rule->cfa_reg == CT_REG_RBP ? rbp : rsp;
+		if (read_user(w, base + (__s64)rule->cfa_off, &cfa))
+			return stop(w, CT_WALK_READ_FAULT);
+		cfa += (__s64)rule->deref_add;
+		break;
+	}
+	case CT_RULE_END:
+		return stop(w, CT_WALK_OK);
+	case CT_RULE_SIGNAL:
+		/* rip, rsp and rbp of the interrupted code, from the ucontext */
+		if (read_user(w, rsp + CT_SIGFRAME_RIP, &ra) ||
+		    read_user(w, rsp + CT_SIGFRAME_RSP, &cfa) ||
+		    read_user(w, rsp + CT_SIGFRAME_RBP, &rbp))
+			return stop(w, CT_WALK_READ_FAULT);
+		exact = 1;
+		goto push;
+	case CT_RULE_UNSUPPORTED:
+		w->reason = rule->reason;
+		return stop(w, CT_WALK_UNSUPPORTED);
+	case CT_RULE_GAP:
+		return stop(w, CT_WALK_NO_ROW);
+	default:
+		/* a kind this program does not know: never guess */
+		return stop(w, CT_WALK_UNSUPPORTED);
+	}
+
+	if (read_user(w, cfa - 8, &ra))
+		return stop(w, CT_WALK_READ_FAULT);
+	if (rule->rbp_kind == CT_RBP_AT_CFA) {
+		if (read_user(w, cfa + (__s64)rule->rbp_off, &rbp))
+			return stop(w, CT_WALK_READ_FAULT);
+	} else if (rule->rbp_kind == CT_RBP_AT_RBP) {
+		if (read_user(w, rbp + (__s64)rule->rbp_off, &rbp))
+			return stop(w, CT_WALK_READ_FAULT);
+	}
+	if (cfa <= rsp)
+		return stop(w, CT_WALK_BAD_RA);
+
+push:
+	if (ra == 0)
+		return stop(w, CT_WALK_BAD_RA);
+	__u32 len = w->stack.len;
+	if (len >= CT_MAX_FRAMES)
+		return stop(w, CT_WALK_DEPTH_CAP);
+	w->stack.pcs[len & (CT_MAX_FRAMES - 1)] = ra;
+	w->stack.len = len + 1;
+	w->hash = hash_step(w->hash, ra);
+	w->check = check_step(w->check, ra);
+	w->pc = ra;
+	w->rsp = cfa;
+	w->rbp = rbp;
+	w->exact = exact;
+	return 0;
+}
+
+/* bpf_loop callback: up to STEPS_PER_CALL steps; 1 once the walk stopped. */
+static int walk_steps(__u32 index, void *arg)
+{
+	struct walk_ctx *ctx = arg;
+
+	for (int i = 0; i < STEPS_PER_CALL; i++)
+		if (walk_step(ctx->w, ctx->proc))
+			return 1;
+	return 0;
+}
+
+static __always_inline bool same_stack(const struct ct_stack *a, const struct ct_stack *b)
+{
+	return a->check == b->check && a->len == b->len && a->error == b->error &&
+	       a->reason == b->reason;
+}
+
+/*
+ * Stores the stack under hash (or, after a collision, the next free slot)
+ * unless it is there already; returns its key in the stacks map.
+ */
+static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash)
+{
+	for (int slot = 0; slot < CT_STACK_SLOTS; slot++) {
+		__u64 key = hash + slot;
+		struct ct_stack *old = bpf_map_lookup_elem(&stacks, &key);
+
+		if (!old) {
+			long err = bpf_map_update_elem(&stacks, &key, stack, BPF_NOEXIST);
+			if (err == 0)
+				return key;
+			/* -EEXIST: another CPU stored a stack there just now */
+			if (err != -EEXIST)
+				break;
+			old = bpf_map_lookup_elem(&stacks, &key);
+			if (!old)
+				break;
+		}
+		if (same_stack(old, stack))
+			return key;
+		count_error(CT_WALK_HASH_COLLISION);
+	}
+	count_error(CT_WALK_STACK_MAP_FULL);
+	return CT_STACK_NOT_STORED;
+}
+
+/*
+ * Walks the user stack from the given registers into the scratch map and
+ * finishes its hashes (w->hash, w->stack.check); NULL if there is no scratch.
+ */
+static __always_inline struct walk_scratch *walk_user_stack(__u32 tgid, __u64 rip, __u64 rsp,
+							    __u64 rbp)
+{
+	__u32 zero = 0;
+	struct walk_scratch *w = bpf_map_lookup_elem(&scratch, &zero);
+
+	if (!w)
+		return NULL;
+	struct ct_stack *stack = &w->stack;
+	stack->pcs[0] = rip;
+	stack->len = 1;
+	w->pc = rip;
+	w->rsp = rsp;
+	w->rbp = rbp;
+	w->hash = hash_step(0, rip);
+	w->check = check_step(0x5851f42d4c957f2dULL, rip);
+	w->mapping = 0;
+	w->exact = 1;
+	w->error = CT_WALK_OK;
+	w->reason = 0;
+	__u32 cpu = bpf_get_smp_processor_id();
+	w->page_base = cpu * CT_PAGE_SLOTS;
+	w->rule_cache_base = cpu * CT_RULE_CACHE_SLOTS;
+	for (int slot = 0; slot < CT_PAGE_SLOTS; slot++)
+		w->page_tag[slot] = 0;
+
+	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &tgid);
+	if (proc) {
+		struct walk_ctx ctx = { .w = w, .proc = proc };
+		__u32 n = proc->nmappings;
+		w->nmappings = n < CT_MAX_MAPPINGS ? n : CT_MAX_MAPPINGS;
+		/* Each step either stops or adds a frame, and the step that
+		 * would add frame CT_MAX_FRAMES + 1 stops with DEPTH_CAP, so
+		 * CT_MAX_FRAMES steps always reach a stop: the bound is never
+		 * what ends a walk. */
+		bpf_loop(CT_MAX_FRAMES / STEPS_PER_CALL + 1, walk_steps, &ctx, 0);
+	} else {
+		w->error = CT_WALK_NO_PROC;
+	}
+
+	count_error(w->error);
+	stack->error = w->error;
+	stack->reason = w->reason;
+	__u64 tail = ((__u64)stack->len << 32) | ((__u64)w->error << 16) | w->reason;
+	stack->check = fmix64(check_step(w->check, tail));
+	__u64 hash = fmix64(hash_step(w->hash, tail));
+	/* keep clear of the reserved keys, and of wrapping in store_stack */
+	if (hash < CT_STACK_FIRST || hash > ~0ULL - CT_STACK_SLOTS)
+		hash = CT_STACK_FIRST;
+	w->hash = hash;
+	return w;
+}
+
+static __always_inline void count_event(__u64 stack_hash, __s32 kstack_id, __u32 tgid,
+					__u32 probe_id, __u64 check)
+{
+	struct ct_count_key key = {
+		.stack_hash = stack_hash,
+		.kstack_id = kstack_id,
+		.pid = tgid,
+		.probe_id = probe_id,
+	};
+	struct ct_count *count = bpf_map_lookup_elem(&counts, &key);
+
+	if (!count) {
+		struct ct_count first = { .events = 1, .check = check };
+		long err = bpf_map_update_elem(&counts, &key, &first, BPF_NOEXIST);
+		if (err == 0)
+			return;
+		if (err == -EEXIST)
+			count = bpf_map_lookup_elem(&counts, &key);
+		if (!count) {
+			count_error(CT_WALK_COUNT_MAP_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&count->events, 1);
+}
+
+/*
+ * Walks the user stack (if rip is not 0) and counts the event. The common
+ * case, a stack counted before under the same key, costs one lookup in
+ * counts: the count remembers the check of its stack, so the stacks map is
+ * only consulted for a new stack or a hash collision.
+ */
+static __always_inline void record(__u32 tgid, __u64 rip, __u64 rsp, __u64 rbp, __s32 kstack_id,
+				   __u32 probe_id)
+{
+	struct walk_scratch *w = rip ? walk_user_stack(tgid, rip, rsp, rbp) : NULL;
+
+	if (!w) {
+		count_event(CT_STACK_NONE, kstack_id, tgid, probe_id, 0);
+		return;
+	}
+	__u64 check = w->stack.check;
+	struct ct_count_key key = {
+		.stack_hash = w->hash,
+		.kstack_id = kstack_id,
+		.pid = tgid,
+		.probe_id = probe_id,
+	};
+	struct ct_count *count = bpf_map_lookup_elem(&counts, &key);
+	if (count && count->check == check) {
+		__sync_fetch_and_add(&count->events, 1);
+		return;
+	}
+	count_event(store_stack(&w->stack, w->hash), kstack_id, tgid, probe_id, check);
+}
+
+static __always_inline bool pid_wanted(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&pid_filter, &tgid) != NULL;
+}
+
+static __always_inline __s32 kernel_stack(void *ctx)
+{
+	if (!kernel_stacks)
+		return -1;
+	long id = bpf_get_stackid(ctx, &kstacks, 0);
+	if (id < 0)
+		count_error(CT_WALK_KSTACK_LOST);
+	return id;
+}
+
+/* An event that fired in kernel mode: user registers are those saved at
+ * kernel entry. Kernel threads have none (rip 0: no user stack). */
+static __always_inline void record_from_kernel(__u32 tgid, __s32 kstack_id, __u32 probe_id)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (!task->mm) {
+		record(tgid, 0, 0, 0, kstack_id, probe_id);
+		return;
+	}
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	record(tgid, regs->ip, regs->sp, regs->bp, kstack_id, probe_id);
+}
+
+/* uprobe and uretprobe: ctx holds the user registers (at a uretprobe, rip
+ * is already the return address and rsp the caller's). */
+static __always_inline int on_user_probe(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	record(tgid, ctx->ip, ctx->sp, ctx->bp, -1, bpf_get_attach_cookie(ctx));
+	return 0;
+}
+
+SEC("uprobe")
+int on_uprobe(struct pt_regs *ctx)
+{
+	return on_user_probe(ctx);
+}
+
+SEC("uretprobe")
+int on_uretprobe(struct pt_regs *ctx)
+{
+	return on_user_probe(ctx);
+}
+
+/* Counts without walking: the baseline the benchmark compares against. */
+SEC("uprobe")
+int on_uprobe_count(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	count_event(CT_STACK_NONE, -1, tgid, bpf_get_attach_cookie(ctx), 0);
+	return 0;
+}
+
+SEC("perf_event")
+int on_perf_event(struct bpf_perf_event_data *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_events && !pid_wanted(tgid))
+		return 0;
+	__u32 probe_id = bpf_get_attach_cookie(ctx);
+	__u64 ip = ctx->regs.ip;
+	if ((__s64)ip < 0)
+		/* kernel half of the address space: sampled in kernel mode */
+		record_from_kernel(tgid, kernel_stack(ctx), probe_id);
+	else
+		record(tgid, ip, ctx->regs.sp, ctx->regs.bp, -1, probe_id);
+	return 0;
+}
+
+SEC("tracepoint")
+int on_tracepoint(void *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_events && !pid_wanted(tgid))
+		return 0;
+	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
+	return 0;
+}

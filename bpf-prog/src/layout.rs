@@ -1,0 +1,404 @@
+//! Rust mirrors of every struct and constant of `src/bpf/cargo_trace.h`.
+//!
+//! Each mirror is checked at compile time against the type libbpf-cargo
+//! generated from the BPF object's BTF (`skel::types`, i.e. what clang made of
+//! the header): same size, alignment and field offsets, same scalar field
+//! types, and no padding. Constants are checked against the header's enums,
+//! which the BPF program anchors into BTF. Editing the header without this
+//! file (or the reverse) therefore fails the build.
+
+use std::mem::{align_of, offset_of, size_of};
+
+use crate::skel::types as c;
+
+/// Frames a stack holds at most (`CT_MAX_FRAMES`).
+pub const MAX_FRAMES: usize = 512;
+/// Mappings a process may register (`CT_MAX_MAPPINGS`).
+pub const MAX_MAPPINGS: usize = 512;
+/// log2 of the table page size (`CT_PAGE_SHIFT`), as in `unwind_tables::PAGE_SHIFT`.
+pub const PAGE_SHIFT: u32 = 16;
+/// Frames of a kernel stack (`CT_KSTACK_DEPTH`).
+pub const KSTACK_DEPTH: usize = 127;
+/// Rows per element of the rows map (`CT_ROWS_PER_CHUNK`).
+pub const ROWS_PER_CHUNK: usize = 1024;
+/// Slots a stack may take after hash collisions (`CT_STACK_SLOTS`).
+pub const STACK_SLOTS: u64 = 4;
+/// Bytes of user stack the walk copies at a time (`CT_USER_PAGE_SIZE`).
+pub const USER_PAGE_SIZE: usize = 4096;
+/// Pages of user stack cached per CPU during a walk (`CT_PAGE_SLOTS`).
+pub const PAGE_SLOTS: usize = 8;
+/// Entries of the rule cache per CPU (`CT_RULE_CACHE_SLOTS`).
+pub const RULE_CACHE_SLOTS: usize = 4096;
+
+/// `ct_count_key.stack_hash` of an event whose user stack was not walked.
+pub const STACK_NONE: u64 = 0;
+/// `ct_count_key.stack_hash` of an event whose stack did not fit in the stacks map.
+pub const STACK_NOT_STORED: u64 = 1;
+
+/// `enum ct_rule_kind`.
+pub mod rule_kind {
+    pub const GAP: u8 = 0;
+    pub const CFA_RSP: u8 = 1;
+    pub const CFA_RBP: u8 = 2;
+    pub const PLT: u8 = 3;
+    pub const CFA_DEREF: u8 = 4;
+    pub const END: u8 = 5;
+    pub const SIGNAL: u8 = 6;
+    pub const UNSUPPORTED: u8 = 7;
+}
+
+/// `enum ct_rbp_kind`.
+pub mod rbp_kind {
+    pub const SAME: u8 = 0;
+    pub const AT_CFA: u8 = 1;
+    pub const AT_RBP: u8 = 2;
+}
+
+/// `enum ct_reg`: DWARF register numbers.
+pub mod reg {
+    pub const RBP: u8 = 6;
+    pub const RSP: u8 = 7;
+}
+
+/// `enum ct_sigframe`: ucontext offsets, the same as `unwind_tables::rule::sigframe`.
+pub mod sigframe {
+    pub const RBP: u64 = 120;
+    pub const RSP: u64 = 160;
+    pub const RIP: u64 = 168;
+}
+
+/// `CT_MAPPING_NO_TABLE`.
+pub const MAPPING_NO_TABLE: u32 = 1;
+
+/// Number of entries of the walk_errors map (`CT_WALK_ERROR_COUNT`).
+pub const WALK_ERROR_COUNT: usize = 12;
+/// Entries of walk_errors that are walk ends (`CT_WALK_STOP_COUNT`).
+pub const WALK_STOP_COUNT: usize = 8;
+
+macro_rules! check_constants {
+    ($($rust:expr => $c:expr),* $(,)?) => {
+        const _: () = {
+            $(assert!($rust as u64 == $c.0 as u64);)*
+        };
+    };
+}
+
+check_constants! {
+    MAX_FRAMES => c::ct_limits::CT_MAX_FRAMES,
+    MAX_MAPPINGS => c::ct_limits::CT_MAX_MAPPINGS,
+    PAGE_SHIFT => c::ct_limits::CT_PAGE_SHIFT,
+    KSTACK_DEPTH => c::ct_limits::CT_KSTACK_DEPTH,
+    ROWS_PER_CHUNK => c::ct_limits::CT_ROWS_PER_CHUNK,
+    STACK_SLOTS => c::ct_limits::CT_STACK_SLOTS,
+    USER_PAGE_SIZE => c::ct_limits::CT_USER_PAGE_SIZE,
+    PAGE_SLOTS => c::ct_limits::CT_PAGE_SLOTS,
+    RULE_CACHE_SLOTS => c::ct_limits::CT_RULE_CACHE_SLOTS,
+    STACK_NONE => c::ct_stack_key::CT_STACK_NONE,
+    STACK_NOT_STORED => c::ct_stack_key::CT_STACK_NOT_STORED,
+    rule_kind::GAP => c::ct_rule_kind::CT_RULE_GAP,
+    rule_kind::CFA_RSP => c::ct_rule_kind::CT_RULE_CFA_RSP,
+    rule_kind::CFA_RBP => c::ct_rule_kind::CT_RULE_CFA_RBP,
+    rule_kind::PLT => c::ct_rule_kind::CT_RULE_PLT,
+    rule_kind::CFA_DEREF => c::ct_rule_kind::CT_RULE_CFA_DEREF,
+    rule_kind::END => c::ct_rule_kind::CT_RULE_END,
+    rule_kind::SIGNAL => c::ct_rule_kind::CT_RULE_SIGNAL,
+    rule_kind::UNSUPPORTED => c::ct_rule_kind::CT_RULE_UNSUPPORTED,
+    rbp_kind::SAME => c::ct_rbp_kind::CT_RBP_SAME,
+    rbp_kind::AT_CFA => c::ct_rbp_kind::CT_RBP_AT_CFA,
+    rbp_kind::AT_RBP => c::ct_rbp_kind::CT_RBP_AT_RBP,
+    reg::RBP => c::ct_reg::CT_REG_RBP,
+    reg::RSP => c::ct_reg::CT_REG_RSP,
+    sigframe::RBP => c::ct_sigframe::CT_SIGFRAME_RBP,
+    sigframe::RSP => c::ct_sigframe::CT_SIGFRAME_RSP,
+    sigframe::RIP => c::ct_sigframe::CT_SIGFRAME_RIP,
+    MAPPING_NO_TABLE => c::ct_mapping_flags::CT_MAPPING_NO_TABLE,
+    WALK_ERROR_COUNT => c::ct_walk_error::CT_WALK_ERROR_COUNT,
+    WALK_STOP_COUNT => c::ct_walk_error::CT_WALK_STOP_COUNT,
+}
+
+// The walk contract is shared with the userspace twin: its constants must agree.
+const _: () = {
+    assert!(PAGE_SHIFT == unwind_tables::PAGE_SHIFT);
+    assert!(MAX_FRAMES == unwind_tables::walk::MAX_FRAMES);
+    assert!(sigframe::RBP == unwind_tables::rule::sigframe::RBP);
+    assert!(sigframe::RSP == unwind_tables::rule::sigframe::RSP);
+    assert!(sigframe::RIP == unwind_tables::rule::sigframe::RIP);
+};
+
+/// Plain data that may be copied to and from the kernel as bytes.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, made only of integers (or arrays and
+/// structs of them), and have no padding: every byte is initialized and every
+/// byte pattern is a valid value. The `mirror!` macro checks this for the types here.
+pub unsafe trait Pod: Copy + 'static {}
+
+// SAFETY: integers have no padding and accept any bit pattern.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for u16 {}
+// SAFETY: as above.
+unsafe impl Pod for u32 {}
+// SAFETY: as above.
+unsafe impl Pod for i32 {}
+// SAFETY: as above.
+unsafe impl Pod for u64 {}
+
+/// The bytes of `value`, as the kernel expects them.
+pub fn bytes_of<T: Pod>(value: &T) -> &[u8] {
+    // SAFETY: `T: Pod` has no padding, so all size_of::<T>() bytes behind the
+    // reference are initialized; the slice borrows `value`.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+/// The bytes of `values`, as the kernel expects them.
+pub fn bytes_of_slice<T: Pod>(values: &[T]) -> &[u8] {
+    // SAFETY: as in `bytes_of`, for each element; slices have no gaps between elements.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) }
+}
+
+/// A `T` read from the first `size_of::<T>()` bytes of `bytes`.
+pub fn from_bytes<T: Pod>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: the length is checked above; `T: Pod` accepts any bit pattern;
+    // `read_unaligned` does not need `bytes` to be aligned for `T`.
+    Some(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
+}
+
+/// Checks a mirror against the generated C type and implements [`Pod`] for it.
+///
+/// Lists every field with its Rust type; `as T` names the C field's type
+/// where it differs (nested structs). The field list must be complete: the
+/// sum of the field sizes must equal the struct size (no padding).
+macro_rules! mirror {
+    ($rust:ident = $c:ident { $($field:ident: $ty:ty $(as $cty:ty)?),* $(,)? }) => {
+        const _: () = {
+            assert!(size_of::<$rust>() == size_of::<c::$c>());
+            assert!(align_of::<$rust>() == align_of::<c::$c>());
+            assert!(size_of::<$rust>() == 0 $(+ size_of::<$ty>())*);
+            $(assert!(offset_of!($rust, $field) == offset_of!(c::$c, $field));)*
+            // Never called: it only has to type-check.
+            #[allow(dead_code)]
+            fn field_types(rust: &$rust, c: &c::$c) {
+                $(
+                    let _: &$ty = &rust.$field;
+                    let _: &mirror!(@c_type $ty $(, $cty)?) = &c.$field;
+                )*
+            }
+        };
+        // SAFETY: checked above: repr(C), fields of Pod types, no padding.
+        unsafe impl Pod for $rust {}
+    };
+    (@c_type $ty:ty) => { $ty };
+    (@c_type $ty:ty, $cty:ty) => { $cty };
+}
+
+/// `struct ct_rule`: one unwinding step, converted from [`unwind_tables::Rule`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtRule {
+    pub kind: u8,
+    pub cfa_reg: u8,
+    pub rbp_kind: u8,
+    pub reason: u8,
+    pub cfa_off: i32,
+    pub rbp_off: i32,
+    pub deref_add: i32,
+}
+mirror!(
+    CtRule = ct_rule {
+        kind: u8,
+        cfa_reg: u8,
+        rbp_kind: u8,
+        reason: u8,
+        cfa_off: i32,
+        rbp_off: i32,
+        deref_add: i32,
+    }
+);
+
+/// `struct ct_row`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtRow {
+    pub addr_lo: u16,
+    pub rule: u16,
+}
+mirror!(
+    CtRow = ct_row {
+        addr_lo: u16,
+        rule: u16
+    }
+);
+
+/// `struct ct_row_chunk`: one element of the rows map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtRowChunk {
+    pub rows: [CtRow; ROWS_PER_CHUNK],
+}
+mirror!(
+    CtRowChunk = ct_row_chunk {
+        rows: [CtRow; ROWS_PER_CHUNK] as [c::ct_row; ROWS_PER_CHUNK],
+    }
+);
+
+/// `struct ct_user_page`: one element of the page_cache map (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtUserPage {
+    pub bytes: [u8; USER_PAGE_SIZE],
+}
+mirror!(
+    CtUserPage = ct_user_page {
+        bytes: [u8; USER_PAGE_SIZE]
+    }
+);
+
+/// `struct ct_rule_cache_entry`: one element of the rule_cache map (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtRuleCacheEntry {
+    pub addr: u64,
+    pub table_id: u32,
+    pub rule: u32,
+}
+mirror!(
+    CtRuleCacheEntry = ct_rule_cache_entry {
+        addr: u64,
+        table_id: u32,
+        rule: u32,
+    }
+);
+
+/// `struct ct_page`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtPage {
+    pub first_row: u32,
+    pub nrows: u32,
+}
+mirror!(
+    CtPage = ct_page {
+        first_row: u32,
+        nrows: u32
+    }
+);
+
+/// `struct ct_table`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtTable {
+    pub first_page: u64,
+    pub pages_base: u32,
+    pub npages: u32,
+    pub rows_base: u32,
+    pub nrows: u32,
+    pub rules_base: u32,
+    pub nrules: u32,
+}
+mirror!(
+    CtTable = ct_table {
+        first_page: u64,
+        pages_base: u32,
+        npages: u32,
+        rows_base: u32,
+        nrows: u32,
+        rules_base: u32,
+        nrules: u32,
+    }
+);
+
+/// `struct ct_mapping`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtMapping {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    pub table_id: u32,
+    pub flags: u32,
+}
+mirror!(
+    CtMapping = ct_mapping {
+        start: u64,
+        end: u64,
+        bias: u64,
+        table_id: u32,
+        flags: u32,
+    }
+);
+
+/// `struct ct_proc`: the value of the procs map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtProc {
+    pub nmappings: u32,
+    pub pad: u32,
+    pub mappings: [CtMapping; MAX_MAPPINGS],
+}
+mirror!(
+    CtProc = ct_proc {
+        nmappings: u32,
+        pad: u32,
+        mappings: [CtMapping; MAX_MAPPINGS] as [c::ct_mapping; MAX_MAPPINGS],
+    }
+);
+
+/// `struct ct_stack`: the value of the stacks map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtStack {
+    pub check: u64,
+    pub len: u32,
+    pub error: u16,
+    pub reason: u16,
+    pub pcs: [u64; MAX_FRAMES],
+}
+mirror!(
+    CtStack = ct_stack {
+        check: u64,
+        len: u32,
+        error: u16,
+        reason: u16,
+        pcs: [u64; MAX_FRAMES],
+    }
+);
+
+/// `struct ct_count_key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtCountKey {
+    pub stack_hash: u64,
+    pub kstack_id: i32,
+    pub pid: u32,
+    pub probe_id: u32,
+    pub pad: u32,
+}
+mirror!(
+    CtCountKey = ct_count_key {
+        stack_hash: u64,
+        kstack_id: i32,
+        pid: u32,
+        probe_id: u32,
+        pad: u32,
+    }
+);
+
+/// `struct ct_count`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtCount {
+    pub events: u64,
+    pub bytes: u64,
+    pub check: u64,
+}
+mirror!(
+    CtCount = ct_count {
+        events: u64,
+        bytes: u64,
+        check: u64,
+    }
+);

@@ -1,0 +1,687 @@
+//! [`Tracer`]: the loaded BPF object, the tables and mappings it walks with,
+//! and readers of what it counted.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
+use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
+
+use crate::error::{Error, Result, TableMap};
+use crate::layout::{
+    self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
+    CtProc, CtRow, CtRule, CtStack, CtTable, KSTACK_DEPTH, MAX_MAPPINGS, ROWS_PER_CHUNK,
+};
+use crate::records::{Count, CountKey, Stack, WalkError};
+use crate::skel::{TraceSkel, TraceSkelBuilder};
+use crate::sys::{self, MappedArray, ProgramStats};
+
+/// Bytes kept of the verifier log of a failed load (the kernel keeps the tail).
+const VERIFIER_LOG_SIZE: usize = 1 << 20;
+
+/// Settings fixed at load time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Uprobes and uretprobes count only processes added with [`Tracer::filter_pid`].
+    /// Off by default: a uprobe is usually attached to one pid already.
+    pub filter_uprobes: bool,
+    /// Perf events and tracepoints count only processes added with
+    /// [`Tracer::filter_pid`]. On by default: they fire for every process.
+    pub filter_events: bool,
+    /// Record the kernel stack of perf samples taken in kernel mode and of tracepoints.
+    pub kernel_stacks: bool,
+    /// Capacity of the table maps, summed over all loaded tables.
+    pub max_rows: u32,
+    pub max_pages: u32,
+    pub max_rules: u32,
+    pub max_tables: u32,
+    /// Processes with registered mappings.
+    pub max_procs: u32,
+    /// Distinct user stacks (4 KiB each, allocated as they appear).
+    pub max_stacks: u32,
+    /// Distinct (probe, pid, user stack, kernel stack) counters.
+    pub max_counts: u32,
+    /// Distinct kernel stacks (1 KiB each, preallocated).
+    pub max_kernel_stacks: u32,
+    /// Processes in the pid filter.
+    pub max_filtered_pids: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            filter_uprobes: false,
+            filter_events: true,
+            kernel_stacks: true,
+            max_rows: 8 << 20,
+            max_pages: 256 << 10,
+            max_rules: 256 << 10,
+            max_tables: 4096,
+            max_procs: 4096,
+            max_stacks: 16384,
+            max_counts: 65536,
+            max_kernel_stacks: 8192,
+            max_filtered_pids: 4096,
+        }
+    }
+}
+
+/// The id of a table loaded with [`Tracer::add_table`], for [`Mapping::table`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableId(u32);
+
+impl TableId {
+    /// The index in the tables map.
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+/// One executable mapping of a process, as [`Tracer::set_mappings`] takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// Runtime address range `[start, end)`.
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address minus ELF virtual address.
+    pub bias: u64,
+    /// The unwind table of the mapped object; `None` for code without one
+    /// (a pc there ends the walk with [`WalkError::NoRow`]).
+    pub table: Option<TableId>,
+}
+
+/// What a table occupies in the table maps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableUsage {
+    pub rows: usize,
+    pub pages: usize,
+    pub rules: usize,
+    pub tables: usize,
+}
+
+/// The loaded BPF programs and maps.
+///
+/// Dropping it detaches nothing by itself: links returned by attaching the
+/// programs keep them running until the links are dropped.
+pub struct Tracer {
+    skel: TraceSkel<'static>,
+    rows: MappedArray<CtRow>,
+    pages: MappedArray<CtPage>,
+    rules: MappedArray<CtRule>,
+    used: TableUsage,
+    max_tables: usize,
+}
+
+impl Tracer {
+    /// Opens the embedded object, applies `options` and loads it: the
+    /// verifier checks every program here. Needs CAP_BPF and CAP_PERFMON (or root).
+    pub fn load(options: &Options) -> Result<Tracer> {
+        // The skeleton borrows the storage of its `OpenObject` for its whole
+        // life. Leaking the few bytes of that storage gives the Tracer a
+        // 'static skeleton without a self-referential struct; the object
+        // itself is still closed when the skeleton drops.
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
+
+        // libbpf writes the verifier log of a failed program here (it asks
+        // the kernel for a log only after a failure). It reads these pointers
+        // during `load` only, and `log` outlives that call.
+        let mut log = vec![0u8; VERIFIER_LOG_SIZE];
+        let open_opts = libbpf_rs::libbpf_sys::bpf_object_open_opts {
+            sz: size_of::<libbpf_rs::libbpf_sys::bpf_object_open_opts>() as _,
+            kernel_log_buf: log.as_mut_ptr().cast(),
+            kernel_log_size: log.len() as _,
+            kernel_log_level: 0,
+            ..Default::default()
+        };
+        let mut open = TraceSkelBuilder::default()
+            .open_opts(open_opts, storage)
+            .map_err(Error::Open)?;
+
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .expect("the object has a .rodata section");
+        rodata.filter_uprobes = options.filter_uprobes.into();
+        rodata.filter_events = options.filter_events.into();
+        rodata.kernel_stacks = options.kernel_stacks.into();
+
+        let cpus = libbpf_rs::num_possible_cpus().map_err(|source| Error::Configure {
+            map: "page_cache",
+            source,
+        })?;
+        let per_cpu = |slots: usize| u32::try_from(cpus * slots).unwrap_or(u32::MAX);
+        let maps = &mut open.maps;
+        let chunks = options.max_rows.div_ceil(ROWS_PER_CHUNK as u32);
+        for (map, name, entries) in [
+            (&mut maps.rows, "rows", chunks),
+            (&mut maps.pages, "pages", options.max_pages),
+            (&mut maps.rules, "rules", options.max_rules),
+            (&mut maps.tables, "tables", options.max_tables),
+            (&mut maps.procs, "procs", options.max_procs),
+            (&mut maps.stacks, "stacks", options.max_stacks),
+            (&mut maps.counts, "counts", options.max_counts),
+            (&mut maps.kstacks, "kstacks", options.max_kernel_stacks),
+            (
+                &mut maps.pid_filter,
+                "pid_filter",
+                options.max_filtered_pids,
+            ),
+            (
+                &mut maps.page_cache,
+                "page_cache",
+                per_cpu(layout::PAGE_SLOTS),
+            ),
+            (
+                &mut maps.rule_cache,
+                "rule_cache",
+                per_cpu(layout::RULE_CACHE_SLOTS),
+            ),
+        ] {
+            map.set_max_entries(entries.max(1))
+                .map_err(|source| Error::Configure { map: name, source })?;
+        }
+
+        let skel = open.load().map_err(|source| Error::Load {
+            source,
+            verifier_log: log_text(&log),
+        })?;
+        drop(log);
+
+        let rows = map_array(&skel.maps.rows, "rows")?;
+        let pages = map_array(&skel.maps.pages, "pages")?;
+        let rules = map_array(&skel.maps.rules, "rules")?;
+        let max_tables = skel.maps.tables.max_entries() as usize;
+        Ok(Tracer {
+            skel,
+            rows,
+            pages,
+            rules,
+            used: TableUsage::default(),
+            max_tables,
+        })
+    }
+
+    /// Copies `table` into the table maps and returns its id.
+    ///
+    /// Tables are never removed: a session loads each object's table once
+    /// and shares it between the processes that map the object.
+    pub fn add_table(&mut self, table: &CompactTable) -> Result<TableId> {
+        // The invariants the BPF lookup relies on (sorted rows, pages that
+        // partition them in order, rule indexes in range) and more.
+        table.check().map_err(Error::BadTable)?;
+        let free = |used: usize, capacity: usize| capacity.saturating_sub(used);
+        for (map, needed, free) in [
+            (
+                TableMap::Rows,
+                table.rows.len(),
+                free(self.used.rows, self.rows.len()),
+            ),
+            (
+                TableMap::Pages,
+                table.pages.len(),
+                free(self.used.pages, self.pages.len()),
+            ),
+            (
+                TableMap::Rules,
+                table.rules.len(),
+                free(self.used.rules, self.rules.len()),
+            ),
+            (TableMap::Tables, 1, free(self.used.tables, self.max_tables)),
+        ] {
+            if needed > free {
+                return Err(Error::MapFull { map, needed, free });
+            }
+        }
+
+        let base = self.used;
+        let rows: Vec<CtRow> = table
+            .rows
+            .iter()
+            .map(|row| CtRow {
+                addr_lo: row.addr_lo,
+                rule: row.rule,
+            })
+            .collect();
+        let pages: Vec<CtPage> = table
+            .pages
+            .iter()
+            .map(|span| CtPage {
+                first_row: (base.rows + span.first_row as usize) as u32,
+                nrows: span.nrows,
+            })
+            .collect();
+        let rules: Vec<CtRule> = table.rules.iter().map(|&rule| CtRule::from(rule)).collect();
+        self.rows.write(base.rows, &rows);
+        self.pages.write(base.pages, &pages);
+        self.rules.write(base.rules, &rules);
+
+        // The capacities checked above are u32 map sizes, so these fit.
+        let entry = CtTable {
+            first_page: table.first_page,
+            pages_base: base.pages as u32,
+            npages: pages.len() as u32,
+            rows_base: base.rows as u32,
+            nrows: rows.len() as u32,
+            rules_base: base.rules as u32,
+            nrules: rules.len() as u32,
+        };
+        let id = base.tables as u32;
+        // Published last: until a mapping names this id, no walk reads the rows.
+        update(&self.skel.maps.tables, "tables", &id, &entry, MapFlags::ANY)?;
+        self.used = TableUsage {
+            rows: base.rows + rows.len(),
+            pages: base.pages + pages.len(),
+            rules: base.rules + rules.len(),
+            tables: base.tables + 1,
+        };
+        Ok(TableId(id))
+    }
+
+    /// What the tables loaded so far occupy.
+    pub fn table_usage(&self) -> TableUsage {
+        self.used
+    }
+
+    /// Registers (or replaces) the executable mappings of process `pid`.
+    /// They need not be sorted; they must be non-empty and disjoint.
+    pub fn set_mappings(&self, pid: u32, mappings: &[Mapping]) -> Result<()> {
+        if mappings.len() > MAX_MAPPINGS {
+            return Err(Error::TooManyMappings {
+                pid,
+                count: mappings.len(),
+                max: MAX_MAPPINGS,
+            });
+        }
+        let mut sorted = mappings.to_vec();
+        sorted.sort_by_key(|m| m.start);
+        for (index, m) in sorted.iter().enumerate() {
+            let overlaps_next = sorted.get(index + 1).is_some_and(|next| next.start < m.end);
+            if m.start >= m.end || overlaps_next {
+                return Err(Error::BadMapping {
+                    pid,
+                    start: m.start,
+                    end: m.end,
+                });
+            }
+            if let Some(table) = m.table {
+                if table.0 as usize >= self.used.tables {
+                    return Err(Error::UnknownTable(table));
+                }
+            }
+        }
+        let mut proc = Box::new(CtProc {
+            nmappings: sorted.len() as u32,
+            pad: 0,
+            mappings: [CtMapping::default(); MAX_MAPPINGS],
+        });
+        for (slot, m) in proc.mappings.iter_mut().zip(&sorted) {
+            *slot = CtMapping {
+                start: m.start,
+                end: m.end,
+                bias: m.bias,
+                table_id: m.table.map_or(0, |table| table.0),
+                flags: if m.table.is_some() {
+                    0
+                } else {
+                    layout::MAPPING_NO_TABLE
+                },
+            };
+        }
+        update(&self.skel.maps.procs, "procs", &pid, &*proc, MapFlags::ANY)
+    }
+
+    /// Forgets the mappings of `pid` (e.g. when it exits); its events then
+    /// count as [`WalkError::NoProc`].
+    pub fn remove_process(&self, pid: u32) -> Result<()> {
+        delete(&self.skel.maps.procs, "procs", &pid)
+    }
+
+    /// Lets perf events and tracepoints (and uprobes, with
+    /// [`Options::filter_uprobes`]) count events of process `pid`.
+    pub fn filter_pid(&self, pid: u32) -> Result<()> {
+        update(
+            &self.skel.maps.pid_filter,
+            "pid_filter",
+            &pid,
+            &1u8,
+            MapFlags::ANY,
+        )
+    }
+
+    pub fn unfilter_pid(&self, pid: u32) -> Result<()> {
+        delete(&self.skel.maps.pid_filter, "pid_filter", &pid)
+    }
+
+    /// The program to attach as a uprobe (`attach_uprobe_with_opts`); the
+    /// cookie becomes the probe id of its counts.
+    pub fn uprobe_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_uprobe
+    }
+
+    /// The program to attach as a uretprobe (`retprobe: true`).
+    pub fn uretprobe_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_uretprobe
+    }
+
+    /// A uprobe program that only counts (no stack): a baseline for benchmarks.
+    pub fn uprobe_count_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_uprobe_count
+    }
+
+    /// The program to attach to perf events (`attach_perf_event_with_opts`),
+    /// e.g. a software cpu-clock event per CPU.
+    pub fn perf_event_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_perf_event
+    }
+
+    /// The program to attach to a tracepoint (`attach_tracepoint_with_opts`).
+    pub fn tracepoint_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_tracepoint
+    }
+
+    /// Every counter, in no particular order.
+    pub fn counts(&self) -> Result<Vec<(CountKey, Count)>> {
+        let map = &self.skel.maps.counts;
+        let mut counts = Vec::new();
+        let mut value = [0u8; size_of::<CtCount>()];
+        for key in map.keys() {
+            let found = map
+                .lookup_into(&key, &mut value, MapFlags::ANY)
+                .map_err(|source| Error::Map {
+                    map: "counts",
+                    op: "lookup",
+                    source,
+                })?;
+            // A key deleted between `keys` and `lookup` is simply gone.
+            if !found {
+                continue;
+            }
+            let (Some(key), Some(value)) = (
+                from_bytes::<CtCountKey>(&key),
+                from_bytes::<CtCount>(&value),
+            ) else {
+                continue;
+            };
+            counts.push((CountKey::from_raw(&key), Count::from(value)));
+        }
+        Ok(counts)
+    }
+
+    /// The user stack stored under `hash` (a [`StackRef::Hash`](crate::StackRef::Hash)).
+    pub fn stack(&self, hash: u64) -> Result<Option<Stack>> {
+        let mut value = vec![0u8; size_of::<CtStack>()];
+        let found = self
+            .skel
+            .maps
+            .stacks
+            .lookup_into(bytes_of(&hash), &mut value, MapFlags::ANY)
+            .map_err(|source| Error::Map {
+                map: "stacks",
+                op: "lookup",
+                source,
+            })?;
+        if !found {
+            return Ok(None);
+        }
+        let raw: Box<CtStack> =
+            Box::new(from_bytes(&value).expect("value has the size of ct_stack"));
+        Ok(Some(Stack::from_raw(&raw)))
+    }
+
+    /// The kernel stack stored under `id`, innermost first (empty if unknown).
+    pub fn kernel_stack(&self, id: u32) -> Result<Vec<u64>> {
+        let found = self
+            .skel
+            .maps
+            .kstacks
+            .lookup(bytes_of(&id), MapFlags::ANY)
+            .map_err(|source| Error::Map {
+                map: "kstacks",
+                op: "lookup",
+                source,
+            })?;
+        let Some(bytes) = found else {
+            return Ok(Vec::new());
+        };
+        Ok(bytes
+            .chunks_exact(8)
+            .take(KSTACK_DEPTH)
+            .map(|pc| u64::from_ne_bytes(pc.try_into().expect("8 bytes")))
+            .take_while(|&pc| pc != 0)
+            .collect())
+    }
+
+    /// The walk_errors counters summed over CPUs, indexed by [`WalkError`]
+    /// (`errors[WalkError::ReadFault as usize]`).
+    pub fn walk_errors(&self) -> Result<[u64; WalkError::COUNT]> {
+        let map = &self.skel.maps.walk_errors;
+        let mut totals = [0u64; WalkError::COUNT];
+        for (index, total) in totals.iter_mut().enumerate() {
+            let per_cpu = map
+                .lookup_percpu(bytes_of(&(index as u32)), MapFlags::ANY)
+                .map_err(|source| Error::Map {
+                    map: "walk_errors",
+                    op: "lookup",
+                    source,
+                })?
+                .unwrap_or_default();
+            *total = per_cpu
+                .iter()
+                .filter_map(|bytes| from_bytes::<u64>(bytes))
+                .sum();
+        }
+        Ok(totals)
+    }
+
+    /// Run time and run count of each program (name → stats), from the
+    /// kernel's BPF statistics; both stay 0 unless statistics are enabled
+    /// (see [`enable_run_time_stats`](crate::enable_run_time_stats)).
+    pub fn program_stats(&self) -> Result<HashMap<&'static str, ProgramStats>> {
+        let progs = &self.skel.progs;
+        let mut stats = HashMap::new();
+        for (name, prog) in [
+            ("on_uprobe", &progs.on_uprobe),
+            ("on_uretprobe", &progs.on_uretprobe),
+            ("on_uprobe_count", &progs.on_uprobe_count),
+            ("on_perf_event", &progs.on_perf_event),
+            ("on_tracepoint", &progs.on_tracepoint),
+        ] {
+            let info = sys::program_stats(prog.as_fd()).map_err(|source| Error::ProgramInfo {
+                program: name,
+                source,
+            })?;
+            stats.insert(name, info);
+        }
+        Ok(stats)
+    }
+}
+
+impl From<Rule> for CtRule {
+    fn from(rule: Rule) -> CtRule {
+        let mut ct = CtRule::default();
+        match rule {
+            Rule::Gap => ct.kind = rule_kind::GAP,
+            Rule::End => ct.kind = rule_kind::END,
+            Rule::Signal => ct.kind = rule_kind::SIGNAL,
+            Rule::Unsupported(reason) => {
+                ct.kind = rule_kind::UNSUPPORTED;
+                ct.reason = reason as u8;
+            }
+            Rule::Frame { cfa, rbp } => {
+                match cfa {
+                    Cfa::Rsp(offset) => {
+                        ct.kind = rule_kind::CFA_RSP;
+                        ct.cfa_off = offset;
+                    }
+                    Cfa::Rbp(offset) => {
+                        ct.kind = rule_kind::CFA_RBP;
+                        ct.cfa_off = offset;
+                    }
+                    Cfa::Plt { threshold } => {
+                        ct.kind = rule_kind::PLT;
+                        ct.cfa_off = threshold.into();
+                    }
+                    Cfa::Deref {
+                        reg: base,
+                        offset,
+                        add,
+                    } => {
+                        ct.kind = rule_kind::CFA_DEREF;
+                        ct.cfa_reg = match base {
+                            Reg::Rsp => reg::RSP,
+                            Reg::Rbp => reg::RBP,
+                        };
+                        ct.cfa_off = offset;
+                        ct.deref_add = add;
+                    }
+                }
+                match rbp {
+                    RbpRule::Same => ct.rbp_kind = rbp_kind::SAME,
+                    RbpRule::AtCfa(offset) => {
+                        ct.rbp_kind = rbp_kind::AT_CFA;
+                        ct.rbp_off = offset;
+                    }
+                    RbpRule::AtRbp(offset) => {
+                        ct.rbp_kind = rbp_kind::AT_RBP;
+                        ct.rbp_off = offset;
+                    }
+                }
+            }
+        }
+        ct
+    }
+}
+
+fn map_array<T: layout::Pod>(map: &MapMut<'_>, name: &'static str) -> Result<MappedArray<T>> {
+    MappedArray::new(map.as_fd(), map.value_size(), map.max_entries())
+        .map_err(|source| Error::Mmap { map: name, source })
+}
+
+fn update<K: layout::Pod, V: layout::Pod>(
+    map: &MapMut<'_>,
+    name: &'static str,
+    key: &K,
+    value: &V,
+    flags: MapFlags,
+) -> Result<()> {
+    map.update(bytes_of(key), bytes_of(value), flags)
+        .map_err(|source| Error::Map {
+            map: name,
+            op: "update",
+            source,
+        })
+}
+
+fn delete<K: layout::Pod>(map: &MapMut<'_>, name: &'static str, key: &K) -> Result<()> {
+    match map.delete(bytes_of(key)) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::Map {
+            map: name,
+            op: "delete",
+            source,
+        }),
+    }
+}
+
+/// The NUL-terminated text libbpf left in the log buffer.
+fn log_text(log: &[u8]) -> String {
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    String::from_utf8_lossy(&log[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use unwind_tables::UnsupportedReason;
+
+    use super::*;
+
+    fn frame(cfa: Cfa, rbp: RbpRule) -> Rule {
+        Rule::Frame { cfa, rbp }
+    }
+
+    #[test]
+    fn rules_convert_to_the_kernel_layout() {
+        let ct = |kind, cfa_reg, rbp_kind, reason, cfa_off, rbp_off, deref_add| CtRule {
+            kind,
+            cfa_reg,
+            rbp_kind,
+            reason,
+            cfa_off,
+            rbp_off,
+            deref_add,
+        };
+        let cases = [
+            (Rule::Gap, ct(rule_kind::GAP, 0, 0, 0, 0, 0, 0)),
+            (Rule::End, ct(rule_kind::END, 0, 0, 0, 0, 0, 0)),
+            (Rule::Signal, ct(rule_kind::SIGNAL, 0, 0, 0, 0, 0, 0)),
+            (
+                Rule::Unsupported(UnsupportedReason::OffsetOverflow),
+                ct(rule_kind::UNSUPPORTED, 0, 0, 3, 0, 0, 0),
+            ),
+            (
+                frame(Cfa::Rsp(49_856), RbpRule::Same),
+                ct(rule_kind::CFA_RSP, 0, rbp_kind::SAME, 0, 49_856, 0, 0),
+            ),
+            (
+                frame(Cfa::Rbp(16), RbpRule::AtCfa(-16)),
+                ct(rule_kind::CFA_RBP, 0, rbp_kind::AT_CFA, 0, 16, -16, 0),
+            ),
+            (
+                frame(Cfa::Plt { threshold: 11 }, RbpRule::Same),
+                ct(rule_kind::PLT, 0, rbp_kind::SAME, 0, 11, 0, 0),
+            ),
+            (
+                frame(
+                    Cfa::Deref {
+                        reg: Reg::Rbp,
+                        offset: -8,
+                        add: 24,
+                    },
+                    RbpRule::AtRbp(0),
+                ),
+                ct(
+                    rule_kind::CFA_DEREF,
+                    reg::RBP,
+                    rbp_kind::AT_RBP,
+                    0,
+                    -8,
+                    0,
+                    24,
+                ),
+            ),
+            (
+                frame(
+                    Cfa::Deref {
+                        reg: Reg::Rsp,
+                        offset: 40,
+                        add: -4,
+                    },
+                    RbpRule::Same,
+                ),
+                ct(rule_kind::CFA_DEREF, reg::RSP, rbp_kind::SAME, 0, 40, 0, -4),
+            ),
+        ];
+        for (rule, expected) in cases {
+            assert_eq!(CtRule::from(rule), expected, "{rule:?}");
+        }
+    }
+
+    #[test]
+    fn unsupported_reasons_keep_their_numbers() {
+        for reason in UnsupportedReason::ALL {
+            let ct = CtRule::from(Rule::Unsupported(reason));
+            assert_eq!(UnsupportedReason::from_u8(ct.reason), Some(reason));
+        }
+    }
+
+    #[test]
+    fn default_options_filter_events_but_not_uprobes() {
+        let options = Options::default();
+        assert!(options.filter_events && !options.filter_uprobes && options.kernel_stacks);
+    }
+}

@@ -1,0 +1,206 @@
+//! Perf samples and tracepoints: user stacks taken from `bpf_task_pt_regs`
+//! when the event fires in kernel mode, kernel stacks, and the pid filter.
+//!
+//! Needs root (CAP_BPF, CAP_PERFMON) and gcc; without BPF each test prints
+//! why it is skipped.
+
+mod common;
+
+use std::os::raw::c_int;
+
+use bpf_prog::{Options, StackRef, WalkError};
+use common::{
+    assert_complete, chain_below, chain_fixture, register_process, serial, tracer_or_skip, Symbols,
+    Target,
+};
+use libbpf_rs::{PerfEventOpts, TracepointCategory, TracepointOpts};
+use perf_event_open_sys as perf;
+
+const PROBE_ID: u32 = 11;
+
+fn options() -> Options {
+    Options {
+        max_rows: 1 << 20,
+        ..Options::default()
+    }
+}
+
+/// A cpu-clock sampling event on thread `pid`. The fd goes to the link
+/// that attaches a program to it: libbpf closes it when the link is dropped.
+fn cpu_clock(pid: u32, frequency: u64) -> c_int {
+    let mut attr = perf::bindings::perf_event_attr {
+        type_: perf::bindings::PERF_TYPE_SOFTWARE,
+        size: size_of::<perf::bindings::perf_event_attr>() as u32,
+        config: perf::bindings::PERF_COUNT_SW_CPU_CLOCK.into(),
+        ..Default::default()
+    };
+    attr.__bindgen_anon_1.sample_freq = frequency;
+    attr.set_freq(1);
+    // SAFETY: `attr` is a valid, fully initialized perf_event_attr whose
+    // `size` says so; the call only reads it.
+    let fd = unsafe { perf::perf_event_open(&mut attr, pid as c_int, -1, -1, 0) };
+    assert!(
+        fd >= 0,
+        "perf_event_open: {}",
+        std::io::Error::last_os_error()
+    );
+    fd
+}
+
+#[test]
+fn cpu_clock_samples_walk_user_stacks_in_both_modes() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("cpu_clock_samples_walk_user_stacks", &options()) else {
+        return;
+    };
+    let binary = chain_fixture();
+    let target = Target::spawn(&binary, &["1000000".to_string(), "6".to_string()]);
+    let pid = target.pid();
+    let mappings = register_process(&mut tracer, pid, |_| false);
+    tracer.filter_pid(pid).unwrap();
+    let event = cpu_clock(pid, 2000);
+    let _link = tracer
+        .perf_event_program()
+        .attach_perf_event_with_opts(
+            event,
+            PerfEventOpts {
+                cookie: PROBE_ID.into(),
+                ..PerfEventOpts::default()
+            },
+        )
+        .expect("attach perf event");
+    target.run_to_end();
+
+    let counts = tracer.counts().unwrap();
+    assert!(
+        counts.iter().all(|(key, _)| key.pid == pid),
+        "pid filter let others in"
+    );
+    let mut symbols = Symbols::default();
+    let (mut total, mut complete, mut in_kernel) = (0u64, 0u64, 0u64);
+    for (key, count) in &counts {
+        assert_eq!(key.probe_id, PROBE_ID);
+        total += count.events;
+        if let Some(id) = key.kernel_stack {
+            in_kernel += count.events;
+            assert!(
+                !tracer.kernel_stack(id).unwrap().is_empty(),
+                "empty kernel stack"
+            );
+        }
+        let StackRef::Hash(hash) = key.stack else {
+            panic!("sample without a stored user stack: {key:?}");
+        };
+        let stack = tracer.stack(hash).unwrap().expect("stored");
+        let names = symbols.frames(&mappings, &stack.pcs);
+        if stack.error == WalkError::Ok {
+            complete += count.events;
+            assert_eq!(
+                names.last().map(String::as_str),
+                Some("_start"),
+                "{names:?}"
+            );
+            // Through main, or through exit() once main has returned.
+            assert!(
+                names.iter().any(|name| name == "main" || name == "exit"),
+                "{names:?}"
+            );
+        } else {
+            eprintln!("{} partial: {} {names:?}", count.events, stack.error);
+        }
+    }
+    eprintln!("{total} samples, {complete} complete, {in_kernel} in kernel mode");
+    assert!(total >= 50, "too few samples: {total}");
+    assert!(
+        in_kernel > 0,
+        "no sample in kernel mode: the bpf_task_pt_regs path is untested"
+    );
+    assert!(in_kernel < total, "no sample in user mode");
+    // Lazy binding's first call runs ld.so code whose CFI is marked
+    // unsupported; nothing else may stop a walk.
+    assert!(
+        complete * 100 >= total * 99,
+        "{complete} of {total} complete"
+    );
+}
+
+#[test]
+fn syscall_tracepoint_walks_from_the_saved_user_registers() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("syscall_tracepoint_walks", &options()) else {
+        return;
+    };
+    let binary = chain_fixture();
+    let depth = 4;
+    let calls = 500;
+    let target = Target::spawn(&binary, &[calls.to_string(), depth.to_string()]);
+    let pid = target.pid();
+    let mappings = register_process(&mut tracer, pid, |_| false);
+    tracer.filter_pid(pid).unwrap();
+    let _link = tracer
+        .tracepoint_program()
+        .attach_tracepoint_with_opts(
+            TracepointCategory::Syscalls,
+            "sys_enter_getppid",
+            TracepointOpts {
+                cookie: PROBE_ID.into(),
+                ..TracepointOpts::default()
+            },
+        )
+        .expect("attach tracepoint");
+    target.run_to_end();
+
+    let counts = tracer.counts().unwrap();
+    assert_eq!(
+        counts.len(),
+        1,
+        "one (stack, kernel stack) pair: {counts:?}"
+    );
+    let (key, count) = counts[0];
+    assert_eq!(
+        (key.pid, key.probe_id, count.events),
+        (pid, PROBE_ID, calls as u64)
+    );
+    let kernel = tracer
+        .kernel_stack(key.kernel_stack.expect("kernel stack"))
+        .unwrap();
+    assert!(!kernel.is_empty());
+    let StackRef::Hash(hash) = key.stack else {
+        panic!("no user stack: {key:?}");
+    };
+    let stack = tracer.stack(hash).unwrap().expect("stored");
+    // Frame 0 is in libc's syscall(), just after the syscall instruction.
+    let names = Symbols::default().frames(&mappings, &stack.pcs);
+    assert_eq!(names[0], "syscall", "{names:?}");
+    let mut expected = vec!["syscall".to_string()];
+    expected.extend(chain_below("leaf", depth));
+    assert_complete(&stack, &mappings, &expected, &binary);
+}
+
+#[test]
+fn pid_filter_keeps_other_processes_out() {
+    let _serial = serial();
+    let Some(tracer) = tracer_or_skip("pid_filter_keeps_other_processes_out", &options()) else {
+        return;
+    };
+    let binary = chain_fixture();
+    let target = Target::spawn(&binary, &["200".to_string(), "1".to_string()]);
+    let pid = target.pid();
+    // Filtered in, then out again: nothing may be counted.
+    tracer.filter_pid(pid).unwrap();
+    tracer.unfilter_pid(pid).unwrap();
+    let _link = tracer
+        .tracepoint_program()
+        .attach_tracepoint_with_opts(
+            TracepointCategory::Syscalls,
+            "sys_enter_getppid",
+            TracepointOpts {
+                cookie: PROBE_ID.into(),
+                ..TracepointOpts::default()
+            },
+        )
+        .expect("attach tracepoint");
+    target.run_to_end();
+    assert!(tracer.counts().unwrap().is_empty());
+    assert_eq!(tracer.walk_errors().unwrap().iter().sum::<u64>(), 0);
+}

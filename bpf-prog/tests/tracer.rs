@@ -1,0 +1,211 @@
+//! Loading, and the typed errors of the table and mapping API. Needs root
+//! (CAP_BPF); without BPF each test prints why it is skipped.
+
+mod common;
+
+use bpf_prog::{Error, Mapping, Options, TableMap, WalkError};
+use common::tracer_or_skip;
+use unwind_tables::{Cfa, CompactRow, CompactTable, PageSpan, RbpRule, Rule};
+
+fn small() -> Options {
+    Options {
+        max_rows: 2048,
+        max_pages: 8,
+        max_rules: 16,
+        max_tables: 3,
+        ..Options::default()
+    }
+}
+
+/// Two pages of three rows each, four rules.
+fn table() -> CompactTable {
+    let frame = |offset| Rule::Frame {
+        cfa: Cfa::Rsp(offset),
+        rbp: RbpRule::Same,
+    };
+    CompactTable {
+        first_page: 1,
+        pages: vec![
+            PageSpan {
+                first_row: 0,
+                nrows: 3,
+            },
+            PageSpan {
+                first_row: 3,
+                nrows: 3,
+            },
+        ],
+        rows: [
+            (0x10, 0),
+            (0x20, 1),
+            (0x40, 2),
+            (0x0, 3),
+            (0x8, 0),
+            (0x100, 1),
+        ]
+        .iter()
+        .map(|&(addr_lo, rule)| CompactRow { addr_lo, rule })
+        .collect(),
+        rules: vec![frame(8), frame(16), Rule::End, Rule::Gap],
+    }
+}
+
+#[test]
+fn every_program_passes_the_verifier() {
+    let Some(tracer) = tracer_or_skip("every_program_passes_the_verifier", &Options::default())
+    else {
+        return;
+    };
+    let stats = tracer.program_stats().expect("program info");
+    for name in [
+        "on_uprobe",
+        "on_uretprobe",
+        "on_uprobe_count",
+        "on_perf_event",
+        "on_tracepoint",
+    ] {
+        let verified = stats[name].verified_insns;
+        println!("{name}: the verifier processed {verified} instructions");
+        assert!(verified > 0, "{name} was not verified");
+    }
+    assert_eq!(tracer.walk_errors().unwrap(), [0; WalkError::COUNT]);
+    assert!(tracer.counts().unwrap().is_empty());
+    assert_eq!(tracer.stack(12345).unwrap(), None);
+    assert!(tracer.kernel_stack(3).unwrap().is_empty());
+}
+
+#[test]
+fn full_table_maps_are_reported_by_name() {
+    let Some(mut tracer) = tracer_or_skip("full_table_maps_are_reported_by_name", &small()) else {
+        return;
+    };
+    // 8 pages: 4 tables of 2 pages would fit, but max_tables is 3.
+    for _ in 0..3 {
+        tracer.add_table(&table()).expect("fits");
+    }
+    let usage = tracer.table_usage();
+    assert_eq!(
+        (usage.tables, usage.rows, usage.pages, usage.rules),
+        (3, 18, 6, 12)
+    );
+    match tracer.add_table(&table()) {
+        Err(Error::MapFull {
+            map: TableMap::Tables,
+            needed: 1,
+            free: 0,
+        }) => {}
+        other => panic!("expected the tables map to be full: {other:?}"),
+    }
+
+    let Some(mut tracer) = tracer_or_skip("full_table_maps_are_reported_by_name", &small()) else {
+        return;
+    };
+    let mut many_rules = table();
+    many_rules.rules.extend(std::iter::repeat_n(Rule::End, 13));
+    let error = tracer.add_table(&many_rules).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::MapFull {
+                map: TableMap::Rules,
+                needed: 17,
+                free: 16
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("rules map is full"), "{error}");
+    // Nothing was written: a table that fits still goes in from the start.
+    let id = tracer.add_table(&table()).unwrap();
+    assert_eq!(id.index(), 0);
+}
+
+#[test]
+fn invalid_tables_and_mappings_are_rejected() {
+    let Some(mut tracer) = tracer_or_skip("invalid_tables_and_mappings_are_rejected", &small())
+    else {
+        return;
+    };
+    let mut bad = table();
+    bad.rows[1].rule = 9;
+    assert!(matches!(tracer.add_table(&bad), Err(Error::BadTable(_))));
+    let mut bad = table();
+    bad.pages[1].first_row = 2;
+    assert!(matches!(tracer.add_table(&bad), Err(Error::BadTable(_))));
+
+    let id = tracer.add_table(&table()).unwrap();
+    let mapping = |start, end| Mapping {
+        start,
+        end,
+        bias: 0,
+        table: Some(id),
+    };
+    tracer
+        .set_mappings(42, &[mapping(0x3000, 0x4000), mapping(0x1000, 0x2000)])
+        .expect("unsorted but disjoint is fine");
+    assert!(matches!(
+        tracer.set_mappings(42, &[mapping(0x1000, 0x3000), mapping(0x2000, 0x4000)]),
+        Err(Error::BadMapping { pid: 42, .. })
+    ));
+    assert!(matches!(
+        tracer.set_mappings(42, &[mapping(0x1000, 0x1000)]),
+        Err(Error::BadMapping { .. })
+    ));
+    let too_many: Vec<Mapping> = (0..=bpf_prog::MAX_MAPPINGS as u64)
+        .map(|i| mapping(i * 0x1000, i * 0x1000 + 0x800))
+        .collect();
+    assert!(matches!(
+        tracer.set_mappings(42, &too_many),
+        Err(Error::TooManyMappings { count: 513, .. })
+    ));
+    let mut foreign = mapping(0x1000, 0x2000);
+    foreign.table = None;
+    tracer
+        .set_mappings(43, &[foreign])
+        .expect("a mapping without a table");
+    tracer.remove_process(43).unwrap();
+    tracer
+        .remove_process(43)
+        .expect("removing twice is not an error");
+}
+
+#[test]
+fn prebuilt_object_matches_the_sources() {
+    let recorded = include_str!("../src/bpf/prebuilt/trace.bpf.o.source-hash").trim();
+    assert_eq!(
+        recorded,
+        bpf_prog::SOURCE_HASH,
+        "src/bpf/prebuilt/trace.bpf.o is stale: refresh it with \
+         `BPF_PROG_UPDATE_PREBUILT=1 cargo build -p bpf-prog` and commit it"
+    );
+}
+
+#[test]
+fn prebuilt_object_loads() {
+    let object = include_bytes!("../src/bpf/prebuilt/trace.bpf.o");
+    let open = libbpf_rs::ObjectBuilder::default()
+        .open_memory(object)
+        .expect("open the prebuilt object");
+    let mut programs: Vec<String> = open
+        .progs()
+        .map(|p| p.name().to_string_lossy().into_owned())
+        .collect();
+    programs.sort();
+    assert_eq!(
+        programs,
+        [
+            "on_perf_event",
+            "on_tracepoint",
+            "on_uprobe",
+            "on_uprobe_count",
+            "on_uretprobe"
+        ]
+    );
+    match open.load() {
+        Ok(_) => {}
+        Err(error) if error.kind() == libbpf_rs::ErrorKind::PermissionDenied => {
+            eprintln!("SKIPPED prebuilt_object_loads: BPF is not available ({error})");
+        }
+        Err(error) => panic!("the prebuilt object does not load: {error}"),
+    }
+}

@@ -1,0 +1,210 @@
+//! End-to-end walks: a C program built without frame pointers runs under the
+//! BPF programs, and the stacks they store are checked frame by frame
+//! against the program's known call chain, named through its ELF symtab.
+//!
+//! Needs root (CAP_BPF, CAP_PERFMON) and gcc; without BPF each test prints
+//! why it is skipped.
+
+mod common;
+
+use std::path::PathBuf;
+
+use bpf_prog::{CountKey, Options, Stack, StackRef, Tracer, WalkError};
+use common::{
+    assert_complete, chain_below, chain_fixture as fixture, register_process, serial,
+    tracer_or_skip, Symbols, Target,
+};
+use libbpf_rs::UprobeOpts;
+
+fn options() -> Options {
+    Options {
+        max_rows: 1 << 20,
+        ..Options::default()
+    }
+}
+
+const PROBE_ID: u32 = 7;
+
+/// Attaches `on_uprobe` (or `on_uretprobe`) to `function` of `binary` in `pid`.
+fn attach(
+    tracer: &Tracer,
+    pid: u32,
+    binary: &PathBuf,
+    function: &str,
+    ret: bool,
+) -> libbpf_rs::Link {
+    let program = if ret {
+        tracer.uretprobe_program()
+    } else {
+        tracer.uprobe_program()
+    };
+    program
+        .attach_uprobe_with_opts(
+            pid as i32,
+            binary,
+            0,
+            UprobeOpts {
+                cookie: PROBE_ID.into(),
+                retprobe: ret,
+                func_name: Some(function.to_string()),
+                ..UprobeOpts::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("attach to {function}: {e}"))
+}
+
+/// The counts of `pid`, and the one stack they all share.
+fn only_stack(tracer: &Tracer, pid: u32) -> (u64, CountKey, Stack) {
+    let counts: Vec<_> = tracer
+        .counts()
+        .expect("read counts")
+        .into_iter()
+        .filter(|(key, _)| key.pid == pid)
+        .collect();
+    assert_eq!(counts.len(), 1, "one distinct stack expected: {counts:?}");
+    let (key, count) = counts[0];
+    assert_eq!(key.probe_id, PROBE_ID);
+    assert_eq!(key.kernel_stack, None, "a uprobe has no kernel stack");
+    let StackRef::Hash(hash) = key.stack else {
+        panic!("stack not stored: {key:?}");
+    };
+    let stack = tracer
+        .stack(hash)
+        .expect("read stack")
+        .expect("stack stored");
+    (count.events, key, stack)
+}
+
+#[test]
+fn uprobe_stack_is_walked_to_start() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("uprobe_stack_is_walked_to_start", &options()) else {
+        return;
+    };
+    let binary = fixture();
+    let depth = 40;
+    let calls = 250;
+    let target = Target::spawn(&binary, &[calls.to_string(), depth.to_string()]);
+    let pid = target.pid();
+    let mappings = register_process(&mut tracer, pid, |_| false);
+    let _link = attach(&tracer, pid, &binary, "leaf", false);
+    target.run_to_end();
+
+    let (events, _, stack) = only_stack(&tracer, pid);
+    assert_eq!(events, calls as u64);
+    // leaf, c3, c2, c1, rec x 40, main, 2 in libc, _start
+    assert_eq!(stack.pcs.len(), 4 + depth + 1 + 2 + 1);
+    assert_complete(&stack, &mappings, &chain_below("leaf", depth), &binary);
+    let errors = tracer.walk_errors().expect("walk errors");
+    assert_eq!(errors[WalkError::Ok as usize], calls as u64);
+    assert_eq!(errors.iter().sum::<u64>(), calls as u64, "{errors:?}");
+}
+
+#[test]
+fn uretprobe_stack_starts_at_the_return_site() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("uretprobe_stack_starts_at_the_return_site", &options())
+    else {
+        return;
+    };
+    let binary = fixture();
+    let depth = 3;
+    let calls = 100;
+    let target = Target::spawn(&binary, &[calls.to_string(), depth.to_string()]);
+    let pid = target.pid();
+    let mappings = register_process(&mut tracer, pid, |_| false);
+    let _link = attach(&tracer, pid, &binary, "leaf", true);
+    target.run_to_end();
+
+    let (events, _, stack) = only_stack(&tracer, pid);
+    assert_eq!(events, calls as u64);
+    // Frame 0 is the return address in c3, exact: name it at pc, not pc - 1.
+    // Symbols::frames looks up frame 0 at pc, which is what BPF did.
+    assert_complete(&stack, &mappings, &chain_below("c3", depth), &binary);
+}
+
+#[test]
+fn depth_cap_keeps_the_first_512_frames() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("depth_cap_keeps_the_first_512_frames", &options())
+    else {
+        return;
+    };
+    let binary = fixture();
+    let depth = 600;
+    let target = Target::spawn(&binary, &["3".to_string(), depth.to_string()]);
+    let pid = target.pid();
+    let mappings = register_process(&mut tracer, pid, |_| false);
+    let _link = attach(&tracer, pid, &binary, "leaf", false);
+    target.run_to_end();
+
+    let (events, _, stack) = only_stack(&tracer, pid);
+    assert_eq!(events, 3);
+    assert_eq!(stack.error, WalkError::DepthCap);
+    assert_eq!(stack.pcs.len(), bpf_prog::MAX_FRAMES);
+    let names = Symbols::default().frames(&mappings, &stack.pcs);
+    assert_eq!(&names[..4], ["leaf", "c3", "c2", "c1"]);
+    assert!(names[4..].iter().all(|name| name == "rec"), "{names:?}");
+    assert_eq!(
+        tracer.walk_errors().unwrap()[WalkError::DepthCap as usize],
+        3
+    );
+}
+
+#[test]
+fn unregistered_process_counts_no_proc_and_keeps_the_pc() {
+    let _serial = serial();
+    let Some(tracer) = tracer_or_skip("unregistered_process_counts_no_proc", &options()) else {
+        return;
+    };
+    let binary = fixture();
+    let target = Target::spawn(&binary, &["20".to_string(), "2".to_string()]);
+    let pid = target.pid();
+    let mappings = common::executable_mappings(pid);
+    let _link = attach(&tracer, pid, &binary, "leaf", false);
+    target.run_to_end();
+
+    let (events, _, stack) = only_stack(&tracer, pid);
+    assert_eq!(events, 20);
+    assert_eq!(stack.error, WalkError::NoProc);
+    assert_eq!(Symbols::default().frames(&mappings, &stack.pcs), ["leaf"]);
+    let errors = tracer.walk_errors().unwrap();
+    assert_eq!(errors[WalkError::NoProc as usize], 20);
+    assert_eq!(errors[WalkError::Ok as usize], 0);
+}
+
+#[test]
+fn missing_mapping_stops_the_walk_and_keeps_the_frames_found() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("missing_mapping_stops_the_walk", &options()) else {
+        return;
+    };
+    let binary = fixture();
+    let depth = 5;
+    let target = Target::spawn(&binary, &["30".to_string(), depth.to_string()]);
+    let pid = target.pid();
+    let all = common::executable_mappings(pid);
+    // Register the program but not libc: the walk must stop at main's caller.
+    register_process(&mut tracer, pid, |file| file.path != binary);
+    let _link = attach(&tracer, pid, &binary, "leaf", false);
+    target.run_to_end();
+
+    let (events, _, stack) = only_stack(&tracer, pid);
+    assert_eq!(events, 30);
+    assert_eq!(stack.error, WalkError::NoMapping);
+    let expected = chain_below("leaf", depth);
+    let names = Symbols::default().frames(&all, &stack.pcs);
+    // The chain up to main, then the return address into libc that has no mapping.
+    assert_eq!(names.len(), expected.len() + 1, "{names:?}");
+    assert_eq!(&names[..expected.len()], expected);
+    let last = *stack.pcs.last().unwrap();
+    let file = all
+        .iter()
+        .find(|m| m.start < last && last <= m.end)
+        .expect("mapped");
+    assert!(file.path.to_string_lossy().contains("libc"), "{names:?}");
+    assert_eq!(
+        tracer.walk_errors().unwrap()[WalkError::NoMapping as usize],
+        30
+    );
+}
