@@ -1,1 +1,64 @@
-//! (placeholder)
+//! Probes: what a user writes after `cargo trace`, and how it becomes attached BPF
+//! programs.
+//!
+//! # What it does
+//! - **Parses** probe specs in bpftrace's grammar ([`parse`] → [`ProbeSpec`]):
+//!   `uprobe:libc:malloc`, `uretprobe:./prog:myprog::parse`, `profile:hz:99`,
+//!   `tracepoint:sched:sched_switch`, `software:page-faults:100`, `usdt:...`, `kprobe:...`,
+//!   short forms (`u:`, `ur:`, `t:`, ...). Errors are one line naming the spec and the
+//!   expected form; `Display` writes a canonical spec that parses back to the same value.
+//! - **Resolves** user-space probes without root ([`resolve_uprobe`], [`resolve_usdt`]):
+//!   the binary (path, library short name looked up in the process's mappings then the
+//!   library directories, program on `PATH`, or the `-p` process's executable), the
+//!   symbol (.symtab then .dynsym; mangled, demangled Rust without hash, C++ with or
+//!   without arguments, `*` patterns; close names suggested when missing), and its file
+//!   offset through the PT_LOAD segment that holds it.
+//! - **Attaches** a loaded program of the right kind ([`ProbeSpec::program_kind`]) with a
+//!   BPF cookie ([`attach_probe`], or per kind: [`attach_uprobe`],
+//!   [`attach_perf_event_per_cpu`], [`attach_tracepoint`], [`attach_raw_tracepoint`],
+//!   [`attach_kprobe`]). Perf events are opened per online CPU, system-wide.
+//! - **Detects** kernel features ([`features`]) and turns missing ones into one-line
+//!   errors that say what to use instead (no kprobes, no PMU, tracefs unmounted, which it
+//!   mounts).
+//!
+//! # What it does not do
+//! It loads no BPF program and knows no map layout (that is `bpf-prog`), reads no
+//! unwind information (`unwind-tables`), and does not launch or follow processes
+//! (`cargo-trace`). Perf events are not filtered by process here: the BPF program
+//! filters by tgid. USDT arguments are not decoded; fentry/fexit, watchpoints and
+//! kprobe offsets are not supported.
+//!
+//! # Data flow
+//! ```text
+//! "uprobe:libc:malloc" --parse--> ProbeSpec::Uprobe --resolve_uprobe(pid)--> [UprobeTarget
+//!   {path, file_offset}] --attach_uprobe(prog, cookie)--> libbpf Link (detaches on drop)
+//! "profile:hz:99" --parse--> ProbeSpec::Profile --attach_profile--> perf_event_open per CPU
+//!   --> one Link per CPU
+//! ```
+//! Only the private `sys` module holds `unsafe` code: the perf_event_open and mount
+//! system calls.
+
+mod attach;
+mod elf;
+mod features;
+mod resolve;
+mod spec;
+mod suggest;
+mod sys;
+#[cfg(test)]
+mod testutil;
+mod tracefs;
+mod wildcard;
+
+pub use attach::{
+    attach_interval, attach_kprobe, attach_perf_event_per_cpu, attach_probe, attach_profile,
+    attach_raw_tracepoint, attach_tracepoint, attach_uprobe, online_cpus, open_perf_events_per_cpu,
+    AttachError, Error, PerfEventKind,
+};
+pub use features::{features, hardware_support, kprobe_support, Features, Support};
+pub use resolve::{resolve_binary, resolve_uprobe, resolve_usdt, ResolveError, UprobeTarget};
+pub use spec::{
+    parse, HardwareEvent, KprobeSpec, Lang, ParseError, ProbeSpec, ProgramKind, Rate, Sampling,
+    SoftwareEvent, UprobeLocation, UprobeSpec, UsdtSpec,
+};
+pub use tracefs::{ensure_tracefs, expand_tracepoints, tracefs_root, TRACEFS};

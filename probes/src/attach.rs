@@ -1,0 +1,530 @@
+//! Attaching a loaded BPF program to each kind of probe, with a BPF cookie (read by the
+//! program with `bpf_get_attach_cookie`) that tells the program which probe fired.
+//!
+//! Every function returns libbpf links: dropping a link detaches the program.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use libbpf_rs::{
+    KprobeOpts, Link, PerfEventOpts, ProgramMut, ProgramType, RawTracepointOpts,
+    TracepointCategory, TracepointOpts, UprobeOpts,
+};
+
+use crate::features::kprobe_support;
+use crate::resolve::{resolve_uprobe, resolve_usdt, UprobeTarget};
+use crate::spec::{HardwareEvent, KprobeSpec, ProbeSpec, Rate, Sampling, SoftwareEvent};
+use crate::sys;
+use crate::tracefs::{check_tracepoint, ensure_tracefs, expand_tracepoints};
+use crate::wildcard::has_wildcard;
+
+/// Why attaching failed. One line each, saying what to do where something can be done.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error(
+        "kprobes are not available on this kernel (CONFIG_KPROBES is not set); try a tracepoint"
+    )]
+    KprobesUnavailable,
+    #[error(
+        "kprobe events are not available on this kernel (CONFIG_KPROBE_EVENTS is not set); \
+         try a tracepoint"
+    )]
+    KprobeEventsUnavailable,
+    #[error(
+        "hardware perf events are not available on this machine (no PMU, e.g. in a VM); \
+         try software:cpu-clock or profile:hz"
+    )]
+    HardwareUnavailable { event: HardwareEvent },
+    #[error(
+        "no tracepoint {category}:{name}{}; see {}/available_events",
+        suggestion.as_ref().map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(),
+        root.display()
+    )]
+    NoTracepoint {
+        category: String,
+        name: String,
+        root: PathBuf,
+        suggestion: Option<String>,
+    },
+    #[error(
+        "no raw tracepoint {name}; raw tracepoints are named as tracepoints without their \
+         category (e.g. sched_switch)"
+    )]
+    NoRawTracepoint { name: String },
+    #[error("tracefs is not available: {reason}; mount it with: mount -t tracefs nodev /sys/kernel/tracing")]
+    Tracefs { reason: String },
+    #[error("cannot open a {event} perf event on CPU {cpu}: {source}{hint}")]
+    PerfEventOpen {
+        event: String,
+        cpu: i32,
+        #[source]
+        source: io::Error,
+        hint: String,
+    },
+    #[error("cannot read the online CPUs from /sys/devices/system/cpu/online: {reason}")]
+    OnlineCpus { reason: String },
+    #[error("attaching {probe} failed: {source:#}{}", libbpf_hint(source))]
+    Libbpf {
+        probe: String,
+        #[source]
+        source: libbpf_rs::Error,
+    },
+    #[error("program '{program}' is of type {found}, but {probe} needs {expected}")]
+    WrongProgramType {
+        program: String,
+        found: String,
+        probe: String,
+        expected: &'static str,
+    },
+    #[error("{what} are not supported yet")]
+    Unsupported { what: String },
+}
+
+fn libbpf_hint(error: &libbpf_rs::Error) -> &'static str {
+    match error.kind() {
+        libbpf_rs::ErrorKind::PermissionDenied => "; this needs root, or CAP_BPF and CAP_PERFMON",
+        _ => "",
+    }
+}
+
+/// Any error of the crate, for callers that go from a spec string to links.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Parse(#[from] crate::ParseError),
+    #[error(transparent)]
+    Resolve(#[from] crate::ResolveError),
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+}
+
+/// A perf event to sample on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PerfEventKind {
+    Software(SoftwareEvent),
+    Hardware(HardwareEvent),
+}
+
+impl PerfEventKind {
+    fn type_and_config(self) -> (u32, u64) {
+        use perf_event_open_sys::bindings::{PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE};
+        match self {
+            PerfEventKind::Software(e) => (PERF_TYPE_SOFTWARE, e.config()),
+            PerfEventKind::Hardware(e) => (PERF_TYPE_HARDWARE, e.config()),
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            PerfEventKind::Software(e) => format!("software:{e}"),
+            PerfEventKind::Hardware(e) => format!("hardware:{e}"),
+        }
+    }
+}
+
+fn check_program(
+    prog: &ProgramMut<'_>,
+    allowed: &[ProgramType],
+    probe: &dyn Fn() -> String,
+    expected: &'static str,
+) -> Result<(), AttachError> {
+    let found = prog.prog_type();
+    if allowed.contains(&found) {
+        return Ok(());
+    }
+    Err(AttachError::WrongProgramType {
+        program: prog.name().to_string_lossy().into_owned(),
+        found: format!("{found:?}"),
+        probe: probe(),
+        expected,
+    })
+}
+
+/// Attaches a uprobe (or uretprobe) program at a resolved target.
+///
+/// `pid`: only that process hits the probe (`None`: every process that maps the file,
+/// left for the program to filter). A USDT semaphore, if the target has one, is
+/// incremented by the kernel while attached.
+pub fn attach_uprobe(
+    prog: &ProgramMut<'_>,
+    target: &UprobeTarget,
+    pid: Option<i32>,
+    retprobe: bool,
+    cookie: u64,
+) -> Result<Link, AttachError> {
+    let describe = || {
+        format!(
+            "{} {}:{} (file offset {:#x})",
+            if retprobe { "uretprobe" } else { "uprobe" },
+            target.path.display(),
+            target.symbol,
+            target.file_offset
+        )
+    };
+    check_program(
+        prog,
+        &[ProgramType::Kprobe],
+        &describe,
+        "a uprobe program (SEC(\"uprobe\") or SEC(\"uretprobe\"))",
+    )?;
+    let opts = UprobeOpts {
+        ref_ctr_offset: target.ref_ctr_offset.unwrap_or(0) as usize,
+        cookie,
+        retprobe,
+        func_name: None,
+        ..Default::default()
+    };
+    prog.attach_uprobe_with_opts(
+        pid.unwrap_or(-1),
+        &target.path,
+        target.file_offset as usize,
+        opts,
+    )
+    .map_err(|source| AttachError::Libbpf {
+        probe: describe(),
+        source,
+    })
+}
+
+/// The online CPUs, from `/sys/devices/system/cpu/online`.
+pub fn online_cpus() -> Result<Vec<u32>, AttachError> {
+    let text = fs::read_to_string("/sys/devices/system/cpu/online").map_err(|e| {
+        AttachError::OnlineCpus {
+            reason: e.to_string(),
+        }
+    })?;
+    parse_cpu_list(&text).ok_or_else(|| AttachError::OnlineCpus {
+        reason: format!("cannot parse '{}'", text.trim()),
+    })
+}
+
+/// Parses a kernel CPU list such as `0-3,5,7-8`.
+pub(crate) fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last): (u32, u32) = (first.parse().ok()?, last.parse().ok()?);
+                if first > last {
+                    return None;
+                }
+                cpus.extend(first..=last);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+fn perf_open_error(
+    event: PerfEventKind,
+    sampling: Sampling,
+    cpu: i32,
+    source: io::Error,
+) -> AttachError {
+    let errno = source.raw_os_error().unwrap_or(0);
+    if let PerfEventKind::Hardware(event) = event {
+        if errno == libc::ENOENT || errno == libc::EOPNOTSUPP {
+            return AttachError::HardwareUnavailable { event };
+        }
+    }
+    let hint = match (errno, sampling) {
+        (libc::EACCES | libc::EPERM, _) => {
+            let paranoid = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into());
+            format!(
+                "; system-wide perf events need root or CAP_PERFMON \
+                 (kernel.perf_event_paranoid is {paranoid})"
+            )
+        }
+        (libc::EINVAL, Sampling::Frequency(hz)) => {
+            match fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+            {
+                Some(max) if hz > max => {
+                    format!("; {hz} Hz is above kernel.perf_event_max_sample_rate ({max})")
+                }
+                _ => String::new(),
+            }
+        }
+        _ => String::new(),
+    };
+    AttachError::PerfEventOpen {
+        event: event.name(),
+        cpu,
+        source,
+        hint,
+    }
+}
+
+/// Opens `event` on each online CPU, system-wide (pid -1): the BPF program sees every
+/// sample on the machine and filters by process itself. Events start disabled; they are
+/// enabled when a program is attached.
+pub fn open_perf_events_per_cpu(
+    event: PerfEventKind,
+    sampling: Sampling,
+) -> Result<Vec<(u32, OwnedFd)>, AttachError> {
+    let (type_, config) = event.type_and_config();
+    online_cpus()?
+        .into_iter()
+        .map(|cpu| {
+            sys::perf_event_open(type_, config, sampling, -1, cpu as i32)
+                .map(|fd| (cpu, fd))
+                .map_err(|e| perf_open_error(event, sampling, cpu as i32, e))
+        })
+        .collect()
+}
+
+fn attach_perf_fd(
+    prog: &ProgramMut<'_>,
+    fd: OwnedFd,
+    cookie: u64,
+    probe: impl FnOnce() -> String,
+) -> Result<Link, AttachError> {
+    let opts = PerfEventOpts {
+        cookie,
+        ..Default::default()
+    };
+    let link = prog
+        .attach_perf_event_with_opts(fd.as_raw_fd(), opts)
+        .map_err(|source| AttachError::Libbpf {
+            probe: probe(),
+            source,
+        })?;
+    // The link owns the descriptor now: libbpf closes it on detach. (On failure it
+    // does not, and `fd` closes it above.)
+    let _ = fd.into_raw_fd();
+    Ok(link)
+}
+
+/// Samples `event` on every online CPU and runs a perf_event program on each sample:
+/// one link per CPU. `profile:hz:N` is `Software(CpuClock)` with `Frequency(N)`.
+///
+/// The events are system-wide (pid -1, one per CPU): the program must filter by tgid.
+/// Hardware events fail with [`AttachError::HardwareUnavailable`] where there is no PMU.
+pub fn attach_perf_event_per_cpu(
+    prog: &ProgramMut<'_>,
+    event: PerfEventKind,
+    sampling: Sampling,
+    cookie: u64,
+) -> Result<Vec<Link>, AttachError> {
+    let probe = || format!("{} ({sampling:?})", event.name());
+    check_program(
+        prog,
+        &[ProgramType::PerfEvent],
+        &probe,
+        "a perf_event program (SEC(\"perf_event\"))",
+    )?;
+    open_perf_events_per_cpu(event, sampling)?
+        .into_iter()
+        .map(|(cpu, fd)| attach_perf_fd(prog, fd, cookie, || format!("{} on CPU {cpu}", probe())))
+        .collect()
+}
+
+/// `profile:UNIT:N`: a cpu-clock event per CPU at `rate`.
+pub fn attach_profile(
+    prog: &ProgramMut<'_>,
+    rate: Rate,
+    cookie: u64,
+) -> Result<Vec<Link>, AttachError> {
+    attach_perf_event_per_cpu(
+        prog,
+        PerfEventKind::Software(SoftwareEvent::CpuClock),
+        rate.sampling(),
+        cookie,
+    )
+}
+
+/// `interval:UNIT:N`: one cpu-clock event at `rate` on the first online CPU (as
+/// bpftrace does), so the program runs at `rate` whatever the machine's size.
+pub fn attach_interval(
+    prog: &ProgramMut<'_>,
+    rate: Rate,
+    cookie: u64,
+) -> Result<Link, AttachError> {
+    let event = PerfEventKind::Software(SoftwareEvent::CpuClock);
+    let probe = || format!("interval:{rate}");
+    check_program(
+        prog,
+        &[ProgramType::PerfEvent],
+        &probe,
+        "a perf_event program (SEC(\"perf_event\"))",
+    )?;
+    let cpu = online_cpus()?[0] as i32;
+    let (type_, config) = event.type_and_config();
+    let fd = sys::perf_event_open(type_, config, rate.sampling(), -1, cpu)
+        .map_err(|e| perf_open_error(event, rate.sampling(), cpu, e))?;
+    attach_perf_fd(prog, fd, cookie, probe)
+}
+
+/// Attaches a tracepoint program to `category:name`, mounting tracefs if needed.
+/// A tracepoint this kernel lacks fails with [`AttachError::NoTracepoint`].
+pub fn attach_tracepoint(
+    prog: &ProgramMut<'_>,
+    category: &str,
+    name: &str,
+    cookie: u64,
+) -> Result<Link, AttachError> {
+    let probe = || format!("tracepoint:{category}:{name}");
+    check_program(
+        prog,
+        &[ProgramType::Tracepoint],
+        &probe,
+        "a tracepoint program (SEC(\"tracepoint\"))",
+    )?;
+    let root = ensure_tracefs()?;
+    check_tracepoint(&root, category, name)?;
+    let opts = TracepointOpts {
+        cookie,
+        ..Default::default()
+    };
+    prog.attach_tracepoint_with_opts(TracepointCategory::Custom(category.to_string()), name, opts)
+        .map_err(|source| AttachError::Libbpf {
+            probe: probe(),
+            source,
+        })
+}
+
+/// Attaches a raw tracepoint program to tracepoint `name` (no category).
+pub fn attach_raw_tracepoint(
+    prog: &ProgramMut<'_>,
+    name: &str,
+    cookie: u64,
+) -> Result<Link, AttachError> {
+    let probe = || format!("rawtracepoint:{name}");
+    check_program(
+        prog,
+        &[
+            ProgramType::RawTracepoint,
+            ProgramType::RawTracepointWritable,
+        ],
+        &probe,
+        "a raw tracepoint program (SEC(\"raw_tp\"))",
+    )?;
+    let opts = RawTracepointOpts {
+        cookie,
+        ..Default::default()
+    };
+    prog.attach_raw_tracepoint_with_opts(name, opts)
+        .map_err(|source| match source.kind() {
+            libbpf_rs::ErrorKind::NotFound => AttachError::NoRawTracepoint {
+                name: name.to_string(),
+            },
+            _ => AttachError::Libbpf {
+                probe: probe(),
+                source,
+            },
+        })
+}
+
+/// Attaches a kprobe or kretprobe program. On a kernel without kprobes this fails,
+/// before touching the program, with [`AttachError::KprobesUnavailable`].
+pub fn attach_kprobe(
+    prog: &ProgramMut<'_>,
+    spec: &KprobeSpec,
+    cookie: u64,
+) -> Result<Link, AttachError> {
+    kprobe_support()?;
+    let probe = || spec.to_string();
+    check_program(
+        prog,
+        &[ProgramType::Kprobe],
+        &probe,
+        "a kprobe program (SEC(\"kprobe\") or SEC(\"kretprobe\"))",
+    )?;
+    if spec.offset != 0 {
+        return Err(AttachError::Unsupported {
+            what: "kprobe offsets (kprobe:FUNCTION+OFFSET)".into(),
+        });
+    }
+    // The kernel finds module functions by name too; the module only disambiguates
+    // for bpftrace's listing.
+    let opts = KprobeOpts {
+        cookie,
+        ..Default::default()
+    };
+    prog.attach_kprobe_with_opts(spec.retprobe, &spec.function, opts)
+        .map_err(|source| AttachError::Libbpf {
+            probe: probe(),
+            source,
+        })
+}
+
+/// Resolves and attaches any probe: the one entry point for a caller holding a spec.
+///
+/// `prog` must be of [`ProbeSpec::program_kind`]. `pid` is the process the probe is for:
+/// library names resolve in its mappings and uprobes fire only in it (forked children
+/// included only if they share its memory; to follow forks, resolve with
+/// [`resolve_uprobe`] and attach with pid `None`). Perf events are system-wide
+/// whatever `pid` is.
+///
+/// Patterns attach several links (one per function, tracepoint or CPU).
+pub fn attach_probe(
+    prog: &ProgramMut<'_>,
+    spec: &ProbeSpec,
+    pid: Option<u32>,
+    cookie: u64,
+) -> Result<Vec<Link>, Error> {
+    let filter = pid.map(|p| p as i32);
+    Ok(match spec {
+        ProbeSpec::Uprobe(u) => resolve_uprobe(u, pid)?
+            .iter()
+            .map(|t| attach_uprobe(prog, t, filter, u.retprobe, cookie))
+            .collect::<Result<_, _>>()?,
+        ProbeSpec::Usdt(u) => resolve_usdt(u, pid)?
+            .iter()
+            .map(|t| attach_uprobe(prog, t, filter, false, cookie))
+            .collect::<Result<_, _>>()?,
+        ProbeSpec::Profile(rate) => attach_profile(prog, *rate, cookie)?,
+        ProbeSpec::Interval(rate) => vec![attach_interval(prog, *rate, cookie)?],
+        ProbeSpec::Tracepoint { category, name } => {
+            if has_wildcard(category) || has_wildcard(name) {
+                expand_tracepoints(category, name)?
+                    .iter()
+                    .map(|(c, n)| attach_tracepoint(prog, c, n, cookie))
+                    .collect::<Result<_, _>>()?
+            } else {
+                vec![attach_tracepoint(prog, category, name, cookie)?]
+            }
+        }
+        ProbeSpec::RawTracepoint { name, .. } => vec![attach_raw_tracepoint(prog, name, cookie)?],
+        ProbeSpec::Kprobe(k) => vec![attach_kprobe(prog, k, cookie)?],
+        ProbeSpec::Software { event, period } => attach_perf_event_per_cpu(
+            prog,
+            PerfEventKind::Software(*event),
+            Sampling::Period(*period),
+            cookie,
+        )?,
+        ProbeSpec::Hardware { event, period } => attach_perf_event_per_cpu(
+            prog,
+            PerfEventKind::Hardware(*event),
+            Sampling::Period(*period),
+            cookie,
+        )?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0-2,4,6-7"), Some(vec![0, 1, 2, 4, 6, 7]));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn online_cpus_are_listed() {
+        let cpus = online_cpus().unwrap();
+        assert!(!cpus.is_empty());
+    }
+}

@@ -1,0 +1,707 @@
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::binary::{is_elf, library_matches, library_rank};
+use super::symbols::{strip_generic_arguments, suggestions, Names};
+use super::*;
+use crate::elf::Function;
+use crate::spec::{parse, ProbeSpec};
+use crate::testutil::{compile, mapped_file_offset, TempDir};
+
+/// A C program with known functions, an alias, and two USDT probes (one with a
+/// semaphore), written as `<sys/sdt.h>` writes them (that header is not installed here).
+/// It prints the run-time addresses of its symbols and waits for a line on stdin.
+const C_FIXTURE: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+
+#define USDT(site, provider, name, semaphore)                              \
+  __asm__ __volatile__(                                                    \
+      ".globl " site "\n" site ":\n"                                       \
+      "990: nop\n"                                                         \
+      ".pushsection .note.stapsdt,\"?\",\"note\"\n"                        \
+      ".balign 4\n"                                                        \
+      ".4byte 992f-991f, 994f-993f, 3\n"                                   \
+      "991: .asciz \"stapsdt\"\n"                                          \
+      "992: .balign 4\n"                                                   \
+      "993: .8byte 990b\n"                                                 \
+      ".8byte _.stapsdt.base\n"                                            \
+      ".8byte " semaphore "\n"                                             \
+      ".asciz \"" provider "\"\n"                                          \
+      ".asciz \"" name "\"\n"                                              \
+      ".asciz \"-4@%edi\"\n"                                               \
+      "994: .balign 4\n"                                                   \
+      ".popsection\n"                                                      \
+      ".ifndef _.stapsdt.base\n"                                           \
+      ".pushsection .stapsdt.base,\"aG\",\"progbits\",.stapsdt.base,comdat\n" \
+      ".weak _.stapsdt.base\n"                                             \
+      ".hidden _.stapsdt.base\n"                                           \
+      "_.stapsdt.base: .space 1\n"                                         \
+      ".size _.stapsdt.base, 1\n"                                          \
+      ".popsection\n"                                                      \
+      ".endif\n")
+
+unsigned short fixture_ready_semaphore __attribute__((section(".probes"), used));
+extern char usdt_site_ready[], usdt_site_plain[];
+
+__attribute__((noinline)) int probes_fixture_add(int a, int b) {
+  volatile int sum = a;
+  sum += b;
+  return sum;
+}
+__attribute__((noinline)) int probes_fixture_sub(int a, int b) {
+  __asm__ __volatile__("");
+  return a - b;
+}
+int alias_target(int x) { return x + 1; }
+int alias_name(int x) __attribute__((alias("alias_target")));
+
+int main(int argc, char **argv) {
+  (void)argv;
+  printf("add %lx\n", (unsigned long)&probes_fixture_add);
+  printf("ready %lx\n", (unsigned long)usdt_site_ready);
+  printf("semaphore %lx\n", (unsigned long)&fixture_ready_semaphore);
+  fflush(stdout);
+  char c;
+  if (read(0, &c, 1) < 0) return 1;
+  USDT("usdt_site_ready", "fixture", "ready", "fixture_ready_semaphore");
+  USDT("usdt_site_plain", "fixture", "plain", "0");
+  return probes_fixture_add(argc, 2) + probes_fixture_sub(argc, 1) + alias_name(argc) > 100;
+}
+"#;
+
+/// C++ symbols, written in C with their mangled names so that gcc alone builds them:
+/// two overloads of `ns::f`, a const method, and `ns::g` with a cold part.
+const CPP_FIXTURE: &str = r#"
+__attribute__((noipa)) int f_int(int x) __asm__("_ZN2ns1fEi");
+__attribute__((noipa)) int f_int(int x) { return x + 1; }
+__attribute__((noipa)) int f_double(double x) __asm__("_ZN2ns1fEd");
+__attribute__((noipa)) int f_double(double x) { return (int)x; }
+__attribute__((noipa)) int method(const void *self) __asm__("_ZNK2ns1K6methodEv");
+__attribute__((noipa)) int method(const void *self) { return *(const int *)self; }
+__attribute__((noipa)) int g(void) __asm__("_ZN2ns1gEv");
+__attribute__((noipa)) int g(void) { return 1; }
+__attribute__((noipa)) int g_cold(void) __asm__("_ZN2ns1gEv.cold");
+__attribute__((noipa)) int g_cold(void) { return 2; }
+int main(int argc, char **argv) {
+  (void)argv;
+  return f_int(argc) + f_double(1.5) + method(&argc) + g() + g_cold();
+}
+"#;
+
+const RUST_FIXTURE: &str = r#"
+mod cli {
+    #[inline(never)]
+    pub fn parse(x: u64) -> u64 { std::hint::black_box(x) + 1 }
+}
+#[inline(never)]
+fn generic<T: std::fmt::Display>(t: T) -> usize { std::hint::black_box(t.to_string().len()) }
+fn main() { println!("{} {} {}", cli::parse(3), generic(5u32), generic("x")); }
+"#;
+
+fn uprobe(spec: &str) -> UprobeSpec {
+    match parse(spec).unwrap() {
+        ProbeSpec::Uprobe(u) => u,
+        other => panic!("{spec} parsed as {other:?}"),
+    }
+}
+
+fn usdt(spec: &str) -> UsdtSpec {
+    match parse(spec).unwrap() {
+        ProbeSpec::Usdt(u) => u,
+        other => panic!("{spec} parsed as {other:?}"),
+    }
+}
+
+fn resolve(spec: &str) -> Result<Vec<UprobeTarget>, ResolveError> {
+    resolve_uprobe(&uprobe(spec), None)
+}
+
+fn resolve_one(spec: &str) -> UprobeTarget {
+    let mut targets = resolve(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    assert_eq!(targets.len(), 1, "{spec}: {targets:?}");
+    targets.pop().unwrap()
+}
+
+/// The C fixture running, stopped on its stdin, with the addresses it printed.
+struct Running {
+    child: Child,
+    addresses: BTreeMap<String, u64>,
+}
+
+impl Running {
+    fn start(binary: &Path) -> Running {
+        let mut child = Command::new(binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut addresses = BTreeMap::new();
+        for _ in 0..3 {
+            let line = lines.next().unwrap().unwrap();
+            let (name, address) = line.split_once(' ').unwrap();
+            addresses.insert(name.to_string(), u64::from_str_radix(address, 16).unwrap());
+        }
+        Running { child, addresses }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The file offset of a printed symbol, as the kernel maps it.
+    fn file_offset(&self, name: &str) -> u64 {
+        mapped_file_offset(self.pid(), self.addresses[name]).1
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut stdin) = self.child.stdin.take() {
+            let _ = stdin.write_all(b"\n");
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds the C fixture as a PIE and as a fixed-address executable (whose virtual
+/// addresses and file offsets differ by the load address).
+fn c_fixtures(dir: &TempDir) -> Vec<PathBuf> {
+    vec![
+        compile(
+            "gcc",
+            dir.path(),
+            "fixture_pie",
+            "c",
+            C_FIXTURE,
+            &["-O2", "-pie", "-fPIE"],
+        ),
+        compile(
+            "gcc",
+            dir.path(),
+            "fixture_nopie",
+            "c",
+            C_FIXTURE,
+            &["-O2", "-no-pie"],
+        ),
+    ]
+}
+
+#[test]
+fn c_symbols_resolve_to_the_offsets_the_kernel_maps() {
+    let dir = TempDir::new("c");
+    for binary in c_fixtures(&dir) {
+        let running = Running::start(&binary);
+        let spec = format!("uprobe:{}:probes_fixture_add", binary.display());
+        let target = resolve_one(&spec);
+        assert_eq!(target.path, fs::canonicalize(&binary).unwrap());
+        assert_eq!(target.symbol, "probes_fixture_add");
+        assert_eq!(target.ref_ctr_offset, None);
+        assert_eq!(target.file_offset, running.file_offset("add"), "{spec}");
+
+        // The same through the process: no binary named, and by its mappings.
+        let targets =
+            resolve_uprobe(&uprobe("uprobe:probes_fixture_add"), Some(running.pid())).unwrap();
+        assert_eq!(targets.len(), 1);
+        assert_eq!(targets[0].file_offset, target.file_offset);
+        assert_eq!(
+            fs::metadata(&targets[0].path).unwrap().ino(),
+            fs::metadata(&binary).unwrap().ino()
+        );
+
+        // An offset into the function, and the function by its address.
+        let plus4 = resolve_one(&format!("{spec}+4"));
+        assert_eq!(plus4.file_offset, target.file_offset + 4);
+        assert_eq!(plus4.symbol, "probes_fixture_add+0x4");
+        let by_address = resolve_one(&format!(
+            "uprobe:{}:{:#x}",
+            binary.display(),
+            target.address
+        ));
+        assert_eq!(by_address.file_offset, target.file_offset);
+        assert_eq!(by_address.symbol, "probes_fixture_add");
+        let inside = resolve_one(&format!(
+            "uprobe:{}:{:#x}",
+            binary.display(),
+            target.address + 1
+        ));
+        assert_eq!(inside.symbol, "probes_fixture_add+0x1");
+    }
+}
+
+#[test]
+fn usdt_probes_resolve_with_their_semaphores() {
+    let dir = TempDir::new("usdt");
+    for binary in c_fixtures(&dir) {
+        let running = Running::start(&binary);
+        let spec = usdt(&format!("usdt:{}:fixture:ready", binary.display()));
+        let targets = resolve_usdt(&spec, None).unwrap();
+        assert_eq!(targets.len(), 1, "{targets:?}");
+        let ready = &targets[0];
+        assert_eq!(ready.symbol, "fixture:ready");
+        assert_eq!(ready.file_offset, running.file_offset("ready"));
+        assert_eq!(ready.ref_ctr_offset, Some(running.file_offset("semaphore")));
+        // The probe site is the nop the macro put there.
+        let bytes = fs::read(&binary).unwrap();
+        assert_eq!(bytes[ready.file_offset as usize], 0x90);
+
+        // Without a provider, by pattern, and without a semaphore.
+        let plain = resolve_usdt(&usdt(&format!("usdt:{}:plain", binary.display())), None).unwrap();
+        assert_eq!(plain.len(), 1);
+        assert_eq!(plain[0].ref_ctr_offset, None);
+        let all =
+            resolve_usdt(&usdt(&format!("usdt:{}:fixture:*", binary.display())), None).unwrap();
+        assert_eq!(all.len(), 2);
+        // Through the process, binary omitted.
+        let via_pid = resolve_usdt(&usdt("usdt::fixture:ready"), Some(running.pid())).unwrap();
+        assert_eq!(via_pid[0].file_offset, ready.file_offset);
+
+        let err = resolve_usdt(
+            &usdt(&format!("usdt:{}:fixture:gone", binary.display())),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "no USDT probe 'fixture:gone' in {} (it has 2: fixture:plain, fixture:ready)",
+                fs::canonicalize(&binary).unwrap().display()
+            )
+        );
+    }
+}
+
+#[test]
+fn binaries_without_usdt_probes_say_so() {
+    let exe = std::env::current_exe().unwrap();
+    let err = resolve_usdt(&usdt(&format!("usdt:{}:p:n", exe.display())), None).unwrap_err();
+    assert!(
+        err.to_string().ends_with("(it has no USDT probes)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn patterns_and_aliases() {
+    let dir = TempDir::new("patterns");
+    let binary = &c_fixtures(&dir)[0];
+    let targets = resolve(&format!("uprobe:{}:probes_fixture_*", binary.display())).unwrap();
+    let names: Vec<&str> = targets.iter().map(|t| t.symbol.as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.contains(&"probes_fixture_add") && names.contains(&"probes_fixture_sub"));
+    // Two names, one address: one probe.
+    let aliases = resolve(&format!("uprobe:{}:alias_*", binary.display())).unwrap();
+    assert_eq!(aliases.len(), 1, "{aliases:?}");
+    let by_alias = resolve_one(&format!("uprobe:{}:alias_name", binary.display()));
+    assert_eq!(by_alias.file_offset, aliases[0].file_offset);
+}
+
+#[test]
+fn missing_symbols_suggest_close_names() {
+    let dir = TempDir::new("missing");
+    let binary = &c_fixtures(&dir)[0];
+    let path = fs::canonicalize(binary).unwrap();
+    let err = resolve(&format!("uprobe:{}:probes_fixture_ad", binary.display())).unwrap_err();
+    assert!(
+        matches!(err, ResolveError::SymbolNotFound { .. }),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "no function 'probes_fixture_ad' in {}; did you mean probes_fixture_add",
+            path.display()
+        )),
+        "{message}"
+    );
+    let err = resolve(&format!("uprobe:{}:zzzzzzzzzzzz", binary.display())).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("no function 'zzzzzzzzzzzz' in {}", path.display())
+    );
+    let err = resolve(&format!("uprobe:{}:nothing_*", binary.display())).unwrap_err();
+    assert!(
+        err.to_string().starts_with("no function 'nothing_*'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn offsets_past_the_function_and_addresses_outside_code_are_refused() {
+    let dir = TempDir::new("ranges");
+    let binary = &c_fixtures(&dir)[0];
+    let err = resolve(&format!(
+        "uprobe:{}:probes_fixture_add+0x10000",
+        binary.display()
+    ))
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("offset 0x10000 is past the end of probes_fixture_add ("),
+        "{err}"
+    );
+    let err = resolve(&format!("uprobe:{}:0x10", binary.display())).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("address 0x10 is not in an executable segment of "),
+        "{err}"
+    );
+}
+
+#[test]
+fn stripped_binaries_are_named_as_such() {
+    let dir = TempDir::new("stripped");
+    let stripped = compile(
+        "gcc",
+        dir.path(),
+        "stripped",
+        "c",
+        C_FIXTURE,
+        &["-O2", "-s"],
+    );
+    let err = resolve(&format!("uprobe:{}:probes_fixture_add", stripped.display())).unwrap_err();
+    assert!(matches!(err, ResolveError::Stripped { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(
+            ": the binary is stripped (no .symtab) and 'probes_fixture_add' is not among its"
+        ),
+        "{message}"
+    );
+    // Exported functions stay in .dynsym, and are found there.
+    let exported = compile(
+        "gcc",
+        dir.path(),
+        "exported",
+        "c",
+        C_FIXTURE,
+        &["-O2", "-s", "-rdynamic"],
+    );
+    let target = resolve_one(&format!("uprobe:{}:probes_fixture_add", exported.display()));
+    assert_eq!(target.symbol, "probes_fixture_add");
+}
+
+#[test]
+fn files_that_are_missing_or_not_elf() {
+    let dir = TempDir::new("files");
+    let err = resolve("uprobe:./no/such/prog:main").unwrap_err();
+    assert_eq!(err.to_string(), "no such file: ./no/such/prog");
+    let script = dir.path().join("script.sh");
+    fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
+    let err = resolve(&format!("uprobe:{}:main", script.display())).unwrap_err();
+    assert!(matches!(err, ResolveError::NotElf { .. }), "{err:?}");
+    assert!(err.to_string().ends_with("is not an ELF file"), "{err}");
+    let err = resolve("uprobe:libprobes_no_such_library:f").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("library 'libprobes_no_such_library' not found in "),
+        "{err}"
+    );
+    assert!(err.to_string().ends_with("; give its path"), "{err}");
+    let err = resolve("uprobe:probes-no-such-program:main").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "'probes-no-such-program' is neither a file in the current directory nor a program \
+         on PATH; give its path"
+    );
+    let err = resolve("uprobe:malloc").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "'uprobe:malloc' names no binary; write it as uprobe:PATH:SYMBOL, or attach to a \
+         process with -p PID"
+    );
+}
+
+#[test]
+fn programs_on_path() {
+    // `sh` is on PATH everywhere; it may or may not be stripped, but it is an ELF file.
+    let path = resolve_binary("sh", None).unwrap();
+    assert!(path.is_absolute(), "{}", path.display());
+    assert!(is_elf(&path));
+}
+
+#[test]
+fn library_names() {
+    for (query, file, expected) in [
+        ("libc", "libc.so.6", true),
+        ("libc", "libc.so", true),
+        ("libc", "libc-2.31.so", true),
+        ("libc", "libcrypto.so.3", false),
+        ("libc", "libc-client.so.2007e", false),
+        ("libc.so.6", "libc.so.6", true),
+        ("libc.so", "libc.so.6", true),
+        ("libc.so.6", "libc.so.60", false),
+        ("libpthread", "libpthread.so.0", true),
+        ("libpthread", "libpthread-2.31.so", true),
+        ("libstdc++", "libstdc++.so.6", true),
+        ("libstdc++", "libstdc++.so.6.0.33", true),
+    ] {
+        assert_eq!(library_matches(query, file), expected, "{query} vs {file}");
+    }
+    let rank = |f| library_rank("libc", f);
+    assert!(rank("libc.so.6") < rank("libc-2.31.so"));
+    assert!(rank("libc-2.31.so") < rank("libc.so"));
+    assert!(library_rank("libc.so.6", "libc.so.6") < rank("libc.so.6"));
+}
+
+#[test]
+fn libc_by_short_name_and_by_process() {
+    let by_name = resolve_binary("libc", None).unwrap();
+    let name = by_name.file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with("libc.so") || name.starts_with("libc-"),
+        "{name}"
+    );
+    assert!(is_elf(&by_name));
+    // This test process maps libc: the mapping wins, and it is the same file.
+    let by_pid = resolve_binary("libc", Some(std::process::id())).unwrap();
+    assert_eq!(
+        fs::metadata(&by_pid).unwrap().ino(),
+        fs::metadata(&by_name).unwrap().ino()
+    );
+    let full = resolve_binary("libc.so.6", Some(std::process::id())).unwrap();
+    assert_eq!(full, by_pid);
+
+    let malloc = resolve_uprobe(&uprobe("uprobe:libc:malloc"), Some(std::process::id())).unwrap();
+    assert_eq!(malloc.len(), 1);
+    assert_eq!(malloc[0].symbol, "malloc");
+    // Where this process has malloc mapped is where the probe goes.
+    let (file, offset) = mapped_file_offset(
+        std::process::id(),
+        libc::malloc as *const () as usize as u64,
+    );
+    assert_eq!(
+        fs::metadata(&file).unwrap().ino(),
+        fs::metadata(&by_pid).unwrap().ino()
+    );
+    assert_eq!(malloc[0].file_offset, offset);
+
+    let retprobe = resolve_uprobe(&uprobe("uretprobe:libc:free"), None).unwrap();
+    assert_eq!(retprobe[0].symbol, "free");
+}
+
+#[test]
+fn default_symbol_versions_win() {
+    // glibc has realpath@GLIBC_2.2.5 and the default realpath@@GLIBC_2.3 at another
+    // address; a bare name means the default one, as the dynamic linker binds it.
+    let libc_path = resolve_binary("libc", None).unwrap();
+    let info = ElfInfo::load(&libc_path).unwrap();
+    let versions: Vec<&Function> = info
+        .functions
+        .iter()
+        .filter(|f| f.name == "realpath")
+        .collect();
+    let target = resolve_one("uprobe:libc:realpath");
+    if versions.len() > 1 {
+        let default = versions.iter().find(|f| !f.hidden_version).unwrap();
+        assert_eq!(target.address, default.address);
+    } else {
+        eprintln!("this libc has one realpath version; only checked that it resolves");
+    }
+}
+
+#[test]
+fn stripped_libraries_suggest_exported_names() {
+    let err = resolve("uprobe:libc:mallocc").unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("'mallocc'"), "{message}");
+    assert!(message.contains("did you mean malloc"), "{message}");
+}
+
+#[test]
+fn functions_merged_into_libc_are_pointed_to() {
+    // On glibc >= 2.34 libpthread.so.0 is a stub; older ones still define the function.
+    match resolve("uprobe:libpthread:pthread_create") {
+        Ok(targets) => eprintln!(
+            "SKIP: this libpthread still defines pthread_create ({})",
+            targets[0].path.display()
+        ),
+        Err(ResolveError::LibraryNotFound { .. }) => {
+            eprintln!("SKIP: this system has no libpthread")
+        }
+        Err(e) => assert_eq!(
+            e.to_string(),
+            "no function 'pthread_create' in libpthread, but libc has it (glibc 2.34 merged \
+             libpthread, libdl and librt into libc); use uprobe:libc:pthread_create"
+        ),
+    }
+}
+
+#[inline(never)]
+pub(crate) fn resolve_test_target(x: u64) -> u64 {
+    std::hint::black_box(x).wrapping_mul(3)
+}
+
+#[test]
+fn rust_paths_in_this_test_binary() {
+    assert_eq!(resolve_test_target(std::hint::black_box(2)), 6);
+    let exe = std::env::current_exe().unwrap();
+    let spec = format!(
+        "uprobe:{}:probes::resolve::tests::resolve_test_target",
+        exe.display()
+    );
+    let target = resolve_one(&spec);
+    assert_eq!(target.symbol, "probes::resolve::tests::resolve_test_target");
+    let runtime = resolve_test_target as fn(u64) -> u64 as usize as u64;
+    let (file, offset) = mapped_file_offset(std::process::id(), runtime);
+    assert_eq!(
+        fs::metadata(&file).unwrap().ino(),
+        fs::metadata(&exe).unwrap().ino()
+    );
+    assert_eq!(target.file_offset, offset);
+
+    // The same function by its mangled name.
+    let info = ElfInfo::load(&exe).unwrap();
+    let mangled = info
+        .functions
+        .iter()
+        .find(|f| f.address == target.address && f.name.starts_with("_ZN"))
+        .map(|f| f.name.clone())
+        .expect("legacy-mangled symbol");
+    let by_mangled = resolve_one(&format!("uprobe:{}:{mangled}", exe.display()));
+    assert_eq!(by_mangled.file_offset, target.file_offset);
+
+    // The right name in the wrong module is suggested.
+    let err = resolve(&format!(
+        "uprobe:{}:elsewhere::resolve_test_target",
+        exe.display()
+    ))
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("did you mean probes::resolve::tests::resolve_test_target"),
+        "{err}"
+    );
+}
+
+#[test]
+fn rust_v0_and_legacy_mangling() {
+    let dir = TempDir::new("rust");
+    // Legacy is rustc's default for user crates (and needs no flag, which would be
+    // unstable); v0 is opt-in.
+    for (mangling, flags) in [
+        ("v0", &["-C", "symbol-mangling-version=v0"][..]),
+        ("legacy", &[][..]),
+    ] {
+        let mut args = vec!["-O", "--crate-name", "fixture"];
+        args.extend_from_slice(flags);
+        let binary = compile(
+            "rustc",
+            dir.path(),
+            &format!("fixture_{mangling}"),
+            "rs",
+            RUST_FIXTURE,
+            &args,
+        );
+        let target = resolve_one(&format!("uprobe:{}:fixture::cli::parse", binary.display()));
+        assert_eq!(target.symbol, "fixture::cli::parse", "{mangling}");
+
+        // Two instantiations of one generic function: ambiguous, listed, then picked.
+        let err = resolve(&format!("uprobe:{}:fixture::generic", binary.display())).unwrap_err();
+        let ResolveError::AmbiguousSymbol {
+            count, candidates, ..
+        } = &err
+        else {
+            panic!("{mangling}: {err:?}");
+        };
+        assert_eq!(*count, 2, "{err}");
+        assert!(
+            err.to_string()
+                .contains("or 'fixture::generic*' to probe them all"),
+            "{err}"
+        );
+        let mangled = candidates[0]
+            .split(" (")
+            .nth(1)
+            .unwrap()
+            .split(')')
+            .next()
+            .unwrap();
+        resolve_one(&format!("uprobe:{}:{mangled}", binary.display()));
+        let all = resolve(&format!("uprobe:{}:fixture::generic*", binary.display())).unwrap();
+        assert_eq!(all.len(), 2, "{mangling}");
+        if mangling == "v0" {
+            // v0 names carry their generic arguments, which select one.
+            let one = resolve_one(&format!(
+                "uprobe:{}:fixture::generic::<u32>",
+                binary.display()
+            ));
+            assert_eq!(one.symbol, "fixture::generic::<u32>");
+        }
+    }
+}
+
+#[test]
+fn cpp_names_with_and_without_arguments() {
+    let dir = TempDir::new("cpp");
+    let binary = compile("gcc", dir.path(), "fixture", "c", CPP_FIXTURE, &["-O2"]);
+    let path = binary.display();
+    let one = resolve_one(&format!("uprobe:{path}:ns::f(int)"));
+    assert_eq!(one.symbol, "ns::f(int)");
+    assert_eq!(
+        resolve_one(&format!("uprobe:{path}:_ZN2ns1fEi")).file_offset,
+        one.file_offset
+    );
+    assert_eq!(
+        resolve_one(&format!("uprobe:{path}:ns::K::method")).symbol,
+        "ns::K::method() const"
+    );
+    resolve_one(&format!("uprobe:{path}:ns::K::method() const"));
+    // Spacing in argument lists does not matter.
+    resolve_one(&format!("uprobe:{path}:ns::f( int )"));
+
+    // Overloads: ambiguous, unless the spec says C++, which probes them all (bpftrace).
+    let err = resolve(&format!("uprobe:{path}:ns::f")).unwrap_err();
+    assert!(
+        matches!(err, ResolveError::AmbiguousSymbol { count: 2, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("ns::f(int) (_ZN2ns1fEi) at 0x"),
+        "{err}"
+    );
+    let all = resolve(&format!("uprobe:{path}:cpp:ns::f")).unwrap();
+    assert_eq!(all.len(), 2);
+
+    // A cold part is no entry point: `ns::g` is the function, not its `.cold` half.
+    let g = resolve_one(&format!("uprobe:{path}:ns::g"));
+    assert_eq!(g.symbol, "ns::g()");
+}
+
+#[test]
+fn generic_arguments_are_stripped_from_the_end_only() {
+    assert_eq!(
+        strip_generic_arguments("f::generic::<u32>"),
+        Some("f::generic")
+    );
+    assert_eq!(
+        strip_generic_arguments("f::g::<alloc::vec::Vec<u8>>"),
+        Some("f::g")
+    );
+    assert_eq!(strip_generic_arguments("f::g::<fn() -> u8>"), Some("f::g"));
+    assert_eq!(strip_generic_arguments("f::g"), None);
+    assert_eq!(strip_generic_arguments("<T as f::Tr>"), None);
+}
+
+#[test]
+fn suggestions_rank_same_suffix_first() {
+    let names: Vec<Names> = [
+        "a::parse",
+        "b::parse_all",
+        "parsec",
+        "unrelated",
+        "c::prase",
+    ]
+    .iter()
+    .map(|n| Names::of(n))
+    .collect();
+    let found = suggestions("x::parse", &names);
+    assert_eq!(found[0], "a::parse");
+    assert!(found.contains(&"c::prase".to_string()), "{found:?}");
+    assert!(!found.contains(&"unrelated".to_string()), "{found:?}");
+}

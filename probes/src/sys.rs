@@ -1,0 +1,79 @@
+//! The crate's raw system calls: perf_event_open(2) and mount(2). Every `unsafe` block
+//! of the crate is in this module.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+
+use perf_event_open_sys::bindings::{perf_event_attr, PERF_FLAG_FD_CLOEXEC};
+
+use crate::spec::Sampling;
+
+/// Opens a sampling perf event, disabled (libbpf enables it once the program is attached,
+/// so no sample is taken before the program can see it).
+///
+/// `pid` -1 with a `cpu` counts everything on that CPU; `pid` 0 with `cpu` -1 counts
+/// the calling thread wherever it runs.
+pub(crate) fn perf_event_open(
+    type_: u32,
+    config: u64,
+    sampling: Sampling,
+    pid: i32,
+    cpu: i32,
+) -> io::Result<OwnedFd> {
+    let mut attr = perf_event_attr {
+        type_,
+        size: std::mem::size_of::<perf_event_attr>() as u32,
+        config,
+        ..Default::default()
+    };
+    match sampling {
+        Sampling::Period(period) => attr.__bindgen_anon_1.sample_period = period,
+        Sampling::Frequency(frequency) => {
+            attr.set_freq(1);
+            attr.__bindgen_anon_1.sample_freq = frequency;
+        }
+    }
+    attr.set_disabled(1);
+    // SAFETY: `attr` is a fully initialised perf_event_attr whose `size` field is its
+    // own size, and it outlives the call; the kernel only reads it (and may write back
+    // `size` on E2BIG, which stays within the struct).
+    let fd = unsafe {
+        perf_event_open_sys::perf_event_open(
+            &mut attr,
+            pid,
+            cpu,
+            -1,
+            PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a non-negative return of perf_event_open is a new file descriptor that
+    // nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mount -t tracefs nodev TARGET`.
+pub(crate) fn mount_tracefs(target: &Path) -> io::Result<()> {
+    let target = CString::new(target.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call, and
+    // tracefs takes no mount data (NULL).
+    let rc = unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

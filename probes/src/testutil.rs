@@ -1,0 +1,80 @@
+//! Fixtures for the crate's tests: programs compiled from source into temporary
+//! directories, and what the kernel says about a running process's mappings.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A directory removed when dropped.
+pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "probes-test-{tag}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes `source` to `DIR/NAME.EXT` and compiles it to `DIR/NAME` with `compiler`.
+pub(crate) fn compile(
+    compiler: &str,
+    dir: &Path,
+    name: &str,
+    ext: &str,
+    source: &str,
+    args: &[&str],
+) -> PathBuf {
+    let src = dir.join(format!("{name}.{ext}"));
+    let out = dir.join(name);
+    fs::write(&src, source).unwrap();
+    let output = Command::new(compiler)
+        .args(args)
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
+    assert!(
+        output.status.success(),
+        "{compiler} {args:?} {name}.{ext} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+/// The file and file offset that `address` of process `pid` maps, per /proc/PID/maps:
+/// the kernel's own answer to what resolution computes from the ELF file.
+pub(crate) fn mapped_file_offset(pid: u32, address: u64) -> (PathBuf, u64) {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.splitn(6, ' ').collect();
+        let (range, offset) = (fields[0], fields[2]);
+        let (start, end) = range.split_once('-').unwrap();
+        let start = u64::from_str_radix(start, 16).unwrap();
+        let end = u64::from_str_radix(end, 16).unwrap();
+        if (start..end).contains(&address) {
+            let offset = u64::from_str_radix(offset, 16).unwrap();
+            let path = fields.get(5).map(|p| p.trim_start()).unwrap_or("");
+            return (PathBuf::from(path), address - start + offset);
+        }
+    }
+    panic!("{address:#x} is not mapped in process {pid}");
+}
