@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Prepares a machine to build and test cargo-trace. Idempotent; run as root.
+#
+# A fresh machine of the project's kind has Rust, gcc, make, pkg-config and
+# zlib1g-dev, but not what the BPF side needs:
+#   clang       compiles bpf-prog/src/bpf/*.bpf.c (without it, bpf-prog builds
+#               from its committed prebuilt object; see bpf-prog's crate docs)
+#   libelf-dev  libbpf-sys builds the vendored libbpf against libelf
+#   bpftool     regenerates bpf-prog/src/bpf/vmlinux.h (not needed to build)
+# apt-get update runs only when a package is missing, so a prepared machine
+# does no network access at all.
+#
+# It also mounts tracefs (attaching a tracepoint reads its event id there, and
+# libbpf falls back to it for uprobes on kernels without the uprobe PMU) and
+# debugfs (older tools look for tracing under it).
+set -euo pipefail
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "setup.sh: must run as root (installs packages, mounts tracefs)" >&2
+    exit 1
+fi
+
+# package -> a file it installs
+declare -A wanted=(
+    [libelf-dev]=/usr/include/libelf.h
+    [zlib1g-dev]=/usr/include/zlib.h
+    [make]=/usr/bin/make
+    [pkg-config]=/usr/bin/pkg-config
+    [bpftool]=/usr/sbin/bpftool
+    # debug info for libc: symbolized frames inside libc, .debug_frame fallback
+    [libc6-dbg]=/usr/share/doc/libc6-dbg/copyright
+)
+
+missing=()
+for package in "${!wanted[@]}"; do
+    if [[ ! -e ${wanted[$package]} ]]; then
+        missing+=("$package")
+    fi
+done
+
+# Any clang will do: bpf-prog's build.rs looks for $BPF_CLANG, clang, then
+# clang-19..clang-14.
+have_clang=no
+for compiler in "${BPF_CLANG:-clang}" clang clang-{19,18,17,16,15,14}; do
+    if command -v "$compiler" >/dev/null; then
+        have_clang=yes
+        break
+    fi
+done
+if [[ $have_clang == no ]]; then
+    missing+=(clang)
+fi
+
+if ((${#missing[@]} > 0)); then
+    echo "setup.sh: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+mount_if_absent() {
+    local fstype=$1 target=$2
+    if [[ -d $target ]] && ! mountpoint -q "$target"; then
+        mount -t "$fstype" nodev "$target" ||
+            echo "setup.sh: could not mount $fstype at $target (continuing)" >&2
+    fi
+}
+
+mount_if_absent tracefs /sys/kernel/tracing
+mount_if_absent debugfs /sys/kernel/debug
+exit 0
