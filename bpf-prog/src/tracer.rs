@@ -383,6 +383,16 @@ impl Tracer {
         &self.skel.progs.on_tracepoint
     }
 
+    /// The program to attach as a kprobe or kretprobe (`attach_kprobe_with_opts`).
+    pub fn kprobe_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_kprobe
+    }
+
+    /// The program to attach to a raw tracepoint (`attach_raw_tracepoint_with_opts`).
+    pub fn raw_tracepoint_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_raw_tracepoint
+    }
+
     /// Every counter, in no particular order.
     pub fn counts(&self) -> Result<Vec<(CountKey, Count)>> {
         let map = &self.skel.maps.counts;
@@ -489,6 +499,8 @@ impl Tracer {
             ("on_uprobe_count", &progs.on_uprobe_count),
             ("on_perf_event", &progs.on_perf_event),
             ("on_tracepoint", &progs.on_tracepoint),
+            ("on_kprobe", &progs.on_kprobe),
+            ("on_raw_tracepoint", &progs.on_raw_tracepoint),
         ] {
             let info = sys::program_stats(prog.as_fd()).map_err(|source| Error::ProgramInfo {
                 program: name,

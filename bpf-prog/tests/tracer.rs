@@ -194,7 +194,9 @@ fn prebuilt_object_loads() {
     assert_eq!(
         programs,
         [
+            "on_kprobe",
             "on_perf_event",
+            "on_raw_tracepoint",
             "on_tracepoint",
             "on_uprobe",
             "on_uprobe_count",

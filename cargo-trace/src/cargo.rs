@@ -13,7 +13,9 @@ use crate::cli::CargoArgs;
 pub fn build(args: &CargoArgs) -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
-    command.arg("build").arg("--message-format=json-render-diagnostics");
+    command
+        .arg("build")
+        .arg("--message-format=json-render-diagnostics");
     if let Some(profile) = &args.profile {
         command.args(["--profile", profile]);
     } else if !args.dev {
@@ -69,7 +71,9 @@ pub fn build(args: &CargoArgs) -> Result<PathBuf> {
         bail!("cargo build failed ({status})");
     }
     match executables.len() {
-        0 => bail!("cargo built no executable target; choose one with --bin, --example, --test or --bench"),
+        0 => bail!(
+            "cargo built no executable target; choose one with --bin, --example, --test or --bench"
+        ),
         1 => Ok(executables.remove(0).1),
         _ => {
             let names: Vec<_> = executables.iter().map(|(name, _)| name.as_str()).collect();

@@ -28,7 +28,12 @@ pub struct Cli {
     pub probes: Vec<String>,
 
     /// Run this command (split like a shell would, without running a shell) and trace it.
-    #[arg(short = 'c', long = "command", value_name = "CMD", conflicts_with = "pid")]
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "CMD",
+        conflicts_with = "pid"
+    )]
     pub command: Option<String>,
 
     /// Attach to this running process instead of starting one. With a non-numeric value,
@@ -37,7 +42,12 @@ pub struct Cli {
     pub pid: Option<u32>,
 
     /// Where to write the flamegraph (SVG).
-    #[arg(short = 'o', long = "output", value_name = "PATH", default_value = "flamegraph.svg")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "PATH",
+        default_value = "flamegraph.svg"
+    )]
     pub output: PathBuf,
 
     /// Also write folded stacks (`outer;...;inner COUNT`, one line per distinct stack).
@@ -172,7 +182,15 @@ mod tests {
 
     #[test]
     fn args_after_double_dash_go_to_the_target() {
-        let cli = parse(&["cargo-trace", "profile:hz:99", "--bin", "server", "--", "-p", "8080"]);
+        let cli = parse(&[
+            "cargo-trace",
+            "profile:hz:99",
+            "--bin",
+            "server",
+            "--",
+            "-p",
+            "8080",
+        ]);
         assert_eq!(cli.cargo.bin.as_deref(), Some("server"));
         assert_eq!(cli.trailing, ["-p", "8080"]);
         assert_eq!(cli.pid, None);
@@ -180,7 +198,13 @@ mod tests {
 
     #[test]
     fn several_probes() {
-        let cli = parse(&["cargo-trace", "uprobe:libc:malloc", "uretprobe:libc:malloc", "-c", "x"]);
+        let cli = parse(&[
+            "cargo-trace",
+            "uprobe:libc:malloc",
+            "uretprobe:libc:malloc",
+            "-c",
+            "x",
+        ]);
         assert_eq!(cli.probes.len(), 2);
         assert_eq!(cli.output, PathBuf::from("flamegraph.svg"));
     }

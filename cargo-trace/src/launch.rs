@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// A freshly started target, stopped at its entry point under ptrace.
@@ -63,7 +63,8 @@ pub fn start(argv: &[String]) -> Result<Stopped> {
     ptrace::setoptions(pid, ptrace::Options::PTRACE_O_EXITKILL)
         .context("setting ptrace options on the target")?;
 
-    let entry = auxv_entry(pid).with_context(|| format!("reading the entry point of '{program}'"))?;
+    let entry =
+        auxv_entry(pid).with_context(|| format!("reading the entry point of '{program}'"))?;
     let saved_word = ptrace::read(pid, entry as ptrace::AddressType)
         .with_context(|| format!("reading the entry point of '{program}' at {entry:#x}"))?;
     let with_int3 = (saved_word & !0xff) | 0xcc;
@@ -118,14 +119,20 @@ pub struct Running {
 }
 
 impl Running {
-    /// Wait for the target to end. Interrupted waits (Ctrl-C reaches the target
-    /// too, through the terminal's process group) are retried.
-    pub fn wait(self) -> Result<Exit> {
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw() as u32
+    }
+
+    /// How the target ended, or `None` while it runs.
+    pub fn try_wait(&self) -> Result<Option<Exit>> {
         loop {
-            match waitpid(self.pid, None) {
-                Ok(WaitStatus::Exited(_, code)) => return Ok(Exit::Code(code)),
-                Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(Exit::Signal(signal as i32)),
-                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            match waitpid(self.pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(_, code)) => return Ok(Some(Exit::Code(code))),
+                Ok(WaitStatus::Signaled(_, signal, _)) => {
+                    return Ok(Some(Exit::Signal(signal as i32)))
+                }
+                Ok(_) => return Ok(None),
+                Err(nix::errno::Errno::EINTR) => continue,
                 Err(error) => return Err(error).context("waiting for the target"),
             }
         }

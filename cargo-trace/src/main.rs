@@ -12,7 +12,9 @@ mod launch;
 mod maps;
 mod report;
 mod session;
+mod signals;
 mod symbolize;
+mod tables;
 
 use std::process::ExitCode;
 

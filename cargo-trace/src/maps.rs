@@ -131,12 +131,13 @@ mod tests {
             .find(|m| m.object == MappedObject::File(exe.clone()))
             .expect("our text is mapped");
         let bias = load_bias(&elf, ours.start, ours.offset).unwrap();
-        let here = bias_of_our_own_text as usize as u64;
+        let here = bias_of_our_own_text as *const () as u64;
         let symbol = elf
             .symbols()
             .find(|s| {
                 use object::ObjectSymbol;
-                s.name().is_ok_and(|n| n.contains("20bias_of_our_own_text17h"))
+                s.name()
+                    .is_ok_and(|n| n.contains("20bias_of_our_own_text17h"))
             })
             .expect("symbol present");
         use object::ObjectSymbol;

@@ -93,8 +93,8 @@ impl Folded {
             inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)
         }
         .context("rendering the flamegraph")?;
-        let mut file = std::fs::File::create(path)
-            .with_context(|| format!("creating {}", path.display()))?;
+        let mut file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
         file.write_all(&svg)
             .with_context(|| format!("writing {}", path.display()))
     }

@@ -1,8 +1,335 @@
-//! One tracing session: target, tables, probes, aggregates, outputs.
-use anyhow::Result;
+//! One tracing session: probes, target, tables, attach, run, report.
+//!
+//! Order matters: the probes are parsed and checked before anything starts, the
+//! BPF object is loaded (and verified) before the target is launched, and the
+//! target is held at its entry point until every table is loaded and every
+//! probe attached, so nothing of `main` runs unobserved.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bpf_prog::{Options, StackRef, Tracer, WalkError};
+use libbpf_rs::Link;
+use probes::{ProbeSpec, ProgramKind};
 
 use crate::cli::Cli;
+use crate::launch::{self, Exit};
+use crate::report::{self, Sample};
+use crate::signals;
+use crate::symbolize::Symbolizer;
+use crate::tables::ProcessTables;
 
-pub fn run(_cli: &Cli) -> Result<i32> {
-    anyhow::bail!("not wired yet")
+/// How often the target's mappings are re-read (libraries opened with dlopen).
+const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
+/// How often the wait loop looks at the target.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// A probe as the user wrote it and as parsed.
+struct Probe {
+    text: String,
+    spec: ProbeSpec,
+}
+
+/// The process being traced.
+enum Target {
+    Launched(launch::Running),
+    Attached(u32),
+}
+
+impl Target {
+    fn pid(&self) -> u32 {
+        match self {
+            Target::Launched(running) => running.pid(),
+            Target::Attached(pid) => *pid,
+        }
+    }
+}
+
+pub fn run(cli: &Cli) -> Result<i32> {
+    let probes = parse_probes(&cli.probes)?;
+    let argv = match cli.pid {
+        Some(_) => None,
+        None => Some(command_line(cli)?),
+    };
+
+    let mut tracer = Tracer::load(&Options::default()).map_err(|error| {
+        if error.is_permission_denied() {
+            anyhow::anyhow!("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): {error}")
+        } else {
+            anyhow::Error::new(error)
+        }
+    })?;
+    let scratch = scratch_dir()?;
+    let mut tables = ProcessTables::new(scratch.clone());
+
+    // Launched: stopped at its entry point until the probes are live.
+    let (pid, stopped) = match (&argv, cli.pid) {
+        (Some(argv), _) => {
+            let stopped = launch::start(argv)?;
+            (stopped.pid(), Some(stopped))
+        }
+        (None, Some(pid)) => {
+            if !PathBuf::from(format!("/proc/{pid}")).exists() {
+                bail!("no process {pid}");
+            }
+            (pid, None)
+        }
+        (None, None) => unreachable!("either a command or a pid"),
+    };
+    signals::install(stopped.as_ref().map(|s| s.pid()))?;
+
+    tables.sync(&mut tracer, pid)?;
+    tracer
+        .filter_pid(pid)
+        .context("adding the target to the event filter")?;
+    let links = attach_all(&tracer, &probes, pid)?;
+
+    let started = Instant::now();
+    let target = match stopped {
+        Some(stopped) => Target::Launched(stopped.resume()?),
+        None => Target::Attached(pid),
+    };
+    let exit = wait(&target, &mut tracer, &mut tables)?;
+    let elapsed = started.elapsed();
+    // Detach first: counts read after this are final.
+    drop(links);
+
+    let samples = read_samples(&tracer)?;
+    let mut symbolizer = Symbolizer::new();
+    for (pid, mappings) in tables.take_symbol_mappings() {
+        symbolizer.add_process(pid, mappings);
+    }
+    let names: Vec<String> = probes.iter().map(|p| p.text.clone()).collect();
+    let folded = report::fold(&samples, &names, &mut symbolizer);
+
+    if let Some(path) = &cli.folded {
+        folded.write_folded(path)?;
+    }
+    if !cli.no_svg {
+        let title = cli
+            .title
+            .clone()
+            .unwrap_or_else(|| default_title(&names, &argv, pid));
+        folded.write_svg(&cli.output, &title, count_name(&probes))?;
+    }
+
+    let walk_errors = tracer.walk_errors().context("reading the walk counters")?;
+    eprintln!(
+        "{}",
+        summary(folded.total(), folded.lines.len(), &walk_errors, elapsed)
+    );
+    for (name, reason) in &tables.coverage.without_table {
+        if !name.starts_with('[') {
+            eprintln!("cargo-trace: note: no unwind table for {name}: {reason}");
+        }
+    }
+    let mut written = Vec::new();
+    if !cli.no_svg {
+        written.push(cli.output.display().to_string());
+    }
+    if let Some(path) = &cli.folded {
+        written.push(path.display().to_string());
+    }
+    if !written.is_empty() {
+        eprintln!("cargo-trace: wrote {}", written.join(", "));
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+
+    Ok(match exit {
+        Some(exit) => {
+            if let Exit::Signal(signal) = exit {
+                eprintln!(
+                    "cargo-trace: the target was killed by {}",
+                    signal_name(signal)
+                );
+            }
+            exit.code()
+        }
+        None => 0,
+    })
+}
+
+fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
+    texts
+        .iter()
+        .map(|text| {
+            let spec = probes::parse(text).map_err(|error| anyhow::anyhow!("{error}"))?;
+            // Fail before launching anything when this kernel cannot run the probe.
+            match &spec {
+                ProbeSpec::Kprobe(_) => probes::kprobe_support()?,
+                ProbeSpec::Hardware { .. } => probes::hardware_support()?,
+                _ => {}
+            }
+            Ok(Probe {
+                text: text.clone(),
+                spec,
+            })
+        })
+        .collect()
+}
+
+/// The command to launch: `-c` split like a shell would, or the binary cargo builds.
+fn command_line(cli: &Cli) -> Result<Vec<String>> {
+    if let Some(command) = &cli.command {
+        let mut argv = shell_words::split(command)
+            .with_context(|| format!("cannot split the command '{command}'"))?;
+        argv.extend(cli.trailing.iter().cloned());
+        if argv.is_empty() {
+            bail!("the command given with -c is empty");
+        }
+        return Ok(argv);
+    }
+    let executable = crate::cargo::build(&cli.cargo)?;
+    let mut argv = vec![executable.display().to_string()];
+    argv.extend(cli.trailing.iter().cloned());
+    Ok(argv)
+}
+
+/// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
+fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32) -> Result<Vec<Link>> {
+    let mut links = Vec::new();
+    for (index, probe) in probes.iter().enumerate() {
+        let program = match probe.spec.program_kind() {
+            ProgramKind::Uprobe => tracer.uprobe_program(),
+            ProgramKind::Uretprobe => tracer.uretprobe_program(),
+            ProgramKind::PerfEvent => tracer.perf_event_program(),
+            ProgramKind::Tracepoint => tracer.tracepoint_program(),
+            ProgramKind::RawTracepoint => tracer.raw_tracepoint_program(),
+            ProgramKind::Kprobe | ProgramKind::Kretprobe => tracer.kprobe_program(),
+        };
+        let attached = probes::attach_probe(program, &probe.spec, Some(pid), index as u64)
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+        links.extend(attached);
+    }
+    Ok(links)
+}
+
+/// Runs until the target exits (launch mode) or disappears or a stop is asked
+/// for (attach mode), refreshing its mappings as it goes.
+fn wait(target: &Target, tracer: &mut Tracer, tables: &mut ProcessTables) -> Result<Option<Exit>> {
+    let pid = target.pid();
+    let mut last_refresh = Instant::now();
+    loop {
+        match target {
+            Target::Launched(running) => {
+                if let Some(exit) = running.try_wait()? {
+                    return Ok(Some(exit));
+                }
+            }
+            Target::Attached(pid) => {
+                if signals::stop_requested() || !PathBuf::from(format!("/proc/{pid}")).exists() {
+                    return Ok(None);
+                }
+            }
+        }
+        std::thread::sleep(POLL_INTERVAL);
+        if last_refresh.elapsed() >= REFRESH_INTERVAL {
+            last_refresh = Instant::now();
+            // The process may be exiting: a failed read is not an error.
+            let _ = tables.sync(tracer, pid);
+        }
+    }
+}
+
+/// Every counter with its stacks, as [`report::fold`] takes them.
+fn read_samples(tracer: &Tracer) -> Result<Vec<Sample>> {
+    let counts = tracer.counts().context("reading the event counts")?;
+    let mut samples = Vec::with_capacity(counts.len());
+    for (key, count) in counts {
+        let (user, truncated) = match key.stack {
+            StackRef::None => (Vec::new(), None),
+            StackRef::NotStored => (Vec::new(), Some(WalkError::StackMapFull.name().to_string())),
+            StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
+                Some(stack) => {
+                    let truncated = (!stack.is_complete()).then(|| match stack.unsupported {
+                        Some(reason) => format!("{}: {reason:?}", stack.error.name()),
+                        None => stack.error.name().to_string(),
+                    });
+                    (stack.pcs, truncated)
+                }
+                None => (Vec::new(), Some("stack lost".to_string())),
+            },
+        };
+        let kernel = match key.kernel_stack {
+            Some(id) => tracer.kernel_stack(id).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        samples.push(Sample {
+            probe: key.probe_id as usize,
+            pid: key.pid,
+            user,
+            truncated,
+            kernel,
+            count: count.events,
+        });
+    }
+    Ok(samples)
+}
+
+/// The closing line: events, distinct stacks, and every failure that happened.
+fn summary(
+    events: u64,
+    distinct: usize,
+    walk_errors: &[u64; WalkError::COUNT],
+    elapsed: Duration,
+) -> String {
+    let mut line = format!(
+        "cargo-trace: {events} events, {distinct} distinct stacks in {:.2} s",
+        elapsed.as_secs_f64()
+    );
+    let failures: BTreeMap<usize, String> = WalkError::ALL
+        .iter()
+        .filter(|error| **error != WalkError::Ok && walk_errors[**error as usize] > 0)
+        .map(|error| {
+            (
+                *error as usize,
+                format!("{} {}", error.name(), walk_errors[*error as usize]),
+            )
+        })
+        .collect();
+    if failures.is_empty() {
+        line.push_str("; every stack walk reached the end of the stack");
+    } else {
+        line.push_str("; walk failures: ");
+        line.push_str(&failures.into_values().collect::<Vec<_>>().join(", "));
+    }
+    line
+}
+
+fn count_name(probes: &[Probe]) -> &'static str {
+    let sampling = probes.iter().all(|p| {
+        matches!(
+            p.spec,
+            ProbeSpec::Profile(_) | ProbeSpec::Interval(_) | ProbeSpec::Software { .. }
+        )
+    });
+    if sampling {
+        "samples"
+    } else {
+        "events"
+    }
+}
+
+fn default_title(probes: &[String], argv: &Option<Vec<String>>, pid: u32) -> String {
+    let target = match argv {
+        Some(argv) => shell_words::join(argv),
+        None => format!("process {pid}"),
+    };
+    format!("{} — {target}", probes.join(" "))
+}
+
+fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {signal}"))
+}
+
+/// A private directory for the session's scratch files (vDSO copies).
+fn scratch_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("cargo-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating the scratch directory {}", dir.display()))?;
+    Ok(dir)
 }

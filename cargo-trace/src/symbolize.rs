@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use object::Object;
+
 use crate::maps::{ExecMapping, MappedObject};
 
 /// One frame of a symbolized stack (an address may expand into several, inlined ones).
@@ -116,7 +118,7 @@ impl Symbolizer {
         let loader = self
             .loaders
             .entry(path.clone())
-            .or_insert_with(|| addr2line::Loader::new(&path).ok());
+            .or_insert_with(|| addr2line::Loader::new(debug_info_source(&path)).ok());
         let Some(loader) = loader else {
             return vec![Frame::named(format!("[{label}+{address:#x}]"))];
         };
@@ -135,6 +137,24 @@ impl Symbolizer {
         let kernel = self.kernel.get_or_insert_with(KernelSymbols::load);
         Frame::named(kernel.lookup(address))
     }
+}
+
+/// The file to read symbols from for `path`: itself if it has DWARF, else its separate
+/// debug file (e.g. libc6-dbg's, by build-id), whose DWARF and full symbol table name the
+/// static functions the dynamic symbol table lacks.
+fn debug_info_source(path: &Path) -> PathBuf {
+    let has_dwarf = || -> Option<bool> {
+        let file = std::fs::File::open(path).ok()?;
+        // SAFETY: read-only private map of a file we only read.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let elf = object::File::parse(&*map).ok()?;
+        Some(elf.section_by_name(".debug_info").is_some())
+    };
+    if has_dwarf().unwrap_or(true) {
+        return path.to_path_buf();
+    }
+    unwind_tables::find_debug_file_path(path, &unwind_tables::DebugSearch::default())
+        .unwrap_or_else(|| path.to_path_buf())
 }
 
 /// Frames from DWARF, outermost inline frame first. Empty when there is no DWARF
@@ -220,12 +240,6 @@ impl KernelSymbols {
     }
 }
 
-/// A copy of the target's vDSO image on disk, so addr2line can read its symbols.
-pub fn save_vdso(image: &[u8], dir: &Path, pid: u32) -> Option<PathBuf> {
-    let path = dir.join(format!("vdso-{pid}.so"));
-    std::fs::write(&path, image).ok().map(|()| path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,10 +267,11 @@ mod tests {
             .collect();
         symbolizer.add_process(pid, mappings);
         assert_eq!(a_known_function(), 7);
-        let frames = symbolizer.user(pid, a_known_function as usize as u64, false);
+        let frames = symbolizer.user(pid, a_known_function as *const () as u64, false);
         let last = frames.last().expect("a frame");
         assert!(
-            last.function.ends_with("symbolize::tests::a_known_function"),
+            last.function
+                .ends_with("symbolize::tests::a_known_function"),
             "{frames:?}"
         );
         assert!(last.file.as_deref().unwrap_or("").ends_with("symbolize.rs"));

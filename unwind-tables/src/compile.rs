@@ -79,35 +79,54 @@ pub(crate) fn map_file(path: &Path) -> Result<Mmap, Error> {
 }
 
 /// The first candidate debug file that is an x86-64 ELF with a `.debug_frame` and provably
-/// belongs to this object: same build-id, or (when the object has none) the CRC its
-/// `.gnu_debuglink` records. Candidates that fail are skipped: the debug file is an optional
-/// extra, and a stale or broken one must not prevent using the object's own CFI.
+/// belongs to this object (see [`matching_debug_files`]).
 fn find_debug_file(path: &Path, input: &ElfInput<'_>, search: &DebugSearch) -> Option<Mmap> {
+    matching_debug_files(path, input, search)
+        .find(|(_, map)| elf::parse(map).is_ok_and(|debug| debug.debug_frame.is_some()))
+        .map(|(_, map)| map)
+}
+
+/// Candidate debug files that are x86-64 ELF files and provably belong to this object: same
+/// build-id, or (when the object has none) the CRC its `.gnu_debuglink` records. Candidates
+/// that fail are skipped: the debug file is an optional extra, and a stale or broken one must
+/// not prevent using the object itself.
+fn matching_debug_files<'a>(
+    path: &'a Path,
+    input: &'a ElfInput<'_>,
+    search: &DebugSearch,
+) -> impl Iterator<Item = (std::path::PathBuf, Mmap)> + 'a {
     let debuglink = input.debuglink.map(|(name, _)| name);
     let own = std::fs::canonicalize(path).ok();
-    for candidate in search.candidates(path, input.build_id, debuglink) {
-        if !candidate.is_file() || std::fs::canonicalize(&candidate).ok() == own {
-            continue;
-        }
-        let Ok(map) = map_file(&candidate) else {
-            continue;
-        };
-        let Ok(debug) = elf::parse(&map) else {
-            continue;
-        };
-        let belongs = match (input.build_id, debug.build_id) {
-            (Some(ours), Some(theirs)) => ours == theirs,
-            (Some(_), None) => false,
-            (None, _) => input
-                .debuglink
-                .is_some_and(|(_, crc)| elf::crc32(&map) == crc),
-        };
-        if belongs && debug.debug_frame.is_some() {
+    search
+        .candidates(path, input.build_id, debuglink)
+        .into_iter()
+        .filter_map(move |candidate| {
+            if !candidate.is_file() || std::fs::canonicalize(&candidate).ok() == own {
+                return None;
+            }
+            let map = map_file(&candidate).ok()?;
+            let debug = elf::parse(&map).ok()?;
+            let belongs = match (input.build_id, debug.build_id) {
+                (Some(ours), Some(theirs)) => ours == theirs,
+                (Some(_), None) => false,
+                (None, _) => input
+                    .debuglink
+                    .is_some_and(|(_, crc)| elf::crc32(&map) == crc),
+            };
             drop(debug);
-            return Some(map);
-        }
-    }
-    None
+            belongs.then_some((candidate, map))
+        })
+}
+
+/// The separate debug file of the ELF file at `path` (by build-id under the search's debug
+/// directories, or by `.gnu_debuglink`), for tools that want its DWARF or full symbol table.
+pub fn find_debug_file_path(path: &Path, search: &DebugSearch) -> Option<std::path::PathBuf> {
+    let map = map_file(path).ok()?;
+    let input = elf::parse(&map).ok()?;
+    let found = matching_debug_files(path, &input, search)
+        .next()
+        .map(|(candidate, _)| candidate);
+    found
 }
 
 fn compile_input(

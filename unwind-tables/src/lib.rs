@@ -78,7 +78,7 @@ mod stats;
 pub mod table;
 pub mod walk;
 
-pub use compile::{compile, compile_file, compile_file_with, CompiledObject};
+pub use compile::{compile, compile_file, compile_file_with, find_debug_file_path, CompiledObject};
 pub use elf::DebugSearch;
 pub use error::Error;
 pub use rule::{Cfa, RbpRule, Reg, Rule, RuleKind, UnsupportedReason};

@@ -718,3 +718,27 @@ int on_tracepoint(void *ctx)
 	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
 	return 0;
 }
+
+/* kprobe and kretprobe: a kernel function, in the context of some task; its
+ * user stack is the one saved at kernel entry. */
+SEC("kprobe")
+int on_kprobe(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_events && !pid_wanted(tgid))
+		return 0;
+	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
+	return 0;
+}
+
+SEC("raw_tp")
+int on_raw_tracepoint(void *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_events && !pid_wanted(tgid))
+		return 0;
+	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
+	return 0;
+}

@@ -6,15 +6,17 @@ use std::hint::black_box;
 
 #[inline(never)]
 fn checksum(data: &[u8]) -> u64 {
-    data.iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |hash, &b| {
-            (hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        })
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 #[inline(never)]
 fn parse_records(input: &[u8]) -> usize {
-    input.split(|&b| b == b'\n').filter(|line| line.len() > 3).count()
+    input
+        .split(|&b| b == b'\n')
+        .filter(|line| line.len() > 3)
+        .count()
 }
 
 #[inline(never)]

@@ -1,0 +1,246 @@
+//! Keeps the BPF program's view of a process's code in step with the process:
+//! one unwind table per distinct object (compiled once, or read from the
+//! build-id cache), the pid's executable mappings with their load biases, and
+//! the same mappings for the symbolizer, which runs after the process is gone.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use bpf_prog::{Mapping, TableId, Tracer};
+use unwind_tables::cache::{Cache, Outcome};
+
+use crate::maps::{self, ExecMapping, MappedObject};
+use crate::symbolize::SymbolMapping;
+
+/// What the process's objects are, as far as the unwinder is concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Objects with an unwind table.
+    pub objects: usize,
+    /// Of those, read from the cache rather than compiled.
+    pub cached: usize,
+    /// Objects without a table (no CFI, unreadable, anonymous code), by name and reason:
+    /// a pc in them ends the walk with "no row".
+    pub without_table: Vec<(String, String)>,
+}
+
+/// An object as loaded once: its table (if it has one) and the file to symbolize it from.
+#[derive(Clone, Debug)]
+struct LoadedObject {
+    table: Option<TableId>,
+    symbols: Option<PathBuf>,
+}
+
+/// The tables and mappings of the traced processes.
+pub struct ProcessTables {
+    cache: Option<Cache>,
+    /// By (device, inode) for files, by content for the vDSO.
+    objects: HashMap<ObjectKey, LoadedObject>,
+    /// The last mappings registered per pid, to skip unchanged refreshes.
+    registered: HashMap<u32, Vec<ExecMapping>>,
+    /// Every mapping seen per pid, for symbolization at the end.
+    symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
+    /// Where copies of vDSO images go.
+    scratch: PathBuf,
+    pub coverage: Coverage,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum ObjectKey {
+    File { dev: String, inode: u64 },
+    Vdso(Vec<u8>),
+}
+
+impl ProcessTables {
+    pub fn new(scratch: PathBuf) -> Self {
+        ProcessTables {
+            cache: Cache::default_dir().map(Cache::new),
+            objects: HashMap::new(),
+            registered: HashMap::new(),
+            symbol_mappings: HashMap::new(),
+            scratch,
+            coverage: Coverage::default(),
+        }
+    }
+
+    /// Reads `pid`'s executable mappings and, if they changed since the last call,
+    /// loads tables for new objects and registers the mappings with the tracer.
+    pub fn sync(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
+        let mut mappings = maps::executable_mappings(pid)?;
+        if self.registered.get(&pid) == Some(&mappings) {
+            return Ok(());
+        }
+        // The program holds a bounded number of mappings; anonymous code has no table
+        // anyway, so it is the first to go when a process has too many.
+        if mappings.len() > bpf_prog::MAX_MAPPINGS {
+            mappings.retain(|m| !matches!(m.object, MappedObject::Anonymous(_)));
+            mappings.truncate(bpf_prog::MAX_MAPPINGS);
+        }
+        let mut registered = Vec::with_capacity(mappings.len());
+        for mapping in &mappings {
+            let (object, bias) = self.load(tracer, pid, mapping);
+            registered.push(Mapping {
+                start: mapping.start,
+                end: mapping.end,
+                bias: bias.unwrap_or(0),
+                table: bias.and(object.table),
+            });
+            self.remember(
+                pid,
+                SymbolMapping::new(mapping, bias.unwrap_or(0), object.symbols),
+            );
+        }
+        tracer
+            .set_mappings(pid, &registered)
+            .with_context(|| format!("registering the mappings of process {pid}"))?;
+        self.registered.insert(pid, mappings);
+        Ok(())
+    }
+
+    /// The mappings of every process seen, for the symbolizer.
+    pub fn take_symbol_mappings(&mut self) -> HashMap<u32, Vec<SymbolMapping>> {
+        std::mem::take(&mut self.symbol_mappings)
+    }
+
+    /// Keeps `mapping` for symbolization, replacing what it overlaps (the process
+    /// unmapped and remapped that range).
+    fn remember(&mut self, pid: u32, mapping: SymbolMapping) {
+        let known = self.symbol_mappings.entry(pid).or_default();
+        known.retain(|m| m.end <= mapping.start || mapping.end <= m.start);
+        known.push(mapping);
+    }
+
+    /// The object behind `mapping` (loading its table on first sight) and the
+    /// mapping's load bias, if the object is an ELF file we could read.
+    fn load(
+        &mut self,
+        tracer: &mut Tracer,
+        pid: u32,
+        mapping: &ExecMapping,
+    ) -> (LoadedObject, Option<u64>) {
+        let none = LoadedObject {
+            table: None,
+            symbols: None,
+        };
+        match &mapping.object {
+            MappedObject::Anonymous(name) => {
+                let label = if name.is_empty() { "[anon]" } else { name };
+                self.note_without_table(label, "anonymous memory (JIT code has no .eh_frame)");
+                (none, None)
+            }
+            MappedObject::Vdso => match self.load_vdso(tracer, pid, mapping) {
+                Ok(loaded) => loaded,
+                Err(error) => {
+                    self.note_without_table("[vdso]", &format!("{error:#}"));
+                    (none, None)
+                }
+            },
+            MappedObject::File(path) => {
+                // A deleted or replaced file is still readable through map_files.
+                let readable = if path.exists() {
+                    path.clone()
+                } else {
+                    PathBuf::from(format!(
+                        "/proc/{pid}/map_files/{:x}-{:x}",
+                        mapping.start, mapping.end
+                    ))
+                };
+                let bias = file_bias(&readable, mapping);
+                let key = ObjectKey::File {
+                    dev: mapping.dev.clone(),
+                    inode: mapping.inode,
+                };
+                if let Some(object) = self.objects.get(&key) {
+                    return (object.clone(), bias);
+                }
+                let table = match self.compile_file(tracer, &readable) {
+                    Ok(table) => Some(table),
+                    Err(error) => {
+                        self.note_without_table(&path.display().to_string(), &format!("{error:#}"));
+                        None
+                    }
+                };
+                let object = LoadedObject {
+                    table,
+                    symbols: Some(readable),
+                };
+                self.objects.insert(key, object.clone());
+                (object, bias)
+            }
+        }
+    }
+
+    fn compile_file(&mut self, tracer: &mut Tracer, path: &Path) -> Result<TableId> {
+        let object = match &self.cache {
+            Some(cache) => {
+                let loaded = cache.load_or_compile(path)?;
+                if matches!(loaded.outcome, Outcome::Hit) {
+                    self.coverage.cached += 1;
+                }
+                loaded.object
+            }
+            None => unwind_tables::compile_file(path)?,
+        };
+        let id = tracer.add_table(&object.table)?;
+        self.coverage.objects += 1;
+        Ok(id)
+    }
+
+    /// The vDSO has no file: read its image from the process, compile it, and keep a
+    /// copy on disk for the symbolizer.
+    fn load_vdso(
+        &mut self,
+        tracer: &mut Tracer,
+        pid: u32,
+        mapping: &ExecMapping,
+    ) -> Result<(LoadedObject, Option<u64>)> {
+        let image = read_process_memory(pid, mapping.start, mapping.end - mapping.start)
+            .context("reading the vDSO image")?;
+        let elf = object::File::parse(&*image).context("parsing the vDSO image")?;
+        let bias = maps::load_bias(&elf, mapping.start, 0);
+        let key = ObjectKey::Vdso(image.clone());
+        if let Some(object) = self.objects.get(&key) {
+            return Ok((object.clone(), bias));
+        }
+        let compiled = unwind_tables::compile(&image)?;
+        let table = tracer.add_table(&compiled.table)?;
+        self.coverage.objects += 1;
+        let copy = self.scratch.join(format!("vdso-{pid}.so"));
+        let symbols = std::fs::write(&copy, &image).ok().map(|()| copy);
+        let object = LoadedObject {
+            table: Some(table),
+            symbols,
+        };
+        self.objects.insert(key, object.clone());
+        Ok((object, bias))
+    }
+
+    fn note_without_table(&mut self, name: &str, reason: &str) {
+        if !self.coverage.without_table.iter().any(|(n, _)| n == name) {
+            self.coverage
+                .without_table
+                .push((name.to_string(), reason.to_string()));
+        }
+    }
+}
+
+/// The load bias of the ELF file at `path` mapped as `mapping`.
+fn file_bias(path: &Path, mapping: &ExecMapping) -> Option<u64> {
+    let file = File::open(path).ok()?;
+    // SAFETY: the map is read-only and private; a file truncated under us makes
+    // reads fault, which for executables being traced does not happen in practice
+    // (the kernel refuses to write an executing image: ETXTBSY).
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*map).ok()?;
+    maps::load_bias(&elf, mapping.start, mapping.offset)
+}
+
+fn read_process_memory(pid: u32, address: u64, len: u64) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mem = File::open(format!("/proc/{pid}/mem"))?;
+    let mut buffer = vec![0; len as usize];
+    mem.read_exact_at(&mut buffer, address)?;
+    Ok(buffer)
+}
