@@ -74,8 +74,8 @@ pub enum Error {
     #[error("process {pid} has {count} executable mappings; at most {max} are supported")]
     TooManyMappings { pid: u32, count: usize, max: usize },
 
-    /// `set_mappings` got an empty or overlapping mapping.
-    #[error("mapping {start:#x}-{end:#x} of process {pid} is empty or overlaps another")]
+    /// `set_mappings` got an empty, overlapping or non-user mapping.
+    #[error("mapping {start:#x}-{end:#x} of process {pid} is empty, overlaps another or is not in user space")]
     BadMapping { pid: u32, start: u64, end: u64 },
 
     /// A mapping names a table this tracer did not load.

@@ -300,7 +300,9 @@ impl Tracer {
         sorted.sort_by_key(|m| m.start);
         for (index, m) in sorted.iter().enumerate() {
             let overlaps_next = sorted.get(index + 1).is_some_and(|next| next.start < m.end);
-            if m.start >= m.end || overlaps_next {
+            // The program's mapping search compares addresses as signed
+            // differences: every mapping must lie in the user half.
+            if m.start >= m.end || overlaps_next || m.end > 1 << 63 {
                 return Err(Error::BadMapping {
                     pid,
                     start: m.start,

@@ -147,6 +147,11 @@ fn invalid_tables_and_mappings_are_rejected() {
         tracer.set_mappings(42, &[mapping(0x1000, 0x3000), mapping(0x2000, 0x4000)]),
         Err(Error::BadMapping { pid: 42, .. })
     ));
+    // [vsyscall]: the kernel half would break the program's signed compares.
+    assert!(matches!(
+        tracer.set_mappings(42, &[mapping(0xffff_ffff_ff60_0000, 0xffff_ffff_ff60_1000)]),
+        Err(Error::BadMapping { .. })
+    ));
     assert!(matches!(
         tracer.set_mappings(42, &[mapping(0x1000, 0x1000)]),
         Err(Error::BadMapping { .. })

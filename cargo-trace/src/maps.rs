@@ -28,6 +28,9 @@ pub enum MappedObject {
     Anonymous(String),
 }
 
+/// Where x86-64 user space ends (with 5-level paging; 4-level ends lower).
+const USER_ADDRESS_END: u64 = 1 << 56;
+
 /// Parse the executable mappings of `/proc/PID/maps`.
 pub fn executable_mappings(pid: u32) -> Result<Vec<ExecMapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -54,6 +57,11 @@ fn parse_line(line: &str) -> Option<ExecMapping> {
     let (start, end) = range.split_once('-')?;
     let start = u64::from_str_radix(start, 16).ok()?;
     let end = u64::from_str_radix(end, 16).ok()?;
+    // [vsyscall] lives in the kernel half: no user pc is ever there, and the
+    // BPF program's mapping search relies on user addresses being below 2^63.
+    if end > USER_ADDRESS_END {
+        return None;
+    }
     let object = if name == "[vdso]" {
         MappedObject::Vdso
     } else if name.starts_with('/') {
@@ -109,6 +117,7 @@ mod tests {
 7f0000000000-7f0000001000 r-xp 00000000 00:00 0 [vdso]
 7f0000002000-7f0000003000 rwxp 00000000 00:00 0 
 7f0000004000-7f0000005000 r-xp 00028000 fe:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6 (deleted)
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
 ";
         let maps = parse_maps(text);
         assert_eq!(maps.len(), 4);

@@ -1,0 +1,170 @@
+//! Runs the cargo-trace binary on fixture programs and reads what it wrote.
+
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Whether the tests that load BPF programs can run; prints why not when they can't.
+/// CI runs as root, where they always run.
+pub fn bpf_available(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipping {test}: loading BPF programs needs root");
+    }
+    root
+}
+
+/// A private scratch directory, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "cargo-trace-e2e-{}-{}-{name}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One finished cargo-trace run.
+pub struct Run {
+    pub status: ExitStatus,
+    /// The target's stdout (cargo-trace passes it through).
+    pub stdout: String,
+    pub stderr: String,
+    pub svg: PathBuf,
+    pub folded_path: PathBuf,
+    pub scratch: Scratch,
+}
+
+impl Run {
+    /// The folded stacks written with `--folded`.
+    pub fn folded(&self) -> Folded {
+        let text = std::fs::read_to_string(&self.folded_path).unwrap_or_else(|e| {
+            panic!(
+                "no folded file {}: {e}\nstderr:\n{}",
+                self.folded_path.display(),
+                self.stderr
+            )
+        });
+        Folded::parse(&text)
+    }
+
+    /// The summary's event count.
+    pub fn summary_events(&self) -> u64 {
+        let line = self
+            .stderr
+            .lines()
+            .find(|line| line.contains(" events, "))
+            .unwrap_or_else(|| panic!("no summary line in:\n{}", self.stderr));
+        line.trim_start_matches("cargo-trace: ")
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("bad summary line {line:?}"))
+    }
+}
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_cargo-trace")
+}
+
+/// Runs `cargo-trace PROBES... -c COMMAND --folded F -o SVG EXTRA...` in a scratch directory.
+pub fn trace(name: &str, probes: &[&str], command: &str, extra: &[&str]) -> Run {
+    let scratch = Scratch::new(name);
+    let svg = scratch.path("out.svg");
+    let folded_path = scratch.path("out.folded");
+    let mut cmd = Command::new(binary());
+    cmd.args(probes)
+        .arg("-c")
+        .arg(command)
+        .arg("-o")
+        .arg(&svg)
+        .arg("--folded")
+        .arg(&folded_path)
+        .args(extra)
+        .current_dir(&scratch.0)
+        .stdin(Stdio::null());
+    let output = cmd.output().expect("run cargo-trace");
+    let run = Run {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        svg,
+        folded_path,
+        scratch,
+    };
+    eprintln!(
+        "cargo-trace {probes:?} -c {command:?}: {}",
+        run.stderr.trim_end()
+    );
+    run
+}
+
+/// Runs cargo-trace with `args` only, for error cases.
+pub fn run_args(args: &[&str]) -> (ExitStatus, String) {
+    let scratch = Scratch::new("args");
+    let output = Command::new(binary())
+        .args(args)
+        .current_dir(&scratch.0)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo-trace");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Folded stacks: frames root first, with their counts.
+pub struct Folded {
+    pub stacks: Vec<(Vec<String>, u64)>,
+}
+
+impl Folded {
+    pub fn parse(text: &str) -> Folded {
+        let stacks = text
+            .lines()
+            .map(|line| {
+                let (stack, count) = line
+                    .rsplit_once(' ')
+                    .unwrap_or_else(|| panic!("folded line without a count: {line:?}"));
+                let count = count
+                    .parse()
+                    .unwrap_or_else(|_| panic!("bad count in folded line {line:?}"));
+                (stack.split(';').map(str::to_string).collect(), count)
+            })
+            .collect();
+        Folded { stacks }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.stacks.iter().map(|(_, count)| count).sum()
+    }
+}
+
+/// The path of `file` relative to nothing: a fixture path as a `-c` command word.
+pub fn quoted(path: &Path) -> String {
+    shell_quote(&path.display().to_string())
+}
+
+fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}

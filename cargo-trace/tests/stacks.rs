@@ -1,0 +1,309 @@
+//! End to end: cargo-trace launches the fixtures (built without frame
+//! pointers), unwinds their stacks in the kernel and writes folded stacks whose
+//! counts and call chains must be exactly what the fixtures did.
+
+mod common;
+
+use cargo_trace_tests::expected::{self, Root, Site};
+use cargo_trace_tests::fixtures::{self, Lang};
+use common::{bpf_available, quoted, trace, Folded};
+
+/// Frames leaf first.
+fn leaf_first(frames: &[String]) -> Vec<&str> {
+    frames.iter().rev().map(String::as_str).collect()
+}
+
+/// libc's malloc entry, whatever name the symbolizer found for it.
+fn is_malloc_frame(frame: &str) -> bool {
+    frame.contains("malloc")
+}
+
+fn is_truncated(frames: &[String]) -> bool {
+    frames.iter().any(|f| f.starts_with("[truncated"))
+}
+
+/// The stack above the fixture's chain reaches the process's or thread's entry.
+fn assert_root(frames: &[String], root: Root) {
+    match root {
+        Root::Process => {
+            assert_eq!(
+                frames[0], "_start",
+                "process stack must start at _start: {frames:?}"
+            );
+            assert!(
+                frames.iter().any(|f| f == "__libc_start_call_main"),
+                "libc's start is missing: {frames:?}"
+            );
+        }
+        Root::Thread => {
+            assert!(
+                frames[0].ends_with("clone3"),
+                "thread stack must start at clone3: {frames:?}"
+            );
+            assert_eq!(frames[1], "start_thread", "{frames:?}");
+        }
+    }
+}
+
+/// Every malloc the fixture counted at a site is counted under that site, and
+/// every one of those stacks holds the site's whole chain up to the entry.
+fn check_sites(folded: &Folded, sites: &[Site], printed: &[expected::SiteCount], skip: usize) {
+    for site in sites {
+        let fixture_count = printed
+            .iter()
+            .find(|p| p.function == site.function)
+            .unwrap_or_else(|| panic!("the fixture printed no count for {}", site.function))
+            .calls;
+        assert_eq!(fixture_count, site.calls, "{}", site.function);
+        let mut traced = 0;
+        for (frames, count) in &folded.stacks {
+            let frames = &frames[skip..];
+            let leaf = leaf_first(frames);
+            let caller = leaf.iter().position(|f| !is_malloc_frame(f)).unwrap_or(0);
+            if leaf.get(caller) != Some(&site.function.as_str()) {
+                continue;
+            }
+            traced += count;
+            assert!(
+                !is_truncated(frames),
+                "truncated stack at {}: {frames:?}",
+                site.function
+            );
+            let chain: Vec<&str> = site.chain.iter().map(String::as_str).collect();
+            assert_eq!(
+                leaf.get(caller..caller + chain.len()),
+                Some(&chain[..]),
+                "wrong chain above {}: {frames:?}",
+                site.function
+            );
+            assert_root(frames, site.root);
+        }
+        assert_eq!(
+            traced, fixture_count,
+            "events traced at {} vs calls the fixture counted",
+            site.function
+        );
+    }
+}
+
+fn malloc_sites(lang: Lang, fixture: &str, test: &str) {
+    if !bpf_available(test) {
+        return;
+    }
+    let path = fixtures::fixture(lang, fixture);
+    let run = trace(
+        test,
+        &["uprobe:libc:malloc"],
+        &format!("{} run", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let printed = expected::parse_site_counts(&run.stdout).expect("site lines");
+    let folded = run.folded();
+    check_sites(&folded, &expected::chains_sites(lang), &printed, 0);
+    assert_eq!(run.summary_events(), folded.total());
+    assert!(
+        run.stderr
+            .contains("every stack walk reached the end of the stack"),
+        "some walks failed: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn malloc_sites_of_a_rust_program_have_exact_counts_and_full_chains() {
+    malloc_sites(Lang::Rust, "chains", "rust malloc sites");
+}
+
+#[test]
+fn malloc_sites_of_a_c_program_have_exact_counts_and_full_chains() {
+    malloc_sites(Lang::C, "chains_c", "c malloc sites");
+}
+
+#[test]
+fn profile_samples_split_as_the_cpu_time_did() {
+    if !bpf_available("profile split") {
+        return;
+    }
+    let path = fixtures::rust_fixture("cpu_split");
+    let run = trace(
+        "profile",
+        &["profile:hz:99"],
+        &format!("{} 3", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let (hot_s, cold_s) = expected::parse_cpu_split(&run.stdout).expect("time line");
+    let folded = run.folded();
+    let (mut hot, mut cold, mut elsewhere) = (0u64, 0u64, 0u64);
+    for (frames, count) in &folded.stacks {
+        assert!(!is_truncated(frames), "truncated sample: {frames:?}");
+        assert_root(frames, Root::Process);
+        let has = |name: &str| frames.iter().any(|f| f == name);
+        if has("cpu_split::hot") || has("cpu_split::cold") {
+            assert!(
+                has("cpu_split::main"),
+                "sample does not reach main: {frames:?}"
+            );
+        }
+        match (has("cpu_split::hot"), has("cpu_split::cold")) {
+            (true, false) => hot += count,
+            (false, true) => cold += count,
+            _ => elsewhere += count,
+        }
+    }
+    // Start-up before main and exit after it take microseconds: a sample there is
+    // possible but rare.
+    assert!(elsewhere <= 2, "{elsewhere} samples outside hot and cold");
+    let n = (hot + cold) as f64;
+    assert!(n >= 200.0, "only {n} samples in 3 s of CPU at 99 Hz");
+    let p = hot_s / (hot_s + cold_s);
+    let sigma = (n * p * (1.0 - p)).sqrt();
+    let deviation = hot as f64 - n * p;
+    eprintln!(
+        "hot {hot} cold {cold}: expected hot {:.1} ± {sigma:.1}",
+        n * p
+    );
+    assert!(
+        deviation.abs() <= 3.0 * sigma,
+        "hot {hot} of {n} samples; the fixture's time says {:.1} ± {sigma:.1}",
+        n * p
+    );
+}
+
+#[test]
+fn a_rust_function_is_probed_by_its_demangled_path() {
+    if !bpf_available("rust path probe") {
+        return;
+    }
+    let path = fixtures::rust_fixture("chains");
+    let probe = format!("uprobe:{}:chains::recurse", path.display());
+    let run = trace(
+        "rust-path",
+        &[&probe],
+        &format!("{} run", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(folded.total(), expected::RECURSION_DEPTH as u64);
+    for (frames, _) in &folded.stacks {
+        let leaf = leaf_first(frames);
+        assert_eq!(leaf[0], "chains::recurse", "{frames:?}");
+        let above: Vec<&str> = leaf
+            .iter()
+            .copied()
+            .skip_while(|f| *f == "chains::recurse")
+            .take(3)
+            .collect();
+        assert_eq!(above, ["chains::beta", "chains::alpha", "chains::main"]);
+        assert_root(frames, Root::Process);
+    }
+    // One call per depth: every depth is its own stack.
+    assert_eq!(folded.stacks.len(), expected::RECURSION_DEPTH);
+}
+
+#[test]
+fn uretprobe_counts_equal_entry_counts() {
+    if !bpf_available("uretprobe") {
+        return;
+    }
+    let path = fixtures::c_fixture("chains_c");
+    let probes = ["uprobe:libc:malloc", "uretprobe:libc:malloc"];
+    let run = trace("uretprobe", &probes, &format!("{} run", quoted(&path)), &[]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let folded = run.folded();
+    // With several probes each stack is rooted at its probe.
+    let total = |probe: &str| -> u64 {
+        folded
+            .stacks
+            .iter()
+            .filter(|(frames, _)| frames[0] == probe)
+            .map(|(_, count)| count)
+            .sum()
+    };
+    let (entries, returns) = (total(probes[0]), total(probes[1]));
+    assert!(entries >= 2000, "{entries} malloc entries");
+    assert_eq!(entries, returns);
+    assert_eq!(entries + returns, folded.total());
+    // At the return, the pc is in the site itself: its chain is complete too.
+    let printed = expected::parse_site_counts(&run.stdout).expect("site lines");
+    let returns_only = Folded {
+        stacks: folded
+            .stacks
+            .iter()
+            .filter(|(frames, _)| frames[0] == probes[1])
+            .cloned()
+            .collect(),
+    };
+    check_sites(&returns_only, &expected::chains_sites(Lang::C), &printed, 1);
+}
+
+#[test]
+fn the_svg_opens_and_the_folded_stacks_round_trip_through_inferno() {
+    if !bpf_available("svg") {
+        return;
+    }
+    let path = fixtures::c_fixture("chains_c");
+    let run = trace(
+        "svg",
+        &["uprobe:libc:malloc"],
+        &format!("{} run", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let svg = std::fs::read_to_string(&run.svg).expect("the SVG exists");
+    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    for function in [
+        "deep_leaf",
+        "recurse",
+        "beta",
+        "alpha",
+        "worker_leaf",
+        "start_thread",
+    ] {
+        assert!(
+            svg.contains(&format!("<title>{function} (")),
+            "no {function} in the SVG"
+        );
+    }
+    let events = run.summary_events();
+    assert!(svg.contains(&format!(
+        "<title>all ({} events, 100%)</title>",
+        thousands(events)
+    )));
+
+    // inferno renders the folded file to the same totals.
+    let text = std::fs::read_to_string(&run.folded_path).unwrap();
+    let mut options = inferno::flamegraph::Options::default();
+    options.count_name = "events".into();
+    let mut rendered = Vec::new();
+    inferno::flamegraph::from_lines(&mut options, text.lines(), &mut rendered)
+        .expect("inferno reads the folded stacks");
+    let rendered = String::from_utf8(rendered).unwrap();
+    assert!(rendered.contains(&format!(
+        "<title>all ({} events, 100%)</title>",
+        thousands(events)
+    )));
+    // Each folded line is one distinct stack, root first.
+    let folded = run.folded();
+    let mut seen = std::collections::HashSet::new();
+    for (frames, _) in &folded.stacks {
+        assert!(
+            seen.insert(frames.clone()),
+            "stack listed twice: {frames:?}"
+        );
+    }
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
