@@ -44,15 +44,29 @@ pub fn fold(samples: &[Sample], probe_names: &[String], symbolizer: &mut Symboli
             let symbolized = symbolizer.user(sample.pid, pc, depth > 0);
             frames.extend(symbolized.iter().map(frame_name));
         }
-        for &address in sample.kernel.iter().rev() {
-            frames.push(format!("{}_[k]", symbolizer.kernel(address).function));
-        }
+        let kernel: Vec<String> = sample
+            .kernel
+            .iter()
+            .map(|&address| symbolizer.kernel(address).function)
+            // Innermost first: the BPF program and its trampoline are not the
+            // traced code.
+            .skip_while(|name| is_bpf_machinery(name))
+            .collect();
+        frames.extend(kernel.iter().rev().map(|name| format!("{name}_[k]")));
         if frames.is_empty() {
             frames.push("[no stack]".to_string());
         }
         *lines.entry(frames.join(";")).or_insert(0) += sample.count;
     }
     Folded { lines }
+}
+
+/// Kernel frames of the BPF program itself and of the code that runs it.
+fn is_bpf_machinery(name: &str) -> bool {
+    name.starts_with("bpf_prog_")
+        || name.starts_with("bpf_trace_run")
+        || name.starts_with("__bpf_trace_")
+        || name.starts_with("bpf_get_stack")
 }
 
 /// A frame as it appears in folded output: `;` would split it, so it becomes `:`

@@ -307,3 +307,39 @@ fn thousands(n: u64) -> String {
     }
     out
 }
+
+#[test]
+fn tracepoints_count_the_targets_events_with_user_and_kernel_stacks() {
+    if !bpf_available("tracepoint") {
+        return;
+    }
+    // dash's echo is one write(2) each.
+    let run = trace(
+        "tracepoint",
+        &["tracepoint:syscalls:sys_enter_write"],
+        "sh -c 'echo a; echo b; echo c'",
+        &[],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    assert_eq!(run.stdout, "a\nb\nc\n");
+    let folded = run.folded();
+    assert_eq!(folded.total(), 3, "{}", run.stderr);
+    for (frames, _) in &folded.stacks {
+        assert!(!is_truncated(frames), "{frames:?}");
+        assert!(
+            frames[0].starts_with("[dash") || frames[0] == "_start",
+            "{frames:?}"
+        );
+        let write = frames
+            .iter()
+            .position(|f| f.ends_with("libc_write") || f == "write")
+            .unwrap_or_else(|| panic!("no write frame: {frames:?}"));
+        // Below libc's write: the kernel's syscall path, and none of the BPF machinery.
+        let kernel = &frames[write + 1..];
+        assert!(
+            !kernel.is_empty() && kernel.iter().all(|f| f.ends_with("_[k]")),
+            "{frames:?}"
+        );
+        assert!(!kernel.iter().any(|f| f.starts_with("bpf_")), "{frames:?}");
+    }
+}

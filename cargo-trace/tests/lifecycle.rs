@@ -1,0 +1,271 @@
+//! End to end: how a session ends. A target that aborts, is killed or is
+//! interrupted still yields its flamegraph; attaching to a running process
+//! leaves it running; bad input is one clear line and a non-zero exit.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use cargo_trace_tests::expected;
+use cargo_trace_tests::fixtures::{self, Lang};
+use common::{binary, bpf_available, quoted, run_args, trace, Folded, Scratch};
+
+fn assert_svg(path: &std::path::Path) {
+    let svg = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no flamegraph at {}: {e}", path.display()));
+    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+}
+
+#[test]
+fn a_target_that_aborts_still_yields_its_flamegraph() {
+    if !bpf_available("abort") {
+        return;
+    }
+    let path = fixtures::c_fixture("chains_c");
+    let run = trace(
+        "abort",
+        &["uprobe:libc:malloc"],
+        &format!("{} abort", quoted(&path)),
+        &[],
+    );
+    // 128 + SIGABRT, like a shell.
+    assert_eq!(run.status.code(), Some(134), "{}", run.stderr);
+    assert!(run.stderr.contains("killed by SIGABRT"), "{}", run.stderr);
+    assert_svg(&run.svg);
+    let printed = expected::parse_site_counts(&run.stdout).expect("site lines");
+    let deep_leaf = expected::chains_sites(Lang::C).remove(0);
+    let traced: u64 = run
+        .folded()
+        .stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().rev().nth(1) == Some(&deep_leaf.function))
+        .map(|(_, count)| count)
+        .sum();
+    let counted = printed
+        .iter()
+        .find(|p| p.function == deep_leaf.function)
+        .unwrap();
+    assert_eq!(traced, counted.calls);
+}
+
+#[test]
+fn a_target_killed_by_a_signal_still_yields_its_flamegraph() {
+    if !bpf_available("killed") {
+        return;
+    }
+    let run = trace("killed", &["profile:hz:99"], "sh -c 'kill -KILL $$'", &[]);
+    assert_eq!(run.status.code(), Some(137), "{}", run.stderr);
+    assert_svg(&run.svg);
+    // The folded file exists, even if no sample landed in so short a run.
+    run.folded();
+}
+
+/// Sends SIGINT to cargo-trace (not to its process group, as `kill` would).
+fn interrupt_after(child: &std::process::Child, delay: Duration) {
+    std::thread::sleep(delay);
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(rc, 0);
+}
+
+#[test]
+fn sigint_reaches_the_target_and_the_profile_is_written() {
+    if !bpf_available("sigint") {
+        return;
+    }
+    let scratch = Scratch::new("sigint");
+    let folded_path = scratch.path("out.folded");
+    let svg = scratch.path("out.svg");
+    let cpu_split = fixtures::rust_fixture("cpu_split");
+    let child = Command::new(binary())
+        .args(["profile:hz:99", "-c"])
+        .arg(format!("{} 60", quoted(&cpu_split)))
+        .arg("-o")
+        .arg(&svg)
+        .arg("--folded")
+        .arg(&folded_path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    interrupt_after(&child, Duration::from_millis(1500));
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The target died of the forwarded SIGINT: 128 + 2.
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert_svg(&svg);
+    let folded = Folded::parse(&std::fs::read_to_string(&folded_path).unwrap());
+    let hot: u64 = folded
+        .stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f == "cpu_split::hot"))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(hot > 20, "{hot} hot samples in 1.5 s: {stderr}");
+}
+
+#[test]
+fn attaching_to_a_running_process_profiles_it_and_leaves_it_running() {
+    if !bpf_available("attach") {
+        return;
+    }
+    let scratch = Scratch::new("attach");
+    let folded_path = scratch.path("out.folded");
+    let cpu_split = fixtures::rust_fixture("cpu_split");
+    let mut target = Command::new(&cpu_split)
+        .arg("60")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Let it get past its start-up: attaching is to a process already in main.
+    std::thread::sleep(Duration::from_millis(200));
+    let child = Command::new(binary())
+        .args([
+            "profile:hz:99",
+            "-p",
+            &target.id().to_string(),
+            "--no-svg",
+            "--folded",
+        ])
+        .arg(&folded_path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    interrupt_after(&child, Duration::from_millis(1500));
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "the target must keep running"
+    );
+    target.kill().unwrap();
+    let status = target.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    let folded = Folded::parse(&std::fs::read_to_string(&folded_path).unwrap());
+    for (frames, _) in &folded.stacks {
+        assert_eq!(frames[0], "_start", "incomplete stack: {frames:?}");
+    }
+    let in_main: u64 = folded
+        .stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f == "cpu_split::main"))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(in_main > 20, "{in_main} samples in main in 1.5 s: {stderr}");
+}
+
+#[test]
+fn a_stripped_binary_is_unwound_from_its_eh_frame() {
+    if !bpf_available("stripped") {
+        return;
+    }
+    let scratch = Scratch::new("stripped");
+    let stripped = scratch.path("chains_stripped");
+    let status = Command::new("strip")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(fixtures::c_fixture("chains_c"))
+        .status()
+        .expect("run strip");
+    assert!(status.success());
+    let run = trace(
+        "stripped",
+        &["uprobe:libc:malloc"],
+        &format!("{} run", quoted(&stripped)),
+        &[],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("every stack walk reached the end of the stack"),
+        "{}",
+        run.stderr
+    );
+    let printed = expected::parse_site_counts(&run.stdout).expect("site lines");
+    let calls: u64 = printed.iter().map(|p| p.calls).sum();
+    assert!(run.folded().total() >= calls);
+
+    // A symbol it no longer has is a clear error.
+    let probe = format!("uprobe:{}:deep_leaf", stripped.display());
+    let (status, stderr) = run_args(&[&probe, "-c", &stripped.display().to_string()]);
+    assert_one_line_error(status, &stderr, "deep_leaf");
+}
+
+fn assert_one_line_error(status: std::process::ExitStatus, stderr: &str, mentions: &str) {
+    assert!(!status.success(), "must fail: {stderr}");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected, got: {stderr}");
+    assert!(lines[0].starts_with("cargo-trace: error: "), "{stderr}");
+    assert!(lines[0].contains(mentions), "'{mentions}' not in: {stderr}");
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["frobnicate:x:y", "-c", "true"], "frobnicate"),
+        (
+            &["uprobe:/no/such/lib.so:malloc", "-c", "true"],
+            "/no/such/lib.so",
+        ),
+        (
+            &["profile:hz:99", "-c", "/no/such/program"],
+            "/no/such/program",
+        ),
+        (&["profile:hz:99", "-c", "/etc/passwd"], "/etc/passwd"),
+        (&["profile:hz:99", "-c", "'unbalanced"], "split"),
+        (&["profile:hz:99", "-p", "999999999"], "999999999"),
+    ];
+    for (args, mentions) in cases {
+        let (status, stderr) = run_args(args);
+        assert_one_line_error(status, &stderr, mentions);
+    }
+    if bpf_available("missing symbol") {
+        let (status, stderr) = run_args(&["uprobe:libc:no_such_function_xyz", "-c", "true"]);
+        assert_one_line_error(status, &stderr, "no_such_function_xyz");
+    }
+}
+
+#[test]
+fn kprobes_work_where_the_kernel_has_them_and_say_so_where_not() {
+    if !bpf_available("kprobe") {
+        return;
+    }
+    match probes::kprobe_support() {
+        Err(error) => {
+            eprintln!("this kernel has no kprobes ({error}): checking the error line");
+            let (status, stderr) = run_args(&["kprobe:do_nanosleep", "-c", "sleep 0.1"]);
+            assert_one_line_error(status, &stderr, "kprobes are not available on this kernel");
+        }
+        Ok(()) => {
+            let run = trace("kprobe", &["kprobe:do_nanosleep"], "sleep 0.1", &[]);
+            assert!(run.status.success(), "{}", run.stderr);
+            assert!(run.folded().total() >= 1, "{}", run.stderr);
+        }
+    }
+}
+
+#[test]
+fn hardware_events_say_so_where_there_is_no_pmu() {
+    if !bpf_available("hardware") {
+        return;
+    }
+    match probes::hardware_support() {
+        Err(error) => {
+            eprintln!("this machine has no hardware PMU ({error}): checking the error line");
+            let (status, stderr) = run_args(&["hardware:cycles:1000000", "-c", "true"]);
+            assert_one_line_error(status, &stderr, "hardware");
+        }
+        Ok(()) => {
+            let cpu_split = fixtures::rust_fixture("cpu_split");
+            let command = format!("{} 0.5", quoted(&cpu_split));
+            let run = trace("hardware", &["hardware:cycles:1000000"], &command, &[]);
+            assert!(run.status.success(), "{}", run.stderr);
+            assert!(run.folded().total() >= 1, "{}", run.stderr);
+        }
+    }
+}
