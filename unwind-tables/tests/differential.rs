@@ -501,6 +501,50 @@ fn rust_binaries_match_gimli() {
     );
 }
 
+/// The fixture programs the end-to-end tests trace (Rust release and C `-O2`, both
+/// without frame pointers; C++ with exceptions), and the cargo-trace binary itself.
+#[test]
+fn fixtures_and_cargo_trace_match_gimli() {
+    use cargo_trace_tests::fixtures::{self, Lang};
+    for (lang, name, floor) in [
+        (Lang::Rust, "chains", MIN_SUPPORTED_SHARE),
+        (Lang::Rust, "cpu_split", MIN_SUPPORTED_SHARE),
+        (Lang::C, "chains_c", MIN_SUPPORTED_SHARE),
+        (Lang::C, "storm", MIN_SUPPORTED_SHARE),
+        (Lang::Cpp, "cxx_exceptions", MIN_SUPPORTED_SHARE),
+    ] {
+        let path = fixtures::fixture(lang, name);
+        let stats = check_binary(&path, 3);
+        assert!(
+            stats.supported_share() >= floor,
+            "{name}: {}",
+            stats.supported_share()
+        );
+    }
+    // target/<profile>/deps/differential-* → target/<profile>/cargo-trace, which
+    // `cargo test --workspace` builds before running any test.
+    let this = std::env::current_exe().expect("current exe");
+    let cargo_trace = this
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("cargo-trace"))
+        .filter(|path| path.exists());
+    match cargo_trace {
+        Some(path) => {
+            let stats = check_binary(&path, 2);
+            assert!(
+                stats.supported_share() >= MIN_SUPPORTED_SHARE,
+                "cargo-trace: {}",
+                stats.supported_share()
+            );
+        }
+        None => println!(
+            "SKIP the cargo-trace binary: not built next to {} (run cargo test --workspace)",
+            this.display()
+        ),
+    }
+}
+
 #[test]
 fn system_binaries_match_gimli() {
     let mut checked = 0;
