@@ -269,3 +269,26 @@ fn hardware_events_say_so_where_there_is_no_pmu() {
         }
     }
 }
+
+#[test]
+fn a_second_sigint_kills_a_target_that_ignores_the_first() {
+    if !bpf_available("second sigint") {
+        return;
+    }
+    let scratch = Scratch::new("sigint2");
+    let svg = scratch.path("out.svg");
+    let child = Command::new(binary())
+        .args(["profile:hz:99", "-c"])
+        .arg(r#"perl -e '$SIG{INT} = "IGNORE"; sleep 60'"#)
+        .arg("-o")
+        .arg(&svg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    interrupt_after(&child, Duration::from_millis(1000));
+    interrupt_after(&child, Duration::from_millis(300));
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(137), "{stderr}");
+    assert_svg(&svg);
+}
