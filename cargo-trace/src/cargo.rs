@@ -20,9 +20,10 @@ pub fn build(args: &CargoArgs) -> Result<PathBuf> {
         command.args(["--profile", profile]);
     } else if !args.dev {
         command.arg("--release");
-        // Line tables at least, unless the user configured more.
+        // Function names with their paths (line tables alone name functions
+        // without their module), unless the user configured the debug info.
         if std::env::var_os("CARGO_PROFILE_RELEASE_DEBUG").is_none() {
-            command.env("CARGO_PROFILE_RELEASE_DEBUG", "line-tables-only");
+            command.env("CARGO_PROFILE_RELEASE_DEBUG", "limited");
         }
     }
     let selections = [

@@ -122,8 +122,17 @@ impl Symbolizer {
         let Some(loader) = loader else {
             return vec![Frame::named(format!("[{label}+{address:#x}]"))];
         };
-        let frames = dwarf_frames(loader, address);
-        if !frames.is_empty() {
+        let mut frames = dwarf_frames(loader, address);
+        if let Some(outermost) = frames.first_mut() {
+            // Line-tables-only DWARF names a function without its path (`parse`
+            // for `myprog::parse`); the symbol table has the full name.
+            if !outermost.function.contains("::") {
+                if let Some(name) = loader.find_symbol(address).map(demangle) {
+                    if name.contains("::") {
+                        outermost.function = name;
+                    }
+                }
+            }
             return frames;
         }
         match loader.find_symbol(address) {

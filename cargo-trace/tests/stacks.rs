@@ -343,3 +343,39 @@ fn tracepoints_count_the_targets_events_with_user_and_kernel_stacks() {
         assert!(!kernel.iter().any(|f| f.starts_with("bpf_")), "{frames:?}");
     }
 }
+
+#[test]
+fn a_cargo_target_is_built_and_profiled() {
+    if !bpf_available("cargo target") {
+        return;
+    }
+    let scratch = common::Scratch::new("cargo");
+    let folded_path = scratch.path("out.folded");
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+    let output = std::process::Command::new(common::binary())
+        .args(["profile:hz:99", "--manifest-path", manifest])
+        .args(["--package", "cargo-trace-demo", "--no-svg", "--folded"])
+        .arg(&folded_path)
+        .args(["--", "1"])
+        .current_dir(&scratch.0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with("demo: "));
+    let folded = Folded::parse(&std::fs::read_to_string(&folded_path).unwrap());
+    let in_pipeline: u64 = folded
+        .stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f == "demo::pipeline"))
+        .map(|(_, count)| count)
+        .sum();
+    // 1 s of CPU at 99 Hz, nearly all of it in the pipeline.
+    assert!(
+        in_pipeline >= 60,
+        "{in_pipeline} samples in demo::pipeline: {stderr}"
+    );
+    for (frames, _) in &folded.stacks {
+        assert!(!is_truncated(frames), "{frames:?}");
+    }
+}
