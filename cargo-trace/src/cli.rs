@@ -54,6 +54,10 @@ pub struct Cli {
     #[arg(long = "folded", value_name = "PATH")]
     pub folded: Option<PathBuf>,
 
+    /// Name frames `function (file:line)`: each source line of a function is its own frame.
+    #[arg(long = "line-numbers")]
+    pub line_numbers: bool,
+
     /// Don't write the flamegraph SVG (e.g. with --folded only).
     #[arg(long = "no-svg")]
     pub no_svg: bool,

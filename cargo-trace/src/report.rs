@@ -30,7 +30,14 @@ pub struct Folded {
 
 /// Symbolize every sample and fold it. With more than one probe, each stack is
 /// rooted at its probe's name so the probes' counts stay apart.
-pub fn fold(samples: &[Sample], probe_names: &[String], symbolizer: &mut Symbolizer) -> Folded {
+/// `line_numbers`: frames read `function (file:line)`, so each line of a function is
+/// its own frame.
+pub fn fold(
+    samples: &[Sample],
+    probe_names: &[String],
+    symbolizer: &mut Symbolizer,
+    line_numbers: bool,
+) -> Folded {
     let mut lines = BTreeMap::new();
     for sample in samples {
         let mut frames: Vec<String> = Vec::new();
@@ -42,7 +49,11 @@ pub fn fold(samples: &[Sample], probe_names: &[String], symbolizer: &mut Symboli
         }
         for (depth, &pc) in sample.user.iter().enumerate().rev() {
             let symbolized = symbolizer.user(sample.pid, pc, depth > 0);
-            frames.extend(symbolized.iter().map(frame_name));
+            frames.extend(
+                symbolized
+                    .iter()
+                    .map(|frame| frame_name(frame, line_numbers)),
+            );
         }
         let kernel: Vec<String> = sample
             .kernel
@@ -71,8 +82,12 @@ fn is_bpf_machinery(name: &str) -> bool {
 
 /// A frame as it appears in folded output: `;` would split it, so it becomes `:`
 /// as in the original stackcollapse scripts.
-fn frame_name(frame: &Frame) -> String {
-    frame.function.replace(';', ":")
+fn frame_name(frame: &Frame, line_numbers: bool) -> String {
+    let name = match (&frame.file, frame.line, line_numbers) {
+        (Some(file), Some(line), true) => format!("{} ({file}:{line})", frame.function),
+        _ => frame.function.clone(),
+    };
+    name.replace(';', ":")
 }
 
 impl Folded {
@@ -125,7 +140,16 @@ mod tests {
             file: None,
             line: None,
         };
-        assert_eq!(frame_name(&frame), "<[u8: 32] as Debug>::fmt");
+        assert_eq!(frame_name(&frame, false), "<[u8: 32] as Debug>::fmt");
+        let located = Frame {
+            file: Some("src/lib.rs".into()),
+            line: Some(7),
+            ..frame
+        };
+        assert_eq!(
+            frame_name(&located, true),
+            "<[u8: 32] as Debug>::fmt (src/lib.rs:7)"
+        );
     }
 
     #[test]

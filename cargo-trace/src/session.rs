@@ -102,7 +102,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
         symbolizer.add_process(pid, mappings);
     }
     let names: Vec<String> = probes.iter().map(|p| p.text.clone()).collect();
-    let folded = report::fold(&samples, &names, &mut symbolizer);
+    let folded = report::fold(&samples, &names, &mut symbolizer, cli.line_numbers);
 
     if let Some(path) = &cli.folded {
         folded.write_folded(path)?;

@@ -379,3 +379,30 @@ fn a_cargo_target_is_built_and_profiled() {
         assert!(!is_truncated(frames), "{frames:?}");
     }
 }
+
+#[test]
+fn line_numbers_name_each_frames_source_line() {
+    if !bpf_available("line numbers") {
+        return;
+    }
+    let path = fixtures::c_fixture("chains_c");
+    let command = format!("{} run", quoted(&path));
+    let run = trace(
+        "lines",
+        &["uprobe:libc:malloc"],
+        &command,
+        &["--line-numbers"],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let folded = run.folded();
+    let delta: Vec<_> = folded
+        .stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f.starts_with("delta (")))
+        .collect();
+    assert_eq!(delta.iter().map(|(_, count)| count).sum::<u64>(), 200);
+    for (frames, _) in delta {
+        let frame = frames.iter().find(|f| f.starts_with("delta (")).unwrap();
+        assert!(frame.contains("chains_c.c:"), "{frame}");
+    }
+}
