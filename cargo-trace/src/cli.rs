@@ -58,6 +58,11 @@ pub struct Cli {
     #[arg(long = "line-numbers")]
     pub line_numbers: bool,
 
+    /// Report what the BPF programs cost: runs and nanoseconds per run, from the
+    /// kernel's BPF statistics (enabled for the session).
+    #[arg(long = "bpf-stats")]
+    pub bpf_stats: bool,
+
     /// Don't write the flamegraph SVG (e.g. with --folded only).
     #[arg(long = "no-svg")]
     pub no_svg: bool,

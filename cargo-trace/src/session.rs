@@ -86,6 +86,12 @@ pub fn run(cli: &Cli) -> Result<i32> {
         .context("adding the target to the event filter")?;
     let links = attach_all(&tracer, &probes, pid)?;
 
+    // Statistics cost a clock read per run: only when asked for.
+    let stats_guard = if cli.bpf_stats {
+        Some(bpf_prog::enable_run_time_stats().context("enabling BPF run-time statistics")?)
+    } else {
+        None
+    };
     let started = Instant::now();
     let target = match stopped {
         Some(stopped) => Target::Launched(stopped.resume()?),
@@ -125,6 +131,19 @@ pub fn run(cli: &Cli) -> Result<i32> {
             eprintln!("cargo-trace: note: no unwind table for {name}: {reason}");
         }
     }
+    if stats_guard.is_some() {
+        let stats = tracer.program_stats().context("reading BPF statistics")?;
+        let mut programs: Vec<_> = stats.iter().filter(|(_, s)| s.run_count > 0).collect();
+        programs.sort_by_key(|(name, _)| *name);
+        for (name, s) in programs {
+            eprintln!(
+                "cargo-trace: bpf {name}: {} runs, {} ns per run",
+                s.run_count,
+                s.run_time_ns / s.run_count
+            );
+        }
+    }
+    drop(stats_guard);
     let mut written = Vec::new();
     if !cli.no_svg {
         written.push(cli.output.display().to_string());

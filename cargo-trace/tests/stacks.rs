@@ -406,3 +406,32 @@ fn line_numbers_name_each_frames_source_line() {
         assert!(frame.contains("chains_c.c:"), "{frame}");
     }
 }
+
+#[test]
+fn bpf_stats_report_runs_and_time_per_run() {
+    if !bpf_available("bpf stats") {
+        return;
+    }
+    let path = fixtures::c_fixture("chains_c");
+    let command = format!("{} run", quoted(&path));
+    let run = trace(
+        "bpf-stats",
+        &["uprobe:libc:malloc"],
+        &command,
+        &["--bpf-stats"],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let line = run
+        .stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("cargo-trace: bpf on_uprobe: "))
+        .unwrap_or_else(|| panic!("no statistics line: {}", run.stderr));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[1], "runs,", "{line}");
+    assert_eq!(
+        words[0].parse::<u64>().unwrap(),
+        run.summary_events(),
+        "{line}"
+    );
+    assert!(words[2].parse::<u64>().unwrap() > 0, "{line}");
+}
