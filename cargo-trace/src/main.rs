@@ -8,6 +8,7 @@
 
 mod cargo;
 mod cli;
+mod elf_symbols;
 mod launch;
 mod maps;
 mod report;

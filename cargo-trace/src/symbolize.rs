@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use object::Object;
 
+use crate::elf_symbols::{ElfSymbols, SymbolHit};
 use crate::maps::{ExecMapping, MappedObject};
 
 /// One frame of a symbolized stack (an address may expand into several, inlined ones).
@@ -62,7 +63,7 @@ impl SymbolMapping {
 /// Symbolizes user addresses of the traced processes and kernel addresses.
 pub struct Symbolizer {
     mappings: HashMap<u32, Vec<SymbolMapping>>,
-    loaders: HashMap<PathBuf, Option<addr2line::Loader>>,
+    objects: HashMap<PathBuf, ObjectInfo>,
     cache: HashMap<(u32, u64, bool), Vec<Frame>>,
     kernel: Option<KernelSymbols>,
 }
@@ -71,7 +72,7 @@ impl Symbolizer {
     pub fn new() -> Self {
         Symbolizer {
             mappings: HashMap::new(),
-            loaders: HashMap::new(),
+            objects: HashMap::new(),
             cache: HashMap::new(),
             kernel: None,
         }
@@ -115,36 +116,56 @@ impl Symbolizer {
         let Some(path) = mapping.path.clone() else {
             return vec![Frame::named(format!("[{label}]"))];
         };
-        let loader = self
-            .loaders
+        let object = self
+            .objects
             .entry(path.clone())
-            .or_insert_with(|| addr2line::Loader::new(debug_info_source(&path)).ok());
-        let Some(loader) = loader else {
-            return vec![Frame::named(format!("[{label}+{address:#x}]"))];
+            .or_insert_with(|| ObjectInfo::load(&path));
+        let symbol = |address| match object.symbols.as_ref()?.lookup(address)? {
+            SymbolHit::Function(name) => Some(demangle(name)),
+            SymbolHit::Plt => Some(format!("[{label}`plt]")),
         };
-        let mut frames = dwarf_frames(loader, address);
+        let mut frames = object
+            .dwarf
+            .as_ref()
+            .map(|dwarf| dwarf_frames(dwarf, address))
+            .unwrap_or_default();
         if let Some(outermost) = frames.first_mut() {
             // Line-tables-only DWARF names a function without its path (`parse`
             // for `myprog::parse`); the symbol table has the full name.
             if !outermost.function.contains("::") {
-                if let Some(name) = loader.find_symbol(address).map(demangle) {
-                    if name.contains("::") {
-                        outermost.function = name;
-                    }
+                if let Some(name) = symbol(address).filter(|name| name.contains("::")) {
+                    outermost.function = name;
                 }
             }
             return frames;
         }
-        match loader.find_symbol(address) {
-            Some(name) => vec![Frame::named(demangle(name))],
-            None => vec![Frame::named(format!("[{label}+{address:#x}]"))],
-        }
+        let name = symbol(address).unwrap_or_else(|| format!("[{label}+{address:#x}]"));
+        vec![Frame::named(name)]
     }
 
     /// The kernel function containing `address`.
     pub fn kernel(&mut self, address: u64) -> Frame {
         let kernel = self.kernel.get_or_insert_with(KernelSymbols::load);
         Frame::named(kernel.lookup(address))
+    }
+}
+
+/// What one object file offers the symbolizer.
+struct ObjectInfo {
+    dwarf: Option<addr2line::Loader>,
+    symbols: Option<ElfSymbols>,
+}
+
+impl ObjectInfo {
+    fn load(path: &Path) -> ObjectInfo {
+        let source = debug_info_source(path);
+        // A separate debug file's .symtab names static functions too; the file's
+        // own .dynsym is the fallback.
+        let symbols = ElfSymbols::load(&source).or_else(|| ElfSymbols::load(path));
+        ObjectInfo {
+            dwarf: addr2line::Loader::new(&source).ok(),
+            symbols,
+        }
     }
 }
 
