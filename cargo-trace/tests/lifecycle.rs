@@ -96,13 +96,8 @@ fn sigint_reaches_the_target_and_the_profile_is_written() {
     // The target died of the forwarded SIGINT: 128 + 2.
     assert_eq!(output.status.code(), Some(130), "{stderr}");
     assert_svg(&svg);
-    let folded = Folded::parse(&std::fs::read_to_string(&folded_path).unwrap());
-    let hot: u64 = folded
-        .stacks
-        .iter()
-        .filter(|(frames, _)| frames.iter().any(|f| f == "cpu_split::hot"))
-        .map(|(_, count)| count)
-        .sum();
+    let folded = Folded::read(&folded_path);
+    let hot = folded.count_with("cpu_split::hot");
     assert!(hot > 20, "{hot} hot samples in 1.5 s: {stderr}");
 }
 
@@ -144,16 +139,11 @@ fn attaching_to_a_running_process_profiles_it_and_leaves_it_running() {
     target.kill().unwrap();
     let status = target.wait().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGKILL));
-    let folded = Folded::parse(&std::fs::read_to_string(&folded_path).unwrap());
+    let folded = Folded::read(&folded_path);
     for (frames, _) in &folded.stacks {
         assert_eq!(frames[0], "_start", "incomplete stack: {frames:?}");
     }
-    let in_main: u64 = folded
-        .stacks
-        .iter()
-        .filter(|(frames, _)| frames.iter().any(|f| f == "cpu_split::main"))
-        .map(|(_, count)| count)
-        .sum();
+    let in_main = folded.count_with("cpu_split::main");
     assert!(in_main > 20, "{in_main} samples in main in 1.5 s: {stderr}");
 }
 

@@ -363,13 +363,8 @@ fn a_cargo_target_is_built_and_profiled() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(String::from_utf8_lossy(&output.stdout).starts_with("demo: "));
-    let folded = Folded::parse(&std::fs::read_to_string(&folded_path).unwrap());
-    let in_pipeline: u64 = folded
-        .stacks
-        .iter()
-        .filter(|(frames, _)| frames.iter().any(|f| f == "demo::pipeline"))
-        .map(|(_, count)| count)
-        .sum();
+    let folded = Folded::read(&folded_path);
+    let in_pipeline = folded.count_with("demo::pipeline");
     // 1 s of CPU at 99 Hz, nearly all of it in the pipeline.
     assert!(
         in_pipeline >= 60,

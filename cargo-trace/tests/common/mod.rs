@@ -158,9 +158,25 @@ impl Folded {
     pub fn total(&self) -> u64 {
         self.stacks.iter().map(|(_, count)| count).sum()
     }
+
+    /// Events whose stack holds a frame named `function`.
+    pub fn count_with(&self, function: &str) -> u64 {
+        self.stacks
+            .iter()
+            .filter(|(frames, _)| frames.iter().any(|f| f == function))
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    /// Reads a folded file.
+    pub fn read(path: &Path) -> Folded {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("no folded file {}: {e}", path.display()));
+        Folded::parse(&text)
+    }
 }
 
-/// The path of `file` relative to nothing: a fixture path as a `-c` command word.
+/// A path quoted as one word of a `-c` command.
 pub fn quoted(path: &Path) -> String {
     shell_quote(&path.display().to_string())
 }
