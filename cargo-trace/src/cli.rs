@@ -41,6 +41,10 @@ pub struct Cli {
     #[arg(long = "pid", value_name = "PID")]
     pub pid: Option<u32>,
 
+    /// Stop tracing after this many seconds (a launched target then runs on untraced).
+    #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = parse_duration)]
+    pub duration: Option<std::time::Duration>,
+
     /// Where to write the flamegraph (SVG).
     #[arg(
         short = 'o',
@@ -125,6 +129,14 @@ impl Cli {
     pub fn parse_from_env() -> Self {
         Self::parse_from(normalize_args(std::env::args_os().collect()))
     }
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| format!("'{text}' is not a positive number of seconds"))
 }
 
 /// Drop cargo's `trace` subcommand word, and turn `-p VALUE` into `--pid` or

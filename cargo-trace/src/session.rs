@@ -97,7 +97,8 @@ pub fn run(cli: &Cli) -> Result<i32> {
         Some(stopped) => Target::Launched(stopped.resume()?),
         None => Target::Attached(pid),
     };
-    let exit = wait(&target, &mut tracer, &mut tables)?;
+    let deadline = cli.duration.map(|duration| started + duration);
+    let exit = wait(&target, &mut tracer, &mut tables, deadline)?;
     let elapsed = started.elapsed();
     // Detach first: counts read after this are final.
     drop(links);
@@ -166,7 +167,15 @@ pub fn run(cli: &Cli) -> Result<i32> {
             }
             exit.code()
         }
-        None => 0,
+        None => {
+            if let Target::Launched(running) = &target {
+                eprintln!(
+                    "cargo-trace: stopped tracing after the duration; process {} runs on",
+                    running.pid()
+                );
+            }
+            0
+        }
     })
 }
 
@@ -226,11 +235,20 @@ fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32) -> Result<Vec<Link>> 
 }
 
 /// Runs until the target exits (launch mode) or disappears or a stop is asked
-/// for (attach mode), refreshing its mappings as it goes.
-fn wait(target: &Target, tracer: &mut Tracer, tables: &mut ProcessTables) -> Result<Option<Exit>> {
+/// for (attach mode), or the deadline passes, refreshing its mappings as it goes.
+/// `None`: the target is still running.
+fn wait(
+    target: &Target,
+    tracer: &mut Tracer,
+    tables: &mut ProcessTables,
+    deadline: Option<Instant>,
+) -> Result<Option<Exit>> {
     let pid = target.pid();
     let mut last_refresh = Instant::now();
     loop {
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return Ok(None);
+        }
         match target {
             Target::Launched(running) => {
                 if let Some(exit) = running.try_wait()? {

@@ -282,3 +282,27 @@ fn a_second_sigint_kills_a_target_that_ignores_the_first() {
     assert_eq!(output.status.code(), Some(137), "{stderr}");
     assert_svg(&svg);
 }
+
+#[test]
+fn a_duration_ends_tracing_and_leaves_the_target_running() {
+    if !bpf_available("duration") {
+        return;
+    }
+    let cpu_split = fixtures::rust_fixture("cpu_split");
+    let command = format!("{} 3", quoted(&cpu_split));
+    let run = trace(
+        "duration",
+        &["profile:hz:99"],
+        &command,
+        &["--duration", "0.5"],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    assert!(run.stderr.contains("runs on"), "{}", run.stderr);
+    let folded = run.folded();
+    assert!(folded.count_with("cpu_split::main") > 10, "{}", run.stderr);
+    assert!(
+        folded.total() < 200,
+        "sampling went on past the duration: {}",
+        run.stderr
+    );
+}
