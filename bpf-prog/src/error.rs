@@ -91,6 +91,14 @@ pub enum Error {
         source: libbpf_rs::Error,
     },
 
+    /// Attaching one of the tracer's own programs failed.
+    #[error("attaching to tracepoint {tracepoint}: {source}")]
+    Attach {
+        tracepoint: &'static str,
+        #[source]
+        source: libbpf_rs::Error,
+    },
+
     /// `bpf_prog_get_info_by_fd` failed.
     #[error("reading the statistics of BPF program {program}: {source}")]
     ProgramInfo {

@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
+use libbpf_rs::{Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
 use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
 
 use crate::error::{Error, Result, TableMap};
@@ -395,6 +395,80 @@ impl Tracer {
         &self.skel.progs.on_raw_tracepoint
     }
 
+    /// Makes the children of filtered processes filtered too: a fork copies the
+    /// parent's mappings to the child, an exec drops the process's mappings
+    /// until [`Tracer::set_mappings`] registers the new image's. Tracing
+    /// follows forks while the returned links live.
+    pub fn follow_forks(&self) -> Result<Vec<Link>> {
+        [
+            (&self.skel.progs.on_fork, "sched_process_fork"),
+            (&self.skel.progs.on_exec, "sched_process_exec"),
+        ]
+        .into_iter()
+        .map(|(program, tracepoint)| {
+            program
+                .attach_raw_tracepoint(tracepoint)
+                .map_err(|source| Error::Attach { tracepoint, source })
+        })
+        .collect()
+    }
+
+    /// The program to attach (in every process) as a uprobe on libc's
+    /// `__libc_start_main`: a followed process that exec'd stops there, with
+    /// its libraries loaded and before `main`, and is reported through
+    /// [`Tracer::new_images`] so its mappings can be registered before it
+    /// goes on (the caller sends it SIGCONT).
+    pub fn start_main_program(&self) -> &ProgramMut<'_> {
+        &self.skel.progs.on_start_main
+    }
+
+    /// Calls `on_stopped(tgid)` for each process [`Tracer::start_main_program`]
+    /// stopped, when the returned buffer is polled.
+    pub fn new_images<'cb>(
+        &self,
+        mut on_stopped: impl FnMut(u32) + 'cb,
+    ) -> Result<libbpf_rs::RingBuffer<'cb>> {
+        let mut builder = libbpf_rs::RingBufferBuilder::new();
+        builder
+            .add(&self.skel.maps.new_images, move |data: &[u8]| {
+                if let Ok(bytes) = data.try_into() {
+                    on_stopped(u32::from_ne_bytes(bytes));
+                }
+                0
+            })
+            .map_err(|source| Error::Map {
+                map: "new_images",
+                op: "ring buffer",
+                source,
+            })?;
+        builder.build().map_err(|source| Error::Map {
+            map: "new_images",
+            op: "ring buffer",
+            source,
+        })
+    }
+
+    /// The processes in the pid filter: those added with [`Tracer::filter_pid`]
+    /// and, with [`Tracer::follow_forks`], their descendants.
+    pub fn filtered_pids(&self) -> Vec<u32> {
+        self.skel
+            .maps
+            .pid_filter
+            .keys()
+            .filter_map(|key| Some(u32::from_ne_bytes(key.try_into().ok()?)))
+            .collect()
+    }
+
+    /// Whether `pid` has registered mappings (an exec followed with
+    /// [`Tracer::follow_forks`] drops them).
+    pub fn has_mappings(&self, pid: u32) -> bool {
+        self.skel
+            .maps
+            .procs
+            .lookup(&pid.to_ne_bytes(), MapFlags::ANY)
+            .is_ok_and(|value| value.is_some())
+    }
+
     /// Every counter, in no particular order.
     pub fn counts(&self) -> Result<Vec<(CountKey, Count)>> {
         let map = &self.skel.maps.counts;
@@ -503,6 +577,9 @@ impl Tracer {
             ("on_tracepoint", &progs.on_tracepoint),
             ("on_kprobe", &progs.on_kprobe),
             ("on_raw_tracepoint", &progs.on_raw_tracepoint),
+            ("on_fork", &progs.on_fork),
+            ("on_exec", &progs.on_exec),
+            ("on_start_main", &progs.on_start_main),
         ] {
             let info = sys::program_stats(prog.as_fd()).map_err(|source| Error::ProgramInfo {
                 program: name,

@@ -199,9 +199,12 @@ fn prebuilt_object_loads() {
     assert_eq!(
         programs,
         [
+            "on_exec",
+            "on_fork",
             "on_kprobe",
             "on_perf_event",
             "on_raw_tracepoint",
+            "on_start_main",
             "on_tracepoint",
             "on_uprobe",
             "on_uprobe_count",
@@ -215,4 +218,59 @@ fn prebuilt_object_loads() {
         }
         Err(error) => panic!("the prebuilt object does not load: {error}"),
     }
+}
+
+#[test]
+fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
+    let Some(mut tracer) = tracer_or_skip("follow forks", &small()) else {
+        return;
+    };
+    let id = tracer.add_table(&table()).unwrap();
+    let me = std::process::id();
+    let mapping = Mapping {
+        start: 0x1000,
+        end: 0x2000,
+        bias: 0,
+        table: Some(id),
+    };
+    tracer.set_mappings(me, &[mapping]).unwrap();
+    tracer.filter_pid(me).unwrap();
+    let _links = tracer
+        .follow_forks()
+        .expect("attach the fork and exec programs");
+
+    // A fork without exec runs with its parent's mappings.
+    // SAFETY: the child only sleeps and exits through async-signal-safe calls.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        // SAFETY: as above.
+        unsafe {
+            libc::usleep(300_000);
+            libc::_exit(0);
+        }
+    }
+    let child = child as u32;
+    assert!(tracer.filtered_pids().contains(&child));
+    assert!(
+        tracer.has_mappings(child),
+        "the fork copies its parent's mappings"
+    );
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(child as i32, &mut status, 0) };
+
+    // A fork that execs: followed, but its old mappings are gone.
+    let mut exec = std::process::Command::new("true").spawn().unwrap();
+    let pid = exec.id();
+    exec.wait().unwrap();
+    assert!(tracer.filtered_pids().contains(&pid));
+    assert!(!tracer.has_mappings(pid), "exec drops the mappings");
+
+    // Other processes' forks are not followed.
+    tracer.unfilter_pid(me).unwrap();
+    let mut other = std::process::Command::new("true").spawn().unwrap();
+    let other_pid = other.id();
+    other.wait().unwrap();
+    assert!(!tracer.filtered_pids().contains(&other_pid));
 }

@@ -45,6 +45,10 @@ pub struct Cli {
     #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = parse_duration)]
     pub duration: Option<std::time::Duration>,
 
+    /// Trace only the target process, not the processes it starts.
+    #[arg(long = "no-follow-forks")]
+    pub no_follow_forks: bool,
+
     /// Where to write the flamegraph (SVG).
     #[arg(
         short = 'o',

@@ -5,8 +5,10 @@
 //! target is held at its entry point until every table is loaded and every
 //! probe attached, so nothing of `main` runs unobserved.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -38,15 +40,6 @@ enum Target {
     Attached(u32),
 }
 
-impl Target {
-    fn pid(&self) -> u32 {
-        match self {
-            Target::Launched(running) => running.pid(),
-            Target::Attached(pid) => *pid,
-        }
-    }
-}
-
 pub fn run(cli: &Cli) -> Result<i32> {
     let probes = parse_probes(&cli.probes)?;
     let argv = match cli.pid {
@@ -54,7 +47,14 @@ pub fn run(cli: &Cli) -> Result<i32> {
         None => Some(command_line(cli)?),
     };
 
-    let mut tracer = Tracer::load(&Options::default()).map_err(|error| {
+    let follow = !cli.no_follow_forks;
+    let options = Options {
+        // Uprobes that fire in every process mapping the file, for the children,
+        // filtered to the traced ones in the program.
+        filter_uprobes: follow,
+        ..Options::default()
+    };
+    let mut tracer = Tracer::load(&options).map_err(|error| {
         if error.is_permission_denied() {
             anyhow::anyhow!("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): {error}")
         } else {
@@ -71,7 +71,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
             (stopped.pid(), Some(stopped))
         }
         (None, Some(pid)) => {
-            if !PathBuf::from(format!("/proc/{pid}")).exists() {
+            if !process_exists(pid) {
                 bail!("no process {pid}");
             }
             (pid, None)
@@ -84,7 +84,21 @@ pub fn run(cli: &Cli) -> Result<i32> {
     tracer
         .filter_pid(pid)
         .context("adding the target to the event filter")?;
-    let links = attach_all(&tracer, &probes, pid)?;
+    let mut links = attach_all(&tracer, &probes, pid, follow)?;
+    // Processes the program stops at their start, for their mappings to be registered.
+    let started_images = Rc::new(RefCell::new(Vec::new()));
+    let new_images = if follow {
+        links.extend(
+            tracer
+                .follow_forks()
+                .context("following the target's children")?,
+        );
+        links.extend(stop_children_at_start(&tracer, pid)?);
+        let sink = Rc::clone(&started_images);
+        Some(tracer.new_images(move |pid| sink.borrow_mut().push(pid))?)
+    } else {
+        None
+    };
 
     // Statistics cost a clock read per run: only when asked for.
     let stats_guard = if cli.bpf_stats {
@@ -98,13 +112,21 @@ pub fn run(cli: &Cli) -> Result<i32> {
         None => Target::Attached(pid),
     };
     let deadline = cli.duration.map(|duration| started + duration);
-    let exit = wait(&target, &mut tracer, &mut tables, deadline)?;
+    let children = Children {
+        new_images: new_images.as_ref(),
+        started: &started_images,
+    };
+    let exit = wait(&target, &mut tracer, &mut tables, &children, deadline)?;
+    drop(new_images);
     let elapsed = started.elapsed();
     // Detach first: counts read after this are final.
     drop(links);
 
     let samples = read_samples(&tracer)?;
     let mut symbolizer = Symbolizer::new();
+    // A child that exited before its mappings were read ran with its parent's
+    // (fork copies them): the target's are the best guess for it.
+    symbolizer.set_fallback(pid);
     for (pid, mappings) in tables.take_symbol_mappings() {
         symbolizer.add_process(pid, mappings);
     }
@@ -216,7 +238,9 @@ fn command_line(cli: &Cli) -> Result<Vec<String>> {
 }
 
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
-fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32) -> Result<Vec<Link>> {
+/// `follow`: uprobes fire in every process (the program keeps the target and its
+/// children); else in the target only.
+fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for (index, probe) in probes.iter().enumerate() {
         let program = match probe.spec.program_kind() {
@@ -227,8 +251,10 @@ fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32) -> Result<Vec<Link>> 
             ProgramKind::RawTracepoint => tracer.raw_tracepoint_program(),
             ProgramKind::Kprobe | ProgramKind::Kretprobe => tracer.kprobe_program(),
         };
-        let attached = probes::attach_probe(program, &probe.spec, Some(pid), index as u64)
-            .map_err(|error| anyhow::anyhow!("{error}"))?;
+        let fire_in = (!follow).then_some(pid);
+        let attached =
+            probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)
+                .map_err(|error| anyhow::anyhow!("{error}"))?;
         links.extend(attached);
     }
     Ok(links)
@@ -237,13 +263,43 @@ fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32) -> Result<Vec<Link>> 
 /// Runs until the target exits (launch mode) or disappears or a stop is asked
 /// for (attach mode), or the deadline passes, refreshing its mappings as it goes.
 /// `None`: the target is still running.
+/// How the session learns of the target's children that exec'd.
+struct Children<'a> {
+    /// Reports processes stopped at their start; `None` when not following.
+    new_images: Option<&'a libbpf_rs::RingBuffer<'static>>,
+    /// What it reported, not yet registered.
+    started: &'a RefCell<Vec<u32>>,
+}
+
+/// Attaches the program that stops an exec'd child at libc's
+/// `__libc_start_main` (after ld.so loaded its libraries, before `main`), in
+/// every process: the program picks the followed ones. Children that do not use
+/// the target's libc are registered by polling instead.
+fn stop_children_at_start(tracer: &Tracer, pid: u32) -> Result<Vec<Link>> {
+    let spec = match probes::parse("uprobe:libc:__libc_start_main") {
+        Ok(ProbeSpec::Uprobe(spec)) => spec,
+        _ => unreachable!("a valid uprobe spec"),
+    };
+    // A static target has no libc to find: polling alone then.
+    let Ok(targets) = probes::resolve_uprobe(&spec, Some(pid)) else {
+        return Ok(Vec::new());
+    };
+    targets
+        .iter()
+        .map(|target| {
+            probes::attach_uprobe(tracer.start_main_program(), target, None, false, u64::MAX)
+                .map_err(|error| anyhow::anyhow!("{error}"))
+        })
+        .collect()
+}
+
 fn wait(
     target: &Target,
     tracer: &mut Tracer,
     tables: &mut ProcessTables,
+    children: &Children<'_>,
     deadline: Option<Instant>,
 ) -> Result<Option<Exit>> {
-    let pid = target.pid();
     let mut last_refresh = Instant::now();
     loop {
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -256,18 +312,59 @@ fn wait(
                 }
             }
             Target::Attached(pid) => {
-                if signals::stop_requested() || !PathBuf::from(format!("/proc/{pid}")).exists() {
+                if signals::stop_requested() || !process_exists(*pid) {
                     return Ok(None);
                 }
             }
         }
-        std::thread::sleep(POLL_INTERVAL);
-        if last_refresh.elapsed() >= REFRESH_INTERVAL {
-            last_refresh = Instant::now();
-            // The process may be exiting: a failed read is not an error.
-            let _ = tables.sync(tracer, pid);
+        match children.new_images {
+            // Wakes up as soon as a child stops at its start.
+            Some(ring) => {
+                let _ = ring.poll(POLL_INTERVAL);
+            }
+            None => std::thread::sleep(POLL_INTERVAL),
         }
+        for pid in children.started.borrow_mut().drain(..) {
+            tables.forget(pid);
+            let _ = tables.sync(tracer, pid);
+            // SAFETY: kill(2) with a pid the program reported; at worst the
+            // process is gone.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+        let refresh = last_refresh.elapsed() >= REFRESH_INTERVAL;
+        if refresh {
+            last_refresh = Instant::now();
+        }
+        track_processes(tracer, tables, refresh);
     }
+}
+
+/// Registers the mappings of processes that joined the filter (children the
+/// program followed) or exec'd since; with `refresh`, re-reads every traced
+/// process's mappings (dlopen) and forgets those that exited.
+fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables, refresh: bool) {
+    for pid in tracer.filtered_pids() {
+        let known = tables.knows(pid);
+        if known && !refresh {
+            continue;
+        }
+        if !process_exists(pid) {
+            // Its counts stay; its filter and mappings entries are freed.
+            let _ = tracer.unfilter_pid(pid);
+            let _ = tracer.remove_process(pid);
+            continue;
+        }
+        if known && !tracer.has_mappings(pid) {
+            // It exec'd: the program dropped the old image's mappings.
+            tables.forget(pid);
+        }
+        // The process may be exiting: a failed read is not an error.
+        let _ = tables.sync(tracer, pid);
+    }
+}
+
+fn process_exists(pid: u32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
 }
 
 /// Every counter with its stacks, as [`report::fold`] takes them.

@@ -66,6 +66,8 @@ pub struct Symbolizer {
     objects: HashMap<PathBuf, ObjectInfo>,
     cache: HashMap<(u32, u64, bool), Vec<Frame>>,
     kernel: Option<KernelSymbols>,
+    /// The process whose mappings stand in for a process without its own.
+    fallback: Option<u32>,
 }
 
 impl Symbolizer {
@@ -75,7 +77,13 @@ impl Symbolizer {
             objects: HashMap::new(),
             cache: HashMap::new(),
             kernel: None,
+            fallback: None,
         }
+    }
+
+    /// Symbolize processes whose mappings were never recorded with those of `pid`.
+    pub fn set_fallback(&mut self, pid: u32) {
+        self.fallback = Some(pid);
     }
 
     /// Record the mappings of `pid` (sorted or not).
@@ -102,7 +110,11 @@ impl Symbolizer {
         } else {
             pc
         };
-        let Some(mapping) = self.mappings.get(&pid).and_then(|maps| {
+        let known = self
+            .mappings
+            .get(&pid)
+            .or_else(|| self.fallback.and_then(|pid| self.mappings.get(&pid)));
+        let Some(mapping) = known.and_then(|maps| {
             let index = maps.partition_point(|m| m.start <= lookup);
             index
                 .checked_sub(1)

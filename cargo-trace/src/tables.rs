@@ -99,6 +99,17 @@ impl ProcessTables {
         Ok(())
     }
 
+    /// Whether `pid`'s mappings were registered.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.registered.contains_key(&pid)
+    }
+
+    /// Forgets what was registered for `pid`, so the next [`ProcessTables::sync`]
+    /// registers its mappings again (after an exec).
+    pub fn forget(&mut self, pid: u32) {
+        self.registered.remove(&pid);
+    }
+
     /// The mappings of every process seen, for the symbolizer.
     pub fn take_symbol_mappings(&mut self) -> HashMap<u32, Vec<SymbolMapping>> {
         std::mem::take(&mut self.symbol_mappings)

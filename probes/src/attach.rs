@@ -469,7 +469,21 @@ pub fn attach_probe(
     pid: Option<u32>,
     cookie: u64,
 ) -> Result<Vec<Link>, Error> {
-    let filter = pid.map(|p| p as i32);
+    attach_probe_for(prog, spec, pid, pid, cookie)
+}
+
+/// [`attach_probe`] with names resolved for process `resolve_in` but uprobes firing in
+/// `fire_in` only (`None`: every process that maps the file, e.g. to follow a process's
+/// children and let the program filter).
+pub fn attach_probe_for(
+    prog: &ProgramMut<'_>,
+    spec: &ProbeSpec,
+    resolve_in: Option<u32>,
+    fire_in: Option<u32>,
+    cookie: u64,
+) -> Result<Vec<Link>, Error> {
+    let pid = resolve_in;
+    let filter = fire_in.map(|p| p as i32);
     Ok(match spec {
         ProbeSpec::Uprobe(u) => resolve_uprobe(u, pid)?
             .iter()

@@ -51,9 +51,9 @@ mod tracefs;
 mod wildcard;
 
 pub use attach::{
-    attach_interval, attach_kprobe, attach_perf_event_per_cpu, attach_probe, attach_profile,
-    attach_raw_tracepoint, attach_tracepoint, attach_uprobe, online_cpus, open_perf_events_per_cpu,
-    AttachError, Error, PerfEventKind,
+    attach_interval, attach_kprobe, attach_perf_event_per_cpu, attach_probe, attach_probe_for,
+    attach_profile, attach_raw_tracepoint, attach_tracepoint, attach_uprobe, online_cpus,
+    open_perf_events_per_cpu, AttachError, Error, PerfEventKind,
 };
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
 pub use resolve::{resolve_binary, resolve_uprobe, resolve_usdt, ResolveError, UprobeTarget};

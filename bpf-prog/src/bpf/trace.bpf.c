@@ -22,7 +22,10 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include "cargo_trace.h"
+
+#define CT_SIGSTOP 19
 
 #define EEXIST 17
 
@@ -740,5 +743,70 @@ int on_raw_tracepoint(void *ctx)
 	if (filter_events && !pid_wanted(tgid))
 		return 0;
 	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
+	return 0;
+}
+
+/*
+ * Following the traced processes' children. A process forked by a traced one
+ * is traced too: it joins the pid filter and starts with a copy of its
+ * parent's mappings (which fork copied). At exec its mappings are dropped, so
+ * its events count as NO_PROC until userspace registers the new image's,
+ * rather than being walked with the wrong tables. Threads are not forks here:
+ * they share their process's tgid.
+ */
+SEC("raw_tp/sched_process_fork")
+int on_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *parent = (struct task_struct *)ctx->args[0];
+	struct task_struct *child = (struct task_struct *)ctx->args[1];
+	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	__u32 child_pid = BPF_CORE_READ(child, pid);
+	__u32 child_tgid = BPF_CORE_READ(child, tgid);
+
+	if (child_pid != child_tgid || !pid_wanted(parent_tgid))
+		return 0;
+	__u8 one = 1;
+	bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &parent_tgid);
+	if (proc)
+		bpf_map_update_elem(&procs, &child_tgid, proc, BPF_ANY);
+	return 0;
+}
+
+/* Processes stopped at their start (see on_start_main), for userspace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} new_images SEC(".maps");
+
+/*
+ * A uprobe on libc's __libc_start_main: a followed process that exec'd (its
+ * mappings dropped) and has now loaded every library it needs stops here,
+ * before main, and its tgid goes to userspace, which registers the new
+ * image's mappings and continues it. Nothing of main runs unobserved.
+ */
+SEC("uprobe")
+int on_start_main(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (!pid_wanted(tgid) || bpf_map_lookup_elem(&procs, &tgid))
+		return 0;
+	__u32 *slot = bpf_ringbuf_reserve(&new_images, sizeof(*slot), 0);
+	if (!slot)
+		return 0; /* userspace finds it by polling, later */
+	*slot = tgid;
+	bpf_ringbuf_submit(slot, 0);
+	bpf_send_signal(CT_SIGSTOP);
+	return 0;
+}
+
+SEC("raw_tp/sched_process_exec")
+int on_exec(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (pid_wanted(tgid))
+		bpf_map_delete_elem(&procs, &tgid);
 	return 0;
 }
