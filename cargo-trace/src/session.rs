@@ -117,10 +117,18 @@ pub fn run(cli: &Cli) -> Result<i32> {
         started: &started_images,
     };
     let exit = wait(&target, &mut tracer, &mut tables, &children, deadline)?;
+    // No child stops at its start once the links are gone; one that stopped
+    // since the last poll must not stay stopped.
+    drop(links);
+    if let Some(ring) = &new_images {
+        let _ = ring.consume();
+    }
+    for pid in started_images.borrow_mut().drain(..) {
+        // SAFETY: kill(2) with a pid the program reported.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    }
     drop(new_images);
     let elapsed = started.elapsed();
-    // Detach first: counts read after this are final.
-    drop(links);
 
     let samples = read_samples(&tracer)?;
     let mut symbolizer = Symbolizer::new();
