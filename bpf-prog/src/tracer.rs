@@ -170,6 +170,7 @@ impl Tracer {
                 "pid_filter",
                 options.max_filtered_pids,
             ),
+            (&mut maps.loading, "loading", options.max_filtered_pids),
             (
                 &mut maps.page_cache,
                 "page_cache",
@@ -396,9 +397,10 @@ impl Tracer {
     }
 
     /// Makes the children of filtered processes filtered too: a fork copies the
-    /// parent's mappings to the child, an exec drops the process's mappings
-    /// until [`Tracer::set_mappings`] registers the new image's. Tracing
-    /// follows forks while the returned links live.
+    /// parent's mappings to the child; an exec drops the process's mappings and
+    /// stops it, reported through [`Tracer::new_images`], until
+    /// [`Tracer::set_mappings`] registers the new image's and the caller sends
+    /// it SIGCONT. Tracing follows forks while the returned links live.
     pub fn follow_forks(&self) -> Result<Vec<Link>> {
         [
             (&self.skel.progs.on_fork, "sched_process_fork"),
@@ -414,8 +416,9 @@ impl Tracer {
     }
 
     /// The program to attach (in every process) as a uprobe on libc's
-    /// `__libc_start_main`: a followed process that exec'd stops there, with
-    /// its libraries loaded and before `main`, and is reported through
+    /// `__libc_start_main`. With [`Tracer::follow_forks`], a followed process
+    /// that exec'd stops right after the exec and again there (its libraries
+    /// loaded, `main` not yet run), each time reported through
     /// [`Tracer::new_images`] so its mappings can be registered before it
     /// goes on (the caller sends it SIGCONT).
     pub fn start_main_program(&self) -> &ProgramMut<'_> {

@@ -260,12 +260,40 @@ fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
     // SAFETY: waiting for our own child.
     unsafe { libc::waitpid(child as i32, &mut status, 0) };
 
-    // A fork that execs: followed, but its old mappings are gone.
+    // A fork that execs: followed, its old mappings dropped, and stopped until
+    // the new image's are registered.
+    let stopped = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let sink = std::rc::Rc::clone(&stopped);
+    let ring = tracer
+        .new_images(move |pid| sink.borrow_mut().push(pid))
+        .unwrap();
     let mut exec = std::process::Command::new("true").spawn().unwrap();
     let pid = exec.id();
-    exec.wait().unwrap();
+    for _ in 0..100 {
+        if !stopped.borrow().is_empty() {
+            break;
+        }
+        ring.poll(std::time::Duration::from_millis(50)).unwrap();
+    }
+    assert_eq!(*stopped.borrow(), [pid], "the exec is reported");
     assert!(tracer.filtered_pids().contains(&pid));
     assert!(!tracer.has_mappings(pid), "exec drops the mappings");
+    // The stop is delivered on the way back to user space.
+    let state = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(") ").unwrap().1.chars().next()
+    };
+    for _ in 0..100 {
+        if state() == Some('T') {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(state(), Some('T'), "stopped after the exec");
+    tracer.set_mappings(pid, &[mapping]).unwrap();
+    // SAFETY: continuing our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    assert!(exec.wait().unwrap().success());
 
     // Other processes' forks are not followed.
     tracer.unfilter_pid(me).unwrap();

@@ -749,11 +749,40 @@ int on_raw_tracepoint(void *ctx)
 /*
  * Following the traced processes' children. A process forked by a traced one
  * is traced too: it joins the pid filter and starts with a copy of its
- * parent's mappings (which fork copied). At exec its mappings are dropped, so
- * its events count as NO_PROC until userspace registers the new image's,
- * rather than being walked with the wrong tables. Threads are not forks here:
- * they share their process's tgid.
+ * parent's mappings (which fork copied). Threads are not forks here: they
+ * share their process's tgid.
+ *
+ * An exec replaces the mappings, so the process's are dropped and it is
+ * stopped twice for userspace to register the new image's, reported through
+ * new_images: right after the exec (the executable, ld.so and the vDSO are
+ * mapped), and at libc's __libc_start_main (every library is mapped, main has
+ * not run). Userspace continues it each time with SIGCONT.
  */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} new_images SEC(".maps");
+
+/* Processes that exec'd and have not reached __libc_start_main yet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* tgid */
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+} loading SEC(".maps");
+
+/* Stops the current process until userspace has registered its mappings. */
+static __always_inline void stop_for_mappings(__u32 tgid)
+{
+	__u32 *slot = bpf_ringbuf_reserve(&new_images, sizeof(*slot), 0);
+
+	if (!slot)
+		return; /* userspace finds it by polling, later */
+	*slot = tgid;
+	bpf_ringbuf_submit(slot, 0);
+	bpf_send_signal(CT_SIGSTOP);
+}
+
 SEC("raw_tp/sched_process_fork")
 int on_fork(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -773,40 +802,29 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-/* Processes stopped at their start (see on_start_main), for userspace. */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4096);
-} new_images SEC(".maps");
-
-/*
- * A uprobe on libc's __libc_start_main: a followed process that exec'd (its
- * mappings dropped) and has now loaded every library it needs stops here,
- * before main, and its tgid goes to userspace, which registers the new
- * image's mappings and continues it. Nothing of main runs unobserved.
- */
-SEC("uprobe")
-int on_start_main(struct pt_regs *ctx)
-{
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-
-	if (!pid_wanted(tgid) || bpf_map_lookup_elem(&procs, &tgid))
-		return 0;
-	__u32 *slot = bpf_ringbuf_reserve(&new_images, sizeof(*slot), 0);
-	if (!slot)
-		return 0; /* userspace finds it by polling, later */
-	*slot = tgid;
-	bpf_ringbuf_submit(slot, 0);
-	bpf_send_signal(CT_SIGSTOP);
-	return 0;
-}
-
 SEC("raw_tp/sched_process_exec")
 int on_exec(struct bpf_raw_tracepoint_args *ctx)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 
-	if (pid_wanted(tgid))
-		bpf_map_delete_elem(&procs, &tgid);
+	if (!pid_wanted(tgid))
+		return 0;
+	bpf_map_delete_elem(&procs, &tgid);
+	__u8 one = 1;
+	bpf_map_update_elem(&loading, &tgid, &one, BPF_ANY);
+	stop_for_mappings(tgid);
+	return 0;
+}
+
+/* A uprobe on libc's __libc_start_main, in every process. */
+SEC("uprobe")
+int on_start_main(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (!pid_wanted(tgid))
+		return 0;
+	if (bpf_map_delete_elem(&loading, &tgid) == 0 || !bpf_map_lookup_elem(&procs, &tgid))
+		stop_for_mappings(tgid);
 	return 0;
 }
