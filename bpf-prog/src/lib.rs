@@ -4,9 +4,14 @@
 //!
 //! # What it does
 //!
-//! `src/bpf/trace.bpf.c` holds five programs: `on_uprobe`, `on_uretprobe`,
-//! `on_perf_event`, `on_tracepoint` and `on_uprobe_count` (a uprobe that
-//! counts without walking, the benchmark's baseline). On every event each
+//! `src/bpf/trace.bpf.c` holds the event programs `on_uprobe`,
+//! `on_uretprobe`, `on_perf_event`, `on_tracepoint`, `on_raw_tracepoint`,
+//! `on_kprobe` and `on_uprobe_count` (a uprobe that counts without walking,
+//! the benchmark's baseline), and three that follow a traced process's
+//! children ([`Tracer::follow_forks`]): `on_fork` and `on_exec` on the
+//! scheduler's raw tracepoints, and `on_start_main`, a uprobe on libc's
+//! `__libc_start_main` that stops an exec'd child until userspace has
+//! registered its mappings ([`Tracer::new_images`]). On every event each
 //! walking program takes the user registers of the current thread (from the
 //! probe context, or from `bpf_task_pt_regs` when a sample or tracepoint
 //! fires in kernel mode), walks the stack exactly as `docs/walk.md` says (the
@@ -40,7 +45,10 @@
 //! CompactTable --add_table--> rows / pages / rules (mmapped arrays, memcpy)
 //!                             tables[id] = { where its rows, pages, rules start }
 //! /proc maps   --set_mappings-> procs[tgid] = sorted { start, end, bias, table id }
-//! filter_pid   --------------> pid_filter[tgid]   (perf events, tracepoints)
+//! filter_pid   --------------> pid_filter[tgid]   (perf events, tracepoints; uprobes
+//!                                                with Options::filter_uprobes)
+//! fork of a filtered tgid ---> pid_filter[child], procs[child] = procs[parent]
+//! exec of a filtered tgid ---> procs[tgid] deleted, stop, new_images <- tgid
 //!
 //! event -> user regs -> walk (bpf_loop, <= 512 frames) -> stacks[hash] = frames + stop reason
 //!                                                      -> counts[{hash, kstack, tgid, probe}] += 1
