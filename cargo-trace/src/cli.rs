@@ -15,7 +15,7 @@ use clap::Parser;
     bin_name = "cargo trace",
     version,
     after_help = "EXAMPLES:\n  \
-        cargo trace profile:hz:99                      build the crate's binary, run it, flamegraph.svg\n  \
+        cargo trace                                    build the crate's binary, profile it at 99 Hz, flamegraph.svg\n  \
         cargo trace profile:hz:99 --bin server -- --port 8080\n  \
         cargo trace uprobe:libc:malloc -c './prog arg'\n  \
         cargo trace uprobe:libc:malloc -p 1234         attach to a running process\n  \
@@ -23,8 +23,9 @@ use clap::Parser;
 )]
 pub struct Cli {
     /// Probes in bpftrace's grammar, e.g. profile:hz:99, uprobe:libc:malloc,
-    /// uretprobe:./prog:myprog::parse, tracepoint:sched:sched_switch.
-    #[arg(value_name = "PROBE", required = true)]
+    /// uretprobe:./prog:myprog::parse, tracepoint:sched:sched_switch
+    /// [default: profile:hz:99].
+    #[arg(value_name = "PROBE")]
     pub probes: Vec<String>,
 
     /// Run this command (split like a shell would, without running a shell) and trace it.
@@ -131,7 +132,15 @@ pub struct CargoArgs {
 impl Cli {
     /// Parse the process arguments, whether cargo or a user invoked the binary.
     pub fn parse_from_env() -> Self {
-        Self::parse_from(normalize_args(std::env::args_os().collect()))
+        Self::parse_from(normalize_args(std::env::args_os().collect())).with_defaults()
+    }
+
+    /// No probe means sampling on-CPU stacks at 99 Hz, like a profiler.
+    fn with_defaults(mut self) -> Self {
+        if self.probes.is_empty() {
+            self.probes.push(DEFAULT_PROBE.to_string());
+        }
+        self
     }
 }
 
@@ -142,6 +151,8 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         .map(std::time::Duration::from_secs_f64)
         .ok_or_else(|| format!("'{text}' is not a positive number of seconds"))
 }
+
+const DEFAULT_PROBE: &str = "profile:hz:99";
 
 /// Drop cargo's `trace` subcommand word, and turn `-p VALUE` into `--pid` or
 /// `--package` depending on whether VALUE is a process id.
@@ -219,6 +230,14 @@ mod tests {
         assert_eq!(cli.cargo.bin.as_deref(), Some("server"));
         assert_eq!(cli.trailing, ["-p", "8080"]);
         assert_eq!(cli.pid, None);
+    }
+
+    #[test]
+    fn no_probe_means_profiling() {
+        let cli = parse(&["cargo-trace", "trace", "--bin", "server"]).with_defaults();
+        assert_eq!(cli.probes, [DEFAULT_PROBE]);
+        let cli = parse(&["cargo-trace", "uprobe:libc:malloc", "-c", "x"]).with_defaults();
+        assert_eq!(cli.probes, ["uprobe:libc:malloc"]);
     }
 
     #[test]
