@@ -1,180 +1,384 @@
 //! What tracing costs the target, end to end through the cargo-trace binary,
-//! against the same program run untraced in the same benchmark run.
+//! against the same programs run untraced in the same benchmark run.
 //!
-//! The workload is the `storm` fixture: N × malloc(32)/free under a chain of
-//! ten functions (C, -O2, no frame pointers), which times its own loop. Rounds
-//! alternate untraced and traced runs; medians are reported.
-//! - `uprobe:libc:malloc`: µs added per malloc event, each with its full stack
-//!   walked in the kernel.
-//! - `profile:hz:99`: the share of the loop's time lost to sampling, measured
-//!   (noisy on a shared VM: the spread is printed) and computed from the
-//!   kernel's BPF statistics (`--bpf-stats`: runs × ns per run / loop time).
+//! Untraced and traced runs alternate (ABAB…), so drift and the load of other
+//! processes on a shared machine fall on both; the median of the rounds is
+//! printed with their range.
 //!
-//! The per-event cost of the BPF programs alone (no probe / a probe that
-//! counts without a stack / full unwinding) and the kernel's BPF run-time
-//! statistics are in bpf-prog's `uprobe` benchmark.
+//! - `uprobe:libc:malloc` on the `storm` fixture: N × malloc(32)/free under a
+//!   chain of ten functions (C, -O2, no frame pointers), every malloc an event
+//!   whose whole stack is walked in the kernel. The fixture times its own loop,
+//!   which gives the µs added per event without cargo-trace's own startup
+//!   (unwind tables, BPF load) and report; the wall time of the whole command
+//!   is printed beside it, and the part of it outside the loop.
+//! - `profile:hz:99` on `fixed_work.c` (beside this file): a fixed number of
+//!   xorshift steps, so sampling overhead makes a run longer (a program that
+//!   runs for a fixed time would hide it by doing less). It reports its thread
+//!   CPU time, which leaves out the time other processes held its core but
+//!   keeps the sampling interrupts and their BPF program (interrupt time is
+//!   charged to the interrupted task unless the kernel has
+//!   CONFIG_IRQ_TIME_ACCOUNTING), and its wall time. The overhead is expected
+//!   below the run-to-run noise, so the kernel's BPF statistics
+//!   (`--bpf-stats`) give the BPF programs' share of the work as well.
+//!
+//! The BPF programs' own cost per event, against a probe that only counts,
+//! is bpf-prog's `uprobe` benchmark.
 //!
 //! Prints figures only; asserts nothing about time. Needs root.
 //! `cargo bench -p cargo-trace --bench overhead [-- ROUNDS]`
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Instant;
 
-use cargo_trace_tests::fixtures;
+use cargo_trace_tests::fixtures::{self, Lang};
 
-/// Mallocs per run of the uprobe benchmark.
-const PROBED_CALLS: u64 = 1_000_000;
-/// Mallocs per run of the sampling benchmark: long enough for ~100 samples.
-const SAMPLED_CALLS: u64 = 40_000_000;
+/// Mallocs per storm run: about 2 s traced.
+const MALLOC_CALLS: u64 = 1_000_000;
+/// The fixed work is sized to about this much CPU time untraced: ~100 samples at 99 Hz.
+const PROFILED_CPU_NS: f64 = 1e9;
+/// Steps of each of the short runs that size the fixed work.
+const CALIBRATION_STEPS: u64 = 100_000_000;
+/// Widths of a table's label and figure columns.
+const LABEL: usize = 24;
+const COLUMN: usize = 27;
 
 fn main() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("skipping: tracing needs root");
+        println!("overhead benchmark skipped: loading BPF programs needs root");
         return;
     }
     let rounds: usize = std::env::args()
         .skip(1)
         .find_map(|arg| arg.parse().ok())
         .unwrap_or(7);
+    let cargo_trace = Path::new(env!("CARGO_BIN_EXE_cargo-trace"));
     let storm = fixtures::c_fixture("storm");
-    let cargo_trace = env!("CARGO_BIN_EXE_cargo-trace");
+    let fixed_work = fixtures::build_source(
+        Lang::C,
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fixed_work.c"),
+        "overhead_fixed_work",
+        &[],
+    )
+    .unwrap_or_else(|error| panic!("building benches/fixed_work.c: {error}"));
 
-    println!("storm: N x malloc(32)/free under 10 frames; {rounds} interleaved rounds, medians");
-    let probed = compare(
-        rounds,
-        &storm,
-        PROBED_CALLS,
-        cargo_trace,
-        "uprobe:libc:malloc",
-    );
-    let (plain, traced) = (median(&probed.plain), median(&probed.traced));
-    let added_us = (traced - plain) / PROBED_CALLS as f64 / 1e3;
     println!(
-        "uprobe:libc:malloc  N={PROBED_CALLS}: untraced {:.1} ns/call, traced {:.1} ns/call \
-         → {added_us:.3} µs added per event with its full stack ({:.1}× the untraced call); \
-         BPF program {:.0} ns per event",
-        plain / PROBED_CALLS as f64,
-        traced / PROBED_CALLS as f64,
-        traced / plain,
-        median(&probed.bpf_ns_per_run),
+        "cargo-trace overhead, end to end through {}",
+        cargo_trace.display()
     );
-
-    let sampled = compare(rounds, &storm, SAMPLED_CALLS, cargo_trace, "profile:hz:99");
-    let (plain, traced) = (median(&sampled.plain), median(&sampled.traced));
     println!(
-        "profile:hz:99       N={SAMPLED_CALLS}: untraced {:.1} ms (spread {:.1}-{:.1}), \
-         traced {:.1} ms (spread {:.1}-{:.1}) → measured {:+.2}%; \
-         BPF {:.1} µs per sample = {:.3}% of the loop's time",
-        plain / 1e6,
-        quartile(&sampled.plain, 1) / 1e6,
-        quartile(&sampled.plain, 3) / 1e6,
-        traced / 1e6,
-        quartile(&sampled.traced, 1) / 1e6,
-        quartile(&sampled.traced, 3) / 1e6,
-        (traced / plain - 1.0) * 100.0,
-        median(&sampled.bpf_ns_per_run) / 1e3,
-        median(&sampled.bpf_share) * 100.0,
+        "{rounds} rounds of an untraced (baseline) and a traced run, alternating; median [min–max]"
     );
+    malloc_storm(cargo_trace, &storm, rounds);
+    profile(cargo_trace, &fixed_work, rounds);
 }
 
-/// Loop times (ns) of untraced and traced runs, and what the BPF statistics said.
-struct Comparison {
-    plain: Vec<f64>,
-    traced: Vec<f64>,
-    bpf_ns_per_run: Vec<f64>,
-    /// BPF run time over the loop's time, per traced run.
-    bpf_share: Vec<f64>,
-}
+/// µs added per malloc event by `uprobe:libc:malloc`.
+fn malloc_storm(cargo_trace: &Path, storm: &Path, rounds: usize) {
+    let calls = MALLOC_CALLS;
+    let args = [calls.to_string()];
+    let probe = ["uprobe:libc:malloc"];
+    // Unmeasured: the first traced run compiles and caches the unwind tables.
+    run_traced(cargo_trace, &probe, storm, &args);
 
-/// `storm calls`, untraced and under `cargo-trace probe`, `rounds` times each, interleaved.
-fn compare(rounds: usize, storm: &Path, calls: u64, cargo_trace: &str, probe: &str) -> Comparison {
-    let command = format!("{} {calls}", storm.display());
-    // One traced run first: it compiles and caches the unwind tables.
-    run_traced(cargo_trace, probe, &command, calls);
-    let mut result = Comparison {
-        plain: Vec::new(),
-        traced: Vec::new(),
-        bpf_ns_per_run: Vec::new(),
-        bpf_share: Vec::new(),
-    };
+    let (mut plain, mut traced) = (Rounds::default(), Rounds::default());
+    let mut events = Vec::new();
     for _ in 0..rounds {
-        let output = Command::new(storm)
-            .arg(calls.to_string())
-            .output()
-            .expect("run storm");
-        assert!(output.status.success(), "storm failed");
-        result
-            .plain
-            .push(loop_ns(&String::from_utf8_lossy(&output.stdout)));
-        let traced = run_traced(cargo_trace, probe, &command, calls);
-        result.traced.push(traced.loop_ns);
-        result.bpf_ns_per_run.push(traced.bpf_ns_per_run);
-        result.bpf_share.push(traced.bpf_ns_total / traced.loop_ns);
-    }
-    result
-}
-
-struct Traced {
-    loop_ns: f64,
-    bpf_ns_per_run: f64,
-    bpf_ns_total: f64,
-}
-
-/// Runs one traced storm; checks every malloc was seen.
-fn run_traced(cargo_trace: &str, probe: &str, command: &str, calls: u64) -> Traced {
-    let output = Command::new(cargo_trace)
-        .args([probe, "--no-svg", "--bpf-stats", "-c", command])
-        .output()
-        .expect("run cargo-trace");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "cargo-trace failed: {stderr}");
-    if probe.starts_with("uprobe") {
-        let events: u64 = stderr
-            .lines()
-            .find_map(|line| line.strip_prefix("cargo-trace: "))
-            .and_then(|line| line.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no summary in {stderr}"));
+        let run = run(Command::new(storm).args(&args));
+        plain.push(&run, value_after(&run.stdout, "loop_ns"));
+        let run = run_traced(cargo_trace, &probe, storm, &args);
+        let seen = event_count(&run.stderr);
         assert!(
-            events >= calls,
-            "{events} events for {calls} mallocs: {stderr}"
+            seen >= calls,
+            "cargo-trace saw {seen} malloc events of {calls} calls:\n{}",
+            run.stderr
         );
+        events.push(seen as f64);
+        traced.push(&run, value_after(&run.stdout, "loop_ns"));
     }
-    // `cargo-trace: bpf on_uprobe: 200001 runs, 1089 ns per run`
-    let (runs, ns_per_run) = stderr
+
+    let ns_per_call = |ns: &[f64]| Spread::of(ns.iter().map(|ns| ns / calls as f64));
+    let us_added = |plain: &[f64], traced: &[f64]| {
+        Spread::of(
+            plain
+                .iter()
+                .zip(traced)
+                .map(|(a, b)| (b - a) / calls as f64 / 1e3),
+        )
+    };
+    let outside_ms = |r: &Rounds| {
+        Spread::of(
+            r.wall_ns
+                .iter()
+                .zip(&r.work_ns)
+                .map(|(wall, work)| (wall - work) / 1e6),
+        )
+    };
+    println!(
+        "\nuprobe:libc:malloc on `storm {calls}`: malloc(32)/free under 10 frames, each call an \
+         event; loop timed by storm"
+    );
+    row(&["", "untraced (baseline)", "traced", "traced − untraced"]);
+    row(&[
+        "loop, ns per call",
+        &ns_per_call(&plain.work_ns).show(1),
+        &ns_per_call(&traced.work_ns).show(1),
+        &format!(
+            "+{} µs per event (×{:.1})",
+            us_added(&plain.work_ns, &traced.work_ns).show(3),
+            ratio(&plain.work_ns, &traced.work_ns).median
+        ),
+    ]);
+    row(&[
+        "whole command, wall ms",
+        &ms(&plain.wall_ns).show(1),
+        &ms(&traced.wall_ns).show(1),
+        &format!(
+            "+{} µs per event",
+            us_added(&plain.wall_ns, &traced.wall_ns).show(3)
+        ),
+    ]);
+    row(&[
+        "  outside the loop, ms",
+        &outside_ms(&plain).show(1),
+        &outside_ms(&traced).show(1),
+        "cargo-trace's start and report",
+    ]);
+    row(&[
+        "events counted",
+        "",
+        &Spread::of(events).show(0),
+        &format!("≥ {calls} calls in every round"),
+    ]);
+}
+
+/// The share of a fixed amount of work lost to `profile:hz:99`.
+fn profile(cargo_trace: &Path, fixed_work: &Path, rounds: usize) {
+    // The least disturbed of a few short runs sizes the work.
+    let ns_per_step = (0..3)
+        .map(|_| {
+            let run = run(Command::new(fixed_work).arg(CALIBRATION_STEPS.to_string()));
+            value_after(&run.stdout, "cpu_ns") / CALIBRATION_STEPS as f64
+        })
+        .fold(f64::INFINITY, f64::min);
+    let steps = (PROFILED_CPU_NS / ns_per_step) as u64;
+    let args = [steps.to_string()];
+    // `--bpf-stats` costs two clock reads per BPF run: nothing at 99 Hz.
+    let probe = ["profile:hz:99", "--bpf-stats"];
+    run_traced(cargo_trace, &probe, fixed_work, &args);
+
+    let (mut plain, mut traced) = (Rounds::default(), Rounds::default());
+    let (mut plain_cpu, mut traced_cpu) = (Vec::new(), Vec::new());
+    let (mut samples, mut bpf_ns_per_sample, mut bpf_share) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let run = run(Command::new(fixed_work).args(&args));
+        plain.push(&run, value_after(&run.stdout, "wall_ns"));
+        plain_cpu.push(value_after(&run.stdout, "cpu_ns"));
+        let run = run_traced(cargo_trace, &probe, fixed_work, &args);
+        let seen = event_count(&run.stderr);
+        assert!(seen > 0, "no samples of the fixed work:\n{}", run.stderr);
+        let cpu_ns = value_after(&run.stdout, "cpu_ns");
+        // Every CPU's runs, those filtered out for other processes too: an
+        // upper bound of what the target's samples cost in BPF.
+        let bpf_ns = bpf_run_time_ns(&run.stderr);
+        samples.push(seen as f64);
+        bpf_ns_per_sample.push(bpf_ns / seen as f64);
+        bpf_share.push(bpf_ns / cpu_ns);
+        traced.push(&run, value_after(&run.stdout, "wall_ns"));
+        traced_cpu.push(cpu_ns);
+    }
+
+    let overhead_percent = |plain: &[f64], traced: &[f64]| {
+        let percent = ratio(plain, traced).map(|ratio| (ratio - 1.0) * 100.0);
+        format!(
+            "{:+.2}% [{:+.2}…{:+.2}]",
+            percent.median, percent.min, percent.max
+        )
+    };
+    println!(
+        "\nprofile:hz:99 on `fixed_work {steps}`: xorshift steps, sized to {:.1} s of CPU \
+         untraced; timed by the program",
+        PROFILED_CPU_NS / 1e9
+    );
+    row(&[
+        "",
+        "untraced (baseline)",
+        "traced",
+        "traced / untraced − 1, per round",
+    ]);
+    row(&[
+        "thread CPU time, ms",
+        &ms(&plain_cpu).show(1),
+        &ms(&traced_cpu).show(1),
+        &overhead_percent(&plain_cpu, &traced_cpu),
+    ]);
+    // Disturbances only add time to fixed work: the fastest runs are the least disturbed.
+    let (fastest_plain, fastest_traced) = (ms(&plain_cpu).min, ms(&traced_cpu).min);
+    row(&[
+        "  fastest run",
+        &format!("{fastest_plain:.1}"),
+        &format!("{fastest_traced:.1}"),
+        &format!("{:+.2}%", (fastest_traced / fastest_plain - 1.0) * 100.0),
+    ]);
+    row(&[
+        "wall time, ms",
+        &ms(&plain.work_ns).show(1),
+        &ms(&traced.work_ns).show(1),
+        &overhead_percent(&plain.work_ns, &traced.work_ns),
+    ]);
+    row(&["samples", "", &Spread::of(samples).show(0), ""]);
+    row(&[
+        "BPF µs per sample",
+        "",
+        &Spread::of(bpf_ns_per_sample).map(|ns| ns / 1e3).show(1),
+        &format!(
+            "{:+.3}% of the CPU time (kernel stats)",
+            Spread::of(bpf_share).median * 100.0
+        ),
+    ]);
+}
+
+/// One finished process.
+struct Run {
+    stdout: String,
+    stderr: String,
+    wall_ns: f64,
+}
+
+fn run(command: &mut Command) -> Run {
+    let started = Instant::now();
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("running {command:?}: {error}"));
+    let wall_ns = started.elapsed().as_nanos() as f64;
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{command:?} failed: {stderr}");
+    Run {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr,
+        wall_ns,
+    }
+}
+
+/// `cargo-trace PROBE... --no-svg -c 'PROGRAM ARGS...'`.
+fn run_traced(cargo_trace: &Path, probe: &[&str], program: &Path, args: &[String]) -> Run {
+    let argv: Vec<String> = std::iter::once(program.display().to_string())
+        .chain(args.iter().cloned())
+        .collect();
+    run(Command::new(cargo_trace)
+        .args(probe)
+        .arg("--no-svg")
+        .arg("-c")
+        .arg(shell_words::join(&argv)))
+}
+
+/// The runs of one side of a comparison, in round order.
+#[derive(Default)]
+struct Rounds {
+    wall_ns: Vec<f64>,
+    /// The work's time by the program's own clock.
+    work_ns: Vec<f64>,
+}
+
+impl Rounds {
+    fn push(&mut self, run: &Run, work_ns: f64) {
+        self.wall_ns.push(run.wall_ns);
+        self.work_ns.push(work_ns);
+    }
+}
+
+/// traced / untraced, round by round: each ratio is of two runs made one
+/// after the other, under the same load.
+fn ratio(plain: &[f64], traced: &[f64]) -> Spread {
+    Spread::of(plain.iter().zip(traced).map(|(a, b)| b / a))
+}
+
+/// The number after `key` among the words of `text`.
+fn value_after(text: &str, key: &str) -> f64 {
+    let mut words = text.split_whitespace();
+    words
+        .find(|word| *word == key)
+        .and_then(|_| words.next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {key:?} in {text:?}"))
+}
+
+/// N of the summary line `cargo-trace: N events, M distinct stacks in T s; …`.
+fn event_count(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("cargo-trace: "))
+        .find_map(|line| line.split_once(" events, ")?.0.parse().ok())
+        .unwrap_or_else(|| panic!("no summary line in {stderr}"))
+}
+
+/// Run time of all the session's BPF programs, on every CPU, from the
+/// `--bpf-stats` lines `cargo-trace: bpf NAME: R runs, T ns per run`.
+fn bpf_run_time_ns(stderr: &str) -> f64 {
+    let times: Vec<f64> = stderr
         .lines()
         .filter_map(|line| line.strip_prefix("cargo-trace: bpf "))
-        .find_map(|line| {
+        .map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
-            Some((
-                words.get(1)?.parse::<f64>().ok()?,
-                words.get(3)?.parse::<f64>().ok()?,
-            ))
+            match words[..] {
+                [_, runs, "runs,", ns, "ns", "per", "run"] => {
+                    runs.parse::<f64>().unwrap() * ns.parse::<f64>().unwrap()
+                }
+                _ => panic!("unexpected BPF statistics line {line:?}"),
+            }
         })
-        .unwrap_or_else(|| panic!("no BPF statistics in {stderr}"));
-    Traced {
-        loop_ns: loop_ns(&String::from_utf8_lossy(&output.stdout)),
-        bpf_ns_per_run: ns_per_run,
-        bpf_ns_total: runs * ns_per_run,
+        .collect();
+    assert!(!times.is_empty(), "no BPF statistics in {stderr}");
+    times.iter().sum()
+}
+
+fn ms(ns: &[f64]) -> Spread {
+    Spread::of(ns.iter().map(|ns| ns / 1e6))
+}
+
+/// The median of some rounds' figures, and their range.
+#[derive(Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(values: impl IntoIterator<Item = f64>) -> Spread {
+        let mut sorted: Vec<f64> = values.into_iter().collect();
+        assert!(!sorted.is_empty(), "no rounds");
+        sorted.sort_by(f64::total_cmp);
+        Spread {
+            median: sorted[sorted.len() / 2],
+            min: sorted[0],
+            max: sorted[sorted.len() - 1],
+        }
+    }
+
+    /// For a function that keeps the order of values (a unit's change).
+    fn map(self, f: impl Fn(f64) -> f64) -> Spread {
+        Spread {
+            median: f(self.median),
+            min: f(self.min),
+            max: f(self.max),
+        }
+    }
+
+    /// `median [min–max]` with `decimals` decimals.
+    fn show(self, decimals: usize) -> String {
+        format!(
+            "{:.*} [{:.*}–{:.*}]",
+            decimals, self.median, decimals, self.min, decimals, self.max
+        )
     }
 }
 
-fn loop_ns(stdout: &str) -> f64 {
-    stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("loop_ns "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no loop_ns line in {stdout:?}"))
-}
-
-fn median(values: &[f64]) -> f64 {
-    quartile(values, 2)
-}
-
-/// The `q`th quartile (0 = min, 2 = median, 4 = max), nearest rank.
-fn quartile(values: &[f64], q: usize) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[(sorted.len() - 1) * q / 4]
+/// One line of a table: a label and three columns.
+fn row(cells: &[&str; 4]) {
+    let line = format!(
+        "  {:<LABEL$}{:<COLUMN$}{:<COLUMN$}{}",
+        cells[0], cells[1], cells[2], cells[3]
+    );
+    println!("{}", line.trim_end());
 }
