@@ -155,7 +155,13 @@ pub fn run(cli: &Cli) -> Result<i32> {
     let walk_errors = tracer.walk_errors().context("reading the walk counters")?;
     eprintln!(
         "{}",
-        summary(folded.total(), folded.lines.len(), &walk_errors, elapsed)
+        summary(
+            folded.total(),
+            folded.lines.len(),
+            processes(&samples),
+            &walk_errors,
+            elapsed
+        )
     );
     for (name, reason) in &tables.coverage.without_table {
         if !name.starts_with('[') {
@@ -414,13 +420,15 @@ fn read_samples(tracer: &Tracer) -> Result<Vec<Sample>> {
 fn summary(
     events: u64,
     distinct: usize,
+    processes: usize,
     walk_errors: &[u64; WalkError::COUNT],
     elapsed: Duration,
 ) -> String {
-    let mut line = format!(
-        "cargo-trace: {events} events, {distinct} distinct stacks in {:.2} s",
-        elapsed.as_secs_f64()
-    );
+    let mut line = format!("cargo-trace: {events} events, {distinct} distinct stacks");
+    if processes > 1 {
+        line.push_str(&format!(" from {processes} processes"));
+    }
+    line.push_str(&format!(" in {:.2} s", elapsed.as_secs_f64()));
     let failures: BTreeMap<usize, String> = WalkError::ALL
         .iter()
         .filter(|error| **error != WalkError::Ok && walk_errors[**error as usize] > 0)
@@ -438,6 +446,12 @@ fn summary(
         line.push_str(&failures.into_values().collect::<Vec<_>>().join(", "));
     }
     line
+}
+
+/// How many processes had events.
+fn processes(samples: &[Sample]) -> usize {
+    let pids: std::collections::BTreeSet<u32> = samples.iter().map(|s| s.pid).collect();
+    pids.len()
 }
 
 fn count_name(probes: &[Probe]) -> &'static str {
