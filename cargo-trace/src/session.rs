@@ -61,8 +61,8 @@ pub fn run(cli: &Cli) -> Result<i32> {
             anyhow::Error::new(error)
         }
     })?;
-    let scratch = scratch_dir()?;
-    let mut tables = ProcessTables::new(scratch.clone());
+    let scratch = ScratchDir::create()?;
+    let mut tables = ProcessTables::new(scratch.0.clone());
 
     // Launched: stopped at its entry point until the probes are live.
     let (pid, stopped) = match (&argv, cli.pid) {
@@ -191,7 +191,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
     if !written.is_empty() {
         eprintln!("cargo-trace: wrote {}", written.join(", "));
     }
-    let _ = std::fs::remove_dir_all(&scratch);
+    drop(scratch);
 
     Ok(match exit {
         Some(exit) => {
@@ -482,10 +482,21 @@ fn signal_name(signal: i32) -> String {
         .unwrap_or_else(|_| format!("signal {signal}"))
 }
 
-/// A private directory for the session's scratch files (vDSO copies).
-fn scratch_dir() -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("cargo-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("creating the scratch directory {}", dir.display()))?;
-    Ok(dir)
+/// A private directory for the session's scratch files (vDSO copies), removed
+/// when the session ends, however it ends.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn create() -> Result<ScratchDir> {
+        let dir = std::env::temp_dir().join(format!("cargo-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating the scratch directory {}", dir.display()))?;
+        Ok(ScratchDir(dir))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
