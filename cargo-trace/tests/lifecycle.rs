@@ -98,7 +98,9 @@ fn sigint_reaches_the_target_and_the_profile_is_written() {
     assert_svg(&svg);
     let folded = Folded::read(&folded_path);
     let hot = folded.count_with("cpu_split::hot");
-    assert!(hot > 20, "{hot} hot samples in 1.5 s: {stderr}");
+    // About 1 s of sampling, 2/3 of it in hot, at whatever share of a CPU the
+    // target gets while other tests run.
+    assert!(hot >= 5, "{hot} hot samples in 1.5 s: {stderr}");
 }
 
 #[test]
@@ -144,7 +146,7 @@ fn attaching_to_a_running_process_profiles_it_and_leaves_it_running() {
         assert_eq!(frames[0], "_start", "incomplete stack: {frames:?}");
     }
     let in_main = folded.count_with("cpu_split::main");
-    assert!(in_main > 20, "{in_main} samples in main in 1.5 s: {stderr}");
+    assert!(in_main >= 5, "{in_main} samples in main in 1.5 s: {stderr}");
 }
 
 #[test]
@@ -299,7 +301,7 @@ fn a_duration_ends_tracing_and_leaves_the_target_running() {
     assert!(run.status.success(), "{}", run.stderr);
     assert!(run.stderr.contains("runs on"), "{}", run.stderr);
     let folded = run.folded();
-    assert!(folded.count_with("cpu_split::main") > 10, "{}", run.stderr);
+    assert!(folded.count_with("cpu_split::main") >= 3, "{}", run.stderr);
     assert!(
         folded.total() < 200,
         "sampling went on past the duration: {}",

@@ -365,10 +365,16 @@ fn a_cargo_target_is_built_and_profiled() {
     assert!(String::from_utf8_lossy(&output.stdout).starts_with("demo: "));
     let folded = Folded::read(&folded_path);
     let in_pipeline = folded.count_with("demo::pipeline");
-    // 1 s of CPU at 99 Hz, nearly all of it in the pipeline.
+    // The demo runs for 1 s of wall time, nearly all of it in the pipeline (its
+    // share of the CPU depends on what else runs: tests run in parallel).
     assert!(
-        in_pipeline >= 60,
+        in_pipeline >= 10,
         "{in_pipeline} samples in demo::pipeline: {stderr}"
+    );
+    assert!(
+        in_pipeline * 10 >= folded.total() * 9,
+        "{in_pipeline} of {} samples in demo::pipeline: {stderr}",
+        folded.total()
     );
     for (frames, _) in &folded.stacks {
         assert!(!is_truncated(frames), "{frames:?}");
