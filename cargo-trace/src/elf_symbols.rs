@@ -36,19 +36,18 @@ impl ElfSymbols {
         let mut functions: Vec<(u64, u64, String)> = elf
             .symbols()
             .chain(elf.dynamic_symbols())
-            .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.size() > 0)
+            .filter(|symbol| symbol.kind() == SymbolKind::Text)
             .filter_map(|symbol| {
                 let name = symbol.name().ok()?;
-                Some((
-                    symbol.address(),
-                    symbol.address() + symbol.size(),
-                    name.to_string(),
-                ))
+                // Assembly often leaves a size of 0 (e.g. libc's __restore_rt): such a
+                // symbol names its first byte only.
+                let size = symbol.size().max(1);
+                Some((symbol.address(), symbol.address() + size, name.to_string()))
             })
             .collect();
-        // Aliases share a start: keep one (the first, .symtab's, which names static
-        // functions precisely).
-        functions.sort_by_key(|&(start, _, _)| start);
+        // Aliases share a start: keep one, the widest (then the first: .symtab's,
+        // which names static functions precisely).
+        functions.sort_by_key(|&(start, end, _)| (start, std::cmp::Reverse(end)));
         functions.dedup_by_key(|(start, _, _)| *start);
         let plt = elf
             .sections()

@@ -105,28 +105,37 @@ impl Symbolizer {
     }
 
     fn resolve_user(&mut self, pid: u32, pc: u64, is_return_address: bool) -> Vec<Frame> {
-        let lookup = if is_return_address {
-            pc.saturating_sub(1)
-        } else {
-            pc
-        };
+        if is_return_address {
+            if let Ok(frames) = self.lookup(pid, pc.saturating_sub(1)) {
+                return frames;
+            }
+            // Nothing is known before this address, so it was not pushed by a call:
+            // it is a signal trampoline's start (the kernel makes __restore_rt the
+            // handler's return address) or an interrupted pc. Take it as exact.
+        }
+        self.lookup(pid, pc).unwrap_or_else(|unknown| vec![unknown])
+    }
+
+    /// Frames for `address`, or a frame naming the object and offset when neither
+    /// DWARF nor the symbol table knows it.
+    fn lookup(&mut self, pid: u32, address: u64) -> Result<Vec<Frame>, Frame> {
         let known = self
             .mappings
             .get(&pid)
             .or_else(|| self.fallback.and_then(|pid| self.mappings.get(&pid)));
         let Some(mapping) = known.and_then(|maps| {
-            let index = maps.partition_point(|m| m.start <= lookup);
+            let index = maps.partition_point(|m| m.start <= address);
             index
                 .checked_sub(1)
                 .map(|i| &maps[i])
-                .filter(|m| lookup < m.end)
+                .filter(|m| address < m.end)
         }) else {
-            return vec![Frame::named(format!("[unknown] {pc:#x}"))];
+            return Err(Frame::named(format!("[unknown] {address:#x}")));
         };
-        let address = lookup.wrapping_sub(mapping.bias);
+        let elf_address = address.wrapping_sub(mapping.bias);
         let label = mapping.label.clone();
         let Some(path) = mapping.path.clone() else {
-            return vec![Frame::named(format!("[{label}]"))];
+            return Err(Frame::named(format!("[{label}]")));
         };
         let object = self
             .objects
@@ -139,20 +148,22 @@ impl Symbolizer {
         let mut frames = object
             .dwarf
             .as_ref()
-            .map(|dwarf| dwarf_frames(dwarf, address))
+            .map(|dwarf| dwarf_frames(dwarf, elf_address))
             .unwrap_or_default();
         if let Some(outermost) = frames.first_mut() {
             // Line-tables-only DWARF names a function without its path (`parse`
             // for `myprog::parse`); the symbol table has the full name.
             if !outermost.function.contains("::") {
-                if let Some(name) = symbol(address).filter(|name| name.contains("::")) {
+                if let Some(name) = symbol(elf_address).filter(|name| name.contains("::")) {
                     outermost.function = name;
                 }
             }
-            return frames;
+            return Ok(frames);
         }
-        let name = symbol(address).unwrap_or_else(|| format!("[{label}+{address:#x}]"));
-        vec![Frame::named(name)]
+        match symbol(elf_address) {
+            Some(name) => Ok(vec![Frame::named(name)]),
+            None => Err(Frame::named(format!("[{label}+{elf_address:#x}]"))),
+        }
     }
 
     /// The kernel function containing `address`.

@@ -482,3 +482,42 @@ fn children_the_target_starts_are_traced_from_main_on() {
     assert!(run.status.success(), "{}", run.stderr);
     assert_eq!(run.folded().count_with("deep_leaf"), 0);
 }
+
+#[test]
+fn stacks_cross_signal_frames() {
+    if !bpf_available("signal frames") {
+        return;
+    }
+    let path = fixtures::c_fixture("signals");
+    let run = trace(
+        "signals",
+        &["uprobe:libc:malloc"],
+        &format!("{} 20", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let printed = expected::parse_site_counts(&run.stdout).expect("site line");
+    assert_eq!(printed[0].calls, 200);
+    let folded = run.folded();
+    let mut in_handler = 0;
+    for (frames, count) in &folded.stacks {
+        let leaf = leaf_first(frames);
+        if leaf.get(1) != Some(&"on_signal") {
+            continue;
+        }
+        in_handler += count;
+        assert!(!is_truncated(frames), "{frames:?}");
+        // The handler returns into the signal trampoline; above it, the
+        // interrupted code: raise's innards, then the fixture's chain.
+        assert_eq!(leaf[2], "__restore_rt", "{frames:?}");
+        let chain: Vec<&str> = leaf
+            .iter()
+            .copied()
+            .skip_while(|f| *f != "inner")
+            .take(3)
+            .collect();
+        assert_eq!(chain, ["inner", "outer", "main"], "{frames:?}");
+        assert_root(frames, Root::Process);
+    }
+    assert_eq!(in_handler, 200);
+}
