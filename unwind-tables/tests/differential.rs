@@ -511,6 +511,7 @@ fn fixtures_and_cargo_trace_match_gimli() {
         (Lang::Rust, "cpu_split", MIN_SUPPORTED_SHARE),
         (Lang::C, "chains_c", MIN_SUPPORTED_SHARE),
         (Lang::C, "storm", MIN_SUPPORTED_SHARE),
+        (Lang::C, "signals", MIN_SUPPORTED_SHARE),
         (Lang::Cpp, "cxx_exceptions", MIN_SUPPORTED_SHARE),
     ] {
         let path = fixtures::fixture(lang, name);
