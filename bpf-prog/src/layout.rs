@@ -29,6 +29,9 @@ pub const USER_PAGE_SIZE: usize = 4096;
 pub const PAGE_SLOTS: usize = 8;
 /// Entries of the rule cache per CPU (`CT_RULE_CACHE_SLOTS`).
 pub const RULE_CACHE_SLOTS: usize = 4096;
+/// Bytes past its row's start the last push/pop step of a row may lie (`CT_STEP_WINDOW`),
+/// as in `unwind_tables::rule::STEP_WINDOW`.
+pub const STEP_WINDOW: u32 = 16;
 
 /// `ct_count_key.stack_hash` of an event whose user stack was not walked.
 pub const STACK_NONE: u64 = 0;
@@ -45,6 +48,7 @@ pub mod rule_kind {
     pub const END: u8 = 5;
     pub const SIGNAL: u8 = 6;
     pub const UNSUPPORTED: u8 = 7;
+    pub const CFA_RSP_STEPS: u8 = 8;
 }
 
 /// `enum ct_rbp_kind`.
@@ -93,6 +97,7 @@ check_constants! {
     USER_PAGE_SIZE => c::ct_limits::CT_USER_PAGE_SIZE,
     PAGE_SLOTS => c::ct_limits::CT_PAGE_SLOTS,
     RULE_CACHE_SLOTS => c::ct_limits::CT_RULE_CACHE_SLOTS,
+    STEP_WINDOW => c::ct_limits::CT_STEP_WINDOW,
     STACK_NONE => c::ct_stack_key::CT_STACK_NONE,
     STACK_NOT_STORED => c::ct_stack_key::CT_STACK_NOT_STORED,
     rule_kind::GAP => c::ct_rule_kind::CT_RULE_GAP,
@@ -103,6 +108,7 @@ check_constants! {
     rule_kind::END => c::ct_rule_kind::CT_RULE_END,
     rule_kind::SIGNAL => c::ct_rule_kind::CT_RULE_SIGNAL,
     rule_kind::UNSUPPORTED => c::ct_rule_kind::CT_RULE_UNSUPPORTED,
+    rule_kind::CFA_RSP_STEPS => c::ct_rule_kind::CT_RULE_CFA_RSP_STEPS,
     rbp_kind::SAME => c::ct_rbp_kind::CT_RBP_SAME,
     rbp_kind::AT_CFA => c::ct_rbp_kind::CT_RBP_AT_CFA,
     rbp_kind::AT_RBP => c::ct_rbp_kind::CT_RBP_AT_RBP,
@@ -120,6 +126,7 @@ check_constants! {
 const _: () = {
     assert!(PAGE_SHIFT == unwind_tables::PAGE_SHIFT);
     assert!(MAX_FRAMES == unwind_tables::walk::MAX_FRAMES);
+    assert!(STEP_WINDOW == unwind_tables::rule::STEP_WINDOW);
     assert!(sigframe::RBP == unwind_tables::rule::sigframe::RBP);
     assert!(sigframe::RSP == unwind_tables::rule::sigframe::RSP);
     assert!(sigframe::RIP == unwind_tables::rule::sigframe::RIP);
@@ -205,7 +212,8 @@ pub struct CtRule {
     pub reason: u8,
     pub cfa_off: i32,
     pub rbp_off: i32,
-    pub deref_add: i32,
+    /// `CFA_DEREF`: the (signed) addend; `CFA_RSP_STEPS`: pushes | pops << 16.
+    pub cfa_arg: u32,
 }
 mirror!(
     CtRule = ct_rule {
@@ -215,7 +223,7 @@ mirror!(
         reason: u8,
         cfa_off: i32,
         rbp_off: i32,
-        deref_add: i32,
+        cfa_arg: u32,
     }
 );
 
@@ -264,12 +272,16 @@ pub struct CtRuleCacheEntry {
     pub addr: u64,
     pub table_id: u32,
     pub rule: u32,
+    pub row_offset: u32,
+    pub pad: u32,
 }
 mirror!(
     CtRuleCacheEntry = ct_rule_cache_entry {
         addr: u64,
         table_id: u32,
         rule: u32,
+        row_offset: u32,
+        pad: u32,
     }
 );
 

@@ -57,13 +57,15 @@
 //!
 //! Per frame: the mapping holding the pc (the previous frame's mapping is
 //! tried first, then a branch-free binary search of the process's sorted
-//! mappings); the rule for the address, from a per-CPU rule cache keyed by
-//! (table, address) or, on a miss, the table's 64 KiB page and a branch-free
-//! binary search of its rows; then the rule is applied with reads of the
-//! user stack served from a per-CPU cache of whole 4 KiB pages (one
-//! `bpf_probe_read_user` costs ~90 ns on the machines measured, as much as
-//! everything else in a frame). The walk's state and stack live in a per-CPU
-//! map, which also keeps the verifier's work to one pass over the loop body.
+//! mappings); the rule for the address and the address's offset in its row
+//! (a merged push/pop row, `CT_RULE_CFA_RSP_STEPS`, needs it), from a per-CPU
+//! rule cache keyed by (table, address) or, on a miss, the table's 64 KiB
+//! page and a branch-free binary search of its rows; then the rule is applied
+//! with reads of the user stack served from a per-CPU cache of whole 4 KiB
+//! pages (one `bpf_probe_read_user` costs ~90 ns on the machines measured, as
+//! much as everything else in a frame). The walk's state and stack live in a
+//! per-CPU map, which also keeps the verifier's work to one pass over the
+//! loop body.
 //! `benches/uprobe.rs` measures the costs.
 //!
 //! # Layouts

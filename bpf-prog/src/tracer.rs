@@ -611,6 +611,15 @@ impl From<Rule> for CtRule {
                         ct.kind = rule_kind::CFA_RSP;
                         ct.cfa_off = offset;
                     }
+                    Cfa::RspSteps {
+                        offset,
+                        pushes,
+                        pops,
+                    } => {
+                        ct.kind = rule_kind::CFA_RSP_STEPS;
+                        ct.cfa_off = offset;
+                        ct.cfa_arg = u32::from(pushes) | u32::from(pops) << 16;
+                    }
                     Cfa::Rbp(offset) => {
                         ct.kind = rule_kind::CFA_RBP;
                         ct.cfa_off = offset;
@@ -630,7 +639,7 @@ impl From<Rule> for CtRule {
                             Reg::Rbp => reg::RBP,
                         };
                         ct.cfa_off = offset;
-                        ct.deref_add = add;
+                        ct.cfa_arg = add as u32;
                     }
                 }
                 match rbp {
@@ -700,14 +709,14 @@ mod tests {
 
     #[test]
     fn rules_convert_to_the_kernel_layout() {
-        let ct = |kind, cfa_reg, rbp_kind, reason, cfa_off, rbp_off, deref_add| CtRule {
+        let ct = |kind, cfa_reg, rbp_kind, reason, cfa_off, rbp_off, cfa_arg: i32| CtRule {
             kind,
             cfa_reg,
             rbp_kind,
             reason,
             cfa_off,
             rbp_off,
-            deref_add,
+            cfa_arg: cfa_arg as u32,
         };
         let cases = [
             (Rule::Gap, ct(rule_kind::GAP, 0, 0, 0, 0, 0, 0)),
@@ -720,6 +729,25 @@ mod tests {
             (
                 frame(Cfa::Rsp(49_856), RbpRule::Same),
                 ct(rule_kind::CFA_RSP, 0, rbp_kind::SAME, 0, 49_856, 0, 0),
+            ),
+            (
+                frame(
+                    Cfa::RspSteps {
+                        offset: 8,
+                        pushes: 0b1010,
+                        pops: 0x8001,
+                    },
+                    RbpRule::AtCfa(-16),
+                ),
+                ct(
+                    rule_kind::CFA_RSP_STEPS,
+                    0,
+                    rbp_kind::AT_CFA,
+                    0,
+                    8,
+                    -16,
+                    0x8001_000a_u32 as i32,
+                ),
             ),
             (
                 frame(Cfa::Rbp(16), RbpRule::AtCfa(-16)),

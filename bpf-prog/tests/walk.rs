@@ -208,3 +208,114 @@ fn missing_mapping_stops_the_walk_and_keeps_the_frames_found() {
         30
     );
 }
+
+/// Uprobes at the start of every merged push/pop row of the fixture's chain and at each of
+/// its steps: the CFA at each depends on the pc's offset in the row, which the BPF program
+/// takes from its search or from its rule cache (every probe fires once per call, so all
+/// but the first hit are cache hits). Each must give the one complete stack.
+#[test]
+fn pcs_inside_push_pop_rows_walk_complete_stacks() {
+    use unwind_tables::rule::STEP_WINDOW;
+    use unwind_tables::{Cfa, Rule};
+
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("pcs_inside_push_pop_rows", &options()) else {
+        return;
+    };
+    let binary = fixture();
+    let table = unwind_tables::compile_file(&binary).expect("compile").table;
+    let mut symbols = Symbols::default();
+    let mut probes: Vec<(u64, u32, String)> = Vec::new(); // ELF address, row offset, function
+    for (start, rule) in table.iter() {
+        let Rule::Frame {
+            cfa: Cfa::RspSteps { pushes, pops, .. },
+            ..
+        } = rule
+        else {
+            continue;
+        };
+        let steps = (0..STEP_WINDOW).filter(|k| (pushes | pops) & (1 << k) != 0);
+        for offset in std::iter::once(0).chain(steps.map(|k| k + 1)) {
+            let address = start + u64::from(offset);
+            match symbols.name(&binary, address) {
+                Some(name) if ["leaf", "c3", "c2", "c1", "rec"].contains(&name.as_str()) => {
+                    probes.push((address, offset, name));
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        probes.iter().any(|p| p.1 > 0) && probes.iter().any(|p| p.1 == 0),
+        "the fixture has no push/pop rows to probe: {probes:?}"
+    );
+
+    let depth = 2;
+    let calls = 5;
+    let target = Target::spawn(&binary, &[calls.to_string(), depth.to_string()]);
+    let pid = target.pid();
+    let mappings = register_process(&mut tracer, pid, |_| false);
+    let data = std::fs::read(&binary).unwrap();
+    let elf = object::File::parse(&*data).unwrap();
+    let _links: Vec<_> = probes
+        .iter()
+        .enumerate()
+        .map(|(id, &(address, _, _))| {
+            use object::{Object, ObjectSegment};
+            let segment = elf
+                .segments()
+                .find(|s| s.address() <= address && address < s.address() + s.size())
+                .expect("a segment holds the probe");
+            let file_offset = address - segment.address() + segment.file_range().0;
+            tracer
+                .uprobe_program()
+                .attach_uprobe_with_opts(
+                    pid as i32,
+                    &binary,
+                    file_offset as usize,
+                    UprobeOpts {
+                        cookie: id as u64,
+                        ..UprobeOpts::default()
+                    },
+                )
+                .unwrap_or_else(|e| panic!("attach at {address:#x}: {e}"))
+        })
+        .collect();
+    target.run_to_end();
+
+    let counts = tracer.counts().expect("read counts");
+    for (id, (address, offset, function)) in probes.iter().enumerate() {
+        let here: Vec<_> = counts
+            .iter()
+            .filter(|(key, _)| key.pid == pid && key.probe_id == id as u32)
+            .collect();
+        let events: u64 = here.iter().map(|(_, count)| count.events).sum();
+        let context = format!("{function} at {address:#x}, row offset {offset}");
+        for (key, _) in &here {
+            let StackRef::Hash(hash) = key.stack else {
+                panic!("{context}: stack not stored");
+            };
+            let stack = tracer.stack(hash).unwrap().expect("stored");
+            if function == "rec" {
+                // rec(depth) .. rec(0): one stack per depth.
+                let names = Symbols::default().frames(&mappings, &stack.pcs);
+                let recs = names.iter().take_while(|name| *name == "rec").count();
+                assert!((1..=depth + 1).contains(&recs), "{context}: {names:?}");
+                let mut expected = vec!["rec".to_string(); recs];
+                expected.push("main".to_string());
+                assert_complete(&stack, &mappings, &expected, &binary);
+            } else {
+                assert_complete(&stack, &mappings, &chain_below(function, depth), &binary);
+            }
+        }
+        if function == "rec" {
+            // Its prologue runs at every depth, its epilogue only where it does not
+            // tail-call c1.
+            assert!(events >= calls as u64, "{context}: {events} events");
+        } else {
+            assert_eq!(here.len(), 1, "{context}: one stack for every call");
+            assert_eq!(events, calls as u64, "{context}");
+        }
+    }
+    println!("{} probes in push/pop rows: {probes:x?}", probes.len());
+}

@@ -33,8 +33,8 @@ use crate::stats::{KindCount, Stats};
 use crate::table::{CompactRow, CompactTable, PageSpan};
 
 const MAGIC: &[u8; 8] = b"CTUNWTBL";
-/// Bump when the entry layout changes.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bump when the entry layout changes (2: push/pop rows merged, `RspSteps` rules).
+pub const FORMAT_VERSION: u32 = 2;
 /// Entries written by another compiler version are recompiled: its rules may differ even
 /// when the layout does not.
 const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -287,9 +287,9 @@ fn checksum(bytes: &[u8]) -> u64 {
     hash
 }
 
-// Rule encoding: kind, register, rbp kind, reason, then three i32 operands. The same shape
-// as the BPF `ct_rule`, but owned by this file: the cache format changes only with
-// FORMAT_VERSION.
+// Rule encoding: kind, register, rbp kind, reason, then three i32 operands (for RspSteps the
+// third holds the pushes in its low 16 bits, the pops in its high 16). The same shape as the
+// BPF `ct_rule`, but owned by this file: the cache format changes only with FORMAT_VERSION.
 const KIND_GAP: u8 = 0;
 const KIND_CFA_RSP: u8 = 1;
 const KIND_CFA_RBP: u8 = 2;
@@ -298,6 +298,7 @@ const KIND_DEREF: u8 = 4;
 const KIND_END: u8 = 5;
 const KIND_SIGNAL: u8 = 6;
 const KIND_UNSUPPORTED: u8 = 7;
+const KIND_CFA_RSP_STEPS: u8 = 8;
 
 fn encode_rule(out: &mut Vec<u8>, rule: Rule) {
     let (kind, reg, rbp, reason, cfa_offset, add) = match rule {
@@ -307,6 +308,14 @@ fn encode_rule(out: &mut Vec<u8>, rule: Rule) {
         Rule::Unsupported(reason) => (KIND_UNSUPPORTED, 0, RbpRule::Same, reason as u8, 0, 0),
         Rule::Frame { cfa, rbp } => match cfa {
             Cfa::Rsp(offset) => (KIND_CFA_RSP, 0, rbp, 0, offset, 0),
+            Cfa::RspSteps {
+                offset,
+                pushes,
+                pops,
+            } => {
+                let steps = u32::from(pushes) | u32::from(pops) << 16;
+                (KIND_CFA_RSP_STEPS, 0, rbp, 0, offset, steps as i32)
+            }
             Cfa::Rbp(offset) => (KIND_CFA_RBP, 0, rbp, 0, offset, 0),
             Cfa::Plt { threshold } => (KIND_PLT, 0, rbp, 0, i32::from(threshold), 0),
             Cfa::Deref { reg, offset, add } => (KIND_DEREF, reg as u8, rbp, 0, offset, add),
@@ -327,6 +336,7 @@ fn kind_code(kind: RuleKind) -> (u8, u8) {
     match kind {
         RuleKind::Gap => (KIND_GAP, 0),
         RuleKind::CfaRsp => (KIND_CFA_RSP, 0),
+        RuleKind::CfaRspSteps => (KIND_CFA_RSP_STEPS, 0),
         RuleKind::CfaRbp => (KIND_CFA_RBP, 0),
         RuleKind::Plt => (KIND_PLT, 0),
         RuleKind::Deref => (KIND_DEREF, 0),
@@ -476,6 +486,11 @@ fn decode_rule(input: &mut Input<'_>) -> Result<Rule, InvalidEntry> {
             return Ok(Rule::Unsupported(reason));
         }
         KIND_CFA_RSP => Cfa::Rsp(cfa_offset),
+        KIND_CFA_RSP_STEPS => Cfa::RspSteps {
+            offset: cfa_offset,
+            pushes: add as u32 as u16,
+            pops: (add as u32 >> 16) as u16,
+        },
         KIND_CFA_RBP => Cfa::Rbp(cfa_offset),
         KIND_PLT => Cfa::Plt {
             threshold: u8::try_from(cfa_offset)
@@ -499,6 +514,7 @@ fn decode_kind(kind: u8, reason: u8) -> Result<RuleKind, InvalidEntry> {
     Ok(match kind {
         KIND_GAP => RuleKind::Gap,
         KIND_CFA_RSP => RuleKind::CfaRsp,
+        KIND_CFA_RSP_STEPS => RuleKind::CfaRspSteps,
         KIND_CFA_RBP => RuleKind::CfaRbp,
         KIND_PLT => RuleKind::Plt,
         KIND_DEREF => RuleKind::Deref,

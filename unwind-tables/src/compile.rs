@@ -10,6 +10,7 @@ use crate::assemble::{self, Discarded};
 use crate::cfi::{self, Collected};
 use crate::elf::{self, DebugSearch, ElfInput};
 use crate::error::Error;
+use crate::push_pop;
 use crate::stats::Stats;
 use crate::table::CompactTable;
 
@@ -204,7 +205,12 @@ fn compile_input(
         return Err(Error::NoUnwindInfo);
     }
     let rows = assemble::to_rows(&pieces);
-    let table = CompactTable::from_sorted_rows(&rows)?;
+    // Merged rows name more distinct rules; should they ever overflow a row's 16-bit rule
+    // index, the unmerged table is as exact.
+    let table = match CompactTable::from_sorted_rows(&push_pop::merge(&rows)) {
+        Err(Error::TooManyRules { .. }) => CompactTable::from_sorted_rows(&rows)?,
+        merged => merged?,
+    };
 
     stats.outside_code_fdes = discarded.outside_code;
     stats.shadowed_fdes = discarded.shadowed;

@@ -3,6 +3,9 @@
 //! These are the only unwinding operations the BPF program and the userspace
 //! twin ([`crate::walk`]) know. Whatever CFI does not reduce to one of them is
 //! [`Rule::Unsupported`], so that no walker ever guesses.
+//!
+//! One rule depends on where the pc lies in its row: [`Cfa::RspSteps`], the rows of a
+//! run of pushes or pops merged into one (see [`STEP_WINDOW`]).
 
 /// DWARF register numbers (x86-64 System V) a rule may name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -11,17 +14,35 @@ pub enum Reg {
     Rsp = 7,
 }
 
+/// How far past its row's start a step of [`Cfa::RspSteps`] may lie: bit `k` of its masks
+/// is the step at row start + `k` + 1, so a row offset is only ever needed up to this.
+pub const STEP_WINDOW: u32 = 16;
+
 /// How to compute the canonical frame address (the caller's rsp after return).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Cfa {
     /// CFA = rsp + offset.
     Rsp(i32),
+    /// A run of pushes and pops in one row: CFA = rsp + offset + 8 × (pushes − pops at or
+    /// before the pc). Bit `k` of `pushes` (`pops`) is a push (pop) whose effect starts at
+    /// row start + `k` + 1; see [`rsp_steps_offset`]. Each merged row of the run was
+    /// `Rsp(offset ± 8 …)` with the same rbp rule, so this is exact at every byte.
+    RspSteps { offset: i32, pushes: u16, pops: u16 },
     /// CFA = rbp + offset.
     Rbp(i32),
     /// GCC's PLT expression: CFA = rsp + 8 + ((rip & 15) >= threshold ? 8 : 0).
     Plt { threshold: u8 },
     /// CFA = *(reg + offset) + add (stack-realigning functions using a DRAP register).
     Deref { reg: Reg, offset: i32, add: i32 },
+}
+
+/// The CFA offset from rsp of `Cfa::RspSteps { offset, pushes, pops }` at `row_offset` bytes
+/// past its row's start: the steps at row offsets 1..=`row_offset` have happened. Offsets at
+/// or past [`STEP_WINDOW`] see every step. This is the computation both walkers do.
+pub fn rsp_steps_offset(offset: i32, pushes: u16, pops: u16, row_offset: u32) -> i64 {
+    let happened = (1u32 << row_offset.min(STEP_WINDOW)) - 1;
+    let passed = |steps: u16| i64::from((u32::from(steps) & happened).count_ones());
+    i64::from(offset) + 8 * (passed(pushes) - passed(pops))
 }
 
 /// Where the caller's rbp is.
@@ -111,6 +132,7 @@ impl UnsupportedReason {
 pub enum RuleKind {
     Gap,
     CfaRsp,
+    CfaRspSteps,
     CfaRbp,
     Plt,
     Deref,
@@ -125,6 +147,7 @@ impl RuleKind {
         match self {
             RuleKind::Gap => "gap",
             RuleKind::CfaRsp => "cfa-rsp",
+            RuleKind::CfaRspSteps => "cfa-rsp-steps",
             RuleKind::CfaRbp => "cfa-rbp",
             RuleKind::Plt => "plt",
             RuleKind::Deref => "deref",
@@ -142,6 +165,7 @@ impl Rule {
             Rule::Gap => RuleKind::Gap,
             Rule::Frame { cfa, .. } => match cfa {
                 Cfa::Rsp(_) => RuleKind::CfaRsp,
+                Cfa::RspSteps { .. } => RuleKind::CfaRspSteps,
                 Cfa::Rbp(_) => RuleKind::CfaRbp,
                 Cfa::Plt { .. } => RuleKind::Plt,
                 Cfa::Deref { .. } => RuleKind::Deref,
@@ -149,6 +173,31 @@ impl Rule {
             Rule::End => RuleKind::End,
             Rule::Signal => RuleKind::Signal,
             Rule::Unsupported(reason) => RuleKind::Unsupported(reason),
+        }
+    }
+
+    /// The rule in effect `row_offset` bytes past the start of a row with this rule:
+    /// [`Cfa::RspSteps`] becomes the [`Cfa::Rsp`] it amounts to there (or
+    /// `Unsupported(OffsetOverflow)` if that does not fit i32, which no compiled table
+    /// holds); every other rule is itself.
+    pub fn at_row_offset(self, row_offset: u32) -> Rule {
+        match self {
+            Rule::Frame {
+                cfa:
+                    Cfa::RspSteps {
+                        offset,
+                        pushes,
+                        pops,
+                    },
+                rbp,
+            } => match i32::try_from(rsp_steps_offset(offset, pushes, pops, row_offset)) {
+                Ok(offset) => Rule::Frame {
+                    cfa: Cfa::Rsp(offset),
+                    rbp,
+                },
+                Err(_) => Rule::Unsupported(UnsupportedReason::OffsetOverflow),
+            },
+            rule => rule,
         }
     }
 

@@ -6,13 +6,18 @@
 //! inside that page; a binary search on the low bits finds the last row at or
 //! before `pc`. When no row of the page starts at or before `pc`, the row just
 //! before the page's slice governs (it started in an earlier page). This is the
-//! exact lookup the BPF program does; [`CompactTable::lookup`] is its twin.
+//! exact lookup the BPF program does; [`CompactTable::lookup_in_row`] is its twin.
+//!
+//! A [`Cfa::RspSteps`] rule also needs how far the pc lies past its row's start. The
+//! search knows it when the row starts in the pc's page (the difference of the low bits);
+//! a row from an earlier page is taken to be [`STEP_WINDOW`] or more bytes behind, which
+//! [`CompactTable::check`] makes true: every step of such a row lies in the row's own page.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::error::Error;
-use crate::rule::Rule;
+use crate::rule::{Cfa, Rule, STEP_WINDOW};
 
 /// log2 of the page size that splits row addresses into page index + low bits.
 pub const PAGE_SHIFT: u32 = 16;
@@ -66,24 +71,41 @@ impl CompactTable {
 
     /// Index of the row that governs ELF virtual address `pc`, as the BPF program finds it.
     pub fn lookup_row(&self, pc: u64) -> Option<usize> {
+        self.find(pc).map(|(index, _)| index)
+    }
+
+    /// The row governing `pc` and `pc`'s offset past the row's start, capped at
+    /// [`STEP_WINDOW`] (a row from an earlier page counts as that far behind).
+    fn find(&self, pc: u64) -> Option<(usize, u32)> {
         let page = (pc >> PAGE_SHIFT).checked_sub(self.first_page)?;
         let span = *self.pages.get(usize::try_from(page).ok()?)?;
         let lo = (pc & 0xffff) as u16;
         let rows = &self.rows[span.first_row as usize..(span.first_row + span.nrows) as usize];
         let within = rows.partition_point(|row| row.addr_lo <= lo);
         if within > 0 {
-            Some(span.first_row as usize + within - 1)
+            let offset = u32::from(lo - rows[within - 1].addr_lo).min(STEP_WINDOW);
+            Some((span.first_row as usize + within - 1, offset))
         } else {
-            (span.first_row as usize).checked_sub(1)
+            Some(((span.first_row as usize).checked_sub(1)?, STEP_WINDOW))
         }
     }
 
-    /// The rule that governs ELF virtual address `pc`; [`Rule::Gap`] outside the table.
-    pub fn lookup(&self, pc: u64) -> Rule {
-        match self.lookup_row(pc) {
-            Some(index) => self.rules[usize::from(self.rows[index].rule)],
-            None => Rule::Gap,
+    /// What the walkers execute at ELF virtual address `pc`: the rule of its row as stored
+    /// (possibly [`Cfa::RspSteps`]) and `pc`'s offset past the row's start, capped at
+    /// [`STEP_WINDOW`]; `(Gap, 0)` outside the table.
+    pub fn lookup_in_row(&self, pc: u64) -> (Rule, u32) {
+        match self.find(pc) {
+            Some((index, offset)) => (self.rules[usize::from(self.rows[index].rule)], offset),
+            None => (Rule::Gap, 0),
         }
+    }
+
+    /// The rule in effect at ELF virtual address `pc`; [`Rule::Gap`] outside the table. A
+    /// merged push/pop row is resolved to the plain rule at `pc` ([`Rule::at_row_offset`]),
+    /// so this never returns [`Cfa::RspSteps`].
+    pub fn lookup(&self, pc: u64) -> Rule {
+        let (rule, offset) = self.lookup_in_row(pc);
+        rule.at_row_offset(offset)
     }
 
     /// Every row as (start address, rule), in address order.
@@ -103,7 +125,8 @@ impl CompactTable {
     }
 
     /// Checks every invariant the BPF lookup relies on: pages partition the rows in order,
-    /// rows ascend within a page, rule indices are in range, consecutive rows differ.
+    /// rows ascend within a page, rule indices are in range, consecutive rows differ, the
+    /// steps of a [`Cfa::RspSteps`] row lie in the row's own page and its CFA offsets fit i32.
     /// Tables read from outside (the on-disk cache) go through this before use.
     pub fn check(&self) -> Result<(), InvalidTable> {
         if self.rules.len() > MAX_RULES {
@@ -154,6 +177,37 @@ impl CompactTable {
             .any(|pair| pair[0].rule == pair[1].rule)
         {
             return Err(InvalidTable("consecutive rows share a rule"));
+        }
+        for rule in &self.rules {
+            if let Rule::Frame {
+                cfa:
+                    Cfa::RspSteps {
+                        offset,
+                        pushes,
+                        pops,
+                    },
+                ..
+            } = *rule
+            {
+                let lowest = i64::from(offset) - 8 * i64::from(pops.count_ones());
+                let highest = i64::from(offset) + 8 * i64::from(pushes.count_ones());
+                if i32::try_from(lowest).is_err() || i32::try_from(highest).is_err() {
+                    return Err(InvalidTable("push/pop steps overflow the CFA offset"));
+                }
+            }
+        }
+        if self.rows.iter().any(|row| {
+            // How far past the row's start its last step lies.
+            let last_step = match self.rules[usize::from(row.rule)] {
+                Rule::Frame {
+                    cfa: Cfa::RspSteps { pushes, pops, .. },
+                    ..
+                } => u16::BITS - (pushes | pops).leading_zeros(),
+                _ => 0,
+            };
+            u32::from(row.addr_lo) + last_step > 0xffff
+        }) {
+            return Err(InvalidTable("push/pop steps run into the next page"));
         }
         Ok(())
     }

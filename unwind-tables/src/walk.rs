@@ -16,7 +16,7 @@
 //!   function (e.g. to a `noreturn` callee) returns past the function's last
 //!   byte, into the next function's rows.
 
-use crate::rule::{sigframe, Cfa, RbpRule, Reg, Rule, UnsupportedReason};
+use crate::rule::{rsp_steps_offset, sigframe, Cfa, RbpRule, Reg, Rule, UnsupportedReason};
 use crate::table::CompactTable;
 
 /// Frames the BPF program records at most (`CT_MAX_FRAMES`).
@@ -170,7 +170,10 @@ fn step(space: &AddressSpace<'_>, frame: Frame, memory: &dyn Memory) -> Result<F
     let lookup = if frame.exact { pc } else { pc.wrapping_sub(1) };
     let mapping = space.find(lookup).ok_or(WalkEnd::NoMapping)?;
     let read = |addr: u64| memory.read_u64(addr).ok_or(WalkEnd::ReadFault);
-    let next = match mapping.table.lookup(lookup.wrapping_sub(mapping.bias)) {
+    let (rule, row_offset) = mapping
+        .table
+        .lookup_in_row(lookup.wrapping_sub(mapping.bias));
+    let next = match rule {
         Rule::Gap => return Err(WalkEnd::NoRow),
         Rule::Unsupported(reason) => return Err(WalkEnd::Unsupported(reason)),
         Rule::End => return Err(WalkEnd::Complete),
@@ -185,6 +188,11 @@ fn step(space: &AddressSpace<'_>, frame: Frame, memory: &dyn Memory) -> Result<F
         Rule::Frame { cfa, rbp: rbp_rule } => {
             let cfa = match cfa {
                 Cfa::Rsp(offset) => rsp.wrapping_add_signed(offset.into()),
+                Cfa::RspSteps {
+                    offset,
+                    pushes,
+                    pops,
+                } => rsp.wrapping_add_signed(rsp_steps_offset(offset, pushes, pops, row_offset)),
                 Cfa::Rbp(offset) => rbp.wrapping_add_signed(offset.into()),
                 // GCC's PLT expression: the second half of each 16-byte PLT
                 // entry runs after its `push`, one slot deeper.
@@ -468,6 +476,60 @@ mod tests {
                 "offset {offset:#x}"
             );
             assert_eq!(result.end, WalkEnd::Complete);
+        }
+    }
+
+    #[test]
+    fn push_pop_rule_moves_the_cfa_at_each_step() {
+        // push %r15 (2 bytes); push %rbx (1 byte); body; … pop %rbx; pop %r15; ret
+        let table = build_table(&[
+            (0x1000, Rule::End),
+            (
+                0x2000,
+                frame(
+                    Cfa::RspSteps {
+                        offset: 8,
+                        pushes: 0b110,
+                        pops: 0,
+                    },
+                    RbpRule::Same,
+                ),
+            ),
+            (0x2100, Rule::Gap),
+            (
+                0x2200,
+                frame(
+                    Cfa::RspSteps {
+                        offset: 24,
+                        pushes: 0,
+                        pops: 0b11,
+                    },
+                    RbpRule::Same,
+                ),
+            ),
+            (0x2300, Rule::Gap),
+        ]);
+        let space = space(&table);
+        for (pc, cfa) in [
+            (0x2000, 0x7008),
+            (0x2001, 0x7008),
+            (0x2002, 0x7010),
+            (0x2003, 0x7018),
+            (0x20ff, 0x7018),
+            (0x2200, 0x7018),
+            (0x2201, 0x7010),
+            (0x2202, 0x7008),
+            (0x22ff, 0x7008),
+        ] {
+            let memory = FakeMemory::default().with(cfa - 8, BIAS + 0x1010);
+            let regs = Registers {
+                rip: BIAS + pc,
+                rsp: 0x7000,
+                rbp: 0,
+            };
+            let result = walk(&space, regs, &memory, MAX_FRAMES);
+            assert_eq!(result.frames, vec![BIAS + pc, BIAS + 0x1010], "pc {pc:#x}");
+            assert_eq!(result.end, WalkEnd::Complete, "pc {pc:#x}");
         }
     }
 

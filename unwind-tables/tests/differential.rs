@@ -5,7 +5,9 @@
 //! distinct values, memory whose every word is a hash of its address):
 //! - from gimli's row, evaluating CFA and register rules, DWARF expressions included, with
 //!   gimli's own expression evaluator;
-//! - from the compact rule the table gives for that pc, following docs/walk.md.
+//! - from the compact rule the table gives for that pc, following docs/walk.md: the rule of
+//!   the pc's row as stored, merged push/pop rows ([`Cfa::RspSteps`]) evaluated at the pc's
+//!   offset in the row, as the walkers do.
 //!
 //! The caller's rip, rsp (= CFA) and rbp must agree, or the compact rule must be explicitly
 //! `Unsupported`. Because memory words are address hashes, reading the right value means
@@ -24,6 +26,7 @@ use gimli::{
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use unwind_tables::rule::rsp_steps_offset;
 use unwind_tables::{compile_file, Cfa, CompactTable, RbpRule, Reg, Rule};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
@@ -81,8 +84,9 @@ enum Step {
     },
 }
 
-/// The compact rule's step, as docs/walk.md specifies it.
-fn compact_step(rule: Rule, m: &Machine, pc: u64) -> Result<Step, Rule> {
+/// The compact rule's step, as docs/walk.md specifies it; `row_offset` is how far `pc` lies
+/// past its row's start (capped as `CompactTable::lookup_in_row` caps it).
+fn compact_step(rule: Rule, row_offset: u32, m: &Machine, pc: u64) -> Result<Step, Rule> {
     let rsp = m.regs[7];
     let rbp = m.regs[6];
     match rule {
@@ -99,6 +103,11 @@ fn compact_step(rule: Rule, m: &Machine, pc: u64) -> Result<Step, Rule> {
             };
             let cfa = match cfa {
                 Cfa::Rsp(offset) => rsp.wrapping_add_signed(offset.into()),
+                Cfa::RspSteps {
+                    offset,
+                    pushes,
+                    pops,
+                } => rsp.wrapping_add_signed(rsp_steps_offset(offset, pushes, pops, row_offset)),
                 Cfa::Rbp(offset) => rbp.wrapping_add_signed(offset.into()),
                 Cfa::Plt { threshold } => {
                     rsp + 8
@@ -321,16 +330,25 @@ fn compare_with_gimli(data: &[u8], table: &CompactTable, samples_per_row: usize)
             }
             for pc in pcs {
                 tally.pcs += 1;
-                let rule = table.lookup(pc);
+                let (rule, row_offset) = table.lookup_in_row(pc);
+                // What `lookup` resolves the row to must step the same way.
+                let resolved = table.lookup(pc);
                 let mut verdict = Verdict::Agree;
                 for m in &machines {
                     let expected = gimli_step(row, &section, encoding, m, pc);
-                    match (compact_step(rule, m, pc), expected) {
+                    let ours = compact_step(rule, row_offset, m, pc);
+                    if compact_step(resolved, 0, m, pc) != ours {
+                        verdict = Verdict::Mismatch(format!(
+                            "pc {pc:#x}: compact {rule:?} at row offset {row_offset} resolves to {resolved:?}, which steps differently"
+                        ));
+                        break;
+                    }
+                    match (ours, expected) {
                         (Err(Rule::Unsupported(_)), _) => verdict = Verdict::Unsupported,
                         (Ok(ours), Ok(theirs)) if ours == theirs => continue,
                         (ours, theirs) => {
                             verdict = Verdict::Mismatch(format!(
-                                "pc {pc:#x}: compact {rule:?} gives {ours:?}, gimli {:?} gives {theirs:?}",
+                                "pc {pc:#x}: compact {rule:?} at row offset {row_offset} gives {ours:?}, gimli {:?} gives {theirs:?}",
                                 row.cfa()
                             ))
                         }
@@ -614,8 +632,8 @@ fn pie_entry_point_is_end_of_stack() {
     }
 }
 
-/// The comparison must be able to fail: a table with one rule off by 8, or one row turned
-/// into a gap, is caught.
+/// The comparison must be able to fail: a table with one rule off by 8, a merged push/pop
+/// rule missing a push, or one row turned into a gap, is caught.
 #[test]
 fn differential_catches_a_wrong_table() {
     let libc = first_existing(&["/lib/x86_64-linux-gnu/libc.so.6"]).expect("libc.so.6 is required");
@@ -652,6 +670,34 @@ fn differential_catches_a_wrong_table() {
         *offset += 8;
     }
     let tally = compare_with_gimli(&data, &shifted, 1);
+    assert!(tally.mismatch_count >= uses[index] as u64, "{tally:?}");
+
+    // Forget the first push of the most used merged push/pop rule: from that push on, every
+    // row with the rule is 8 short.
+    let (index, _) = good
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| {
+            matches!(
+                rule,
+                Rule::Frame {
+                    cfa: Cfa::RspSteps { pushes, .. },
+                    ..
+                } if *pushes != 0
+            )
+        })
+        .max_by_key(|(index, _)| uses[*index])
+        .expect("a merged push/pop rule");
+    let mut forgot_push = good.clone();
+    if let Rule::Frame {
+        cfa: Cfa::RspSteps { pushes, .. },
+        ..
+    } = &mut forgot_push.rules[index]
+    {
+        *pushes &= *pushes - 1;
+    }
+    let tally = compare_with_gimli(&data, &forgot_push, 1);
     assert!(tally.mismatch_count >= uses[index] as u64, "{tally:?}");
 
     // Turn the rbp rule of an rbp-saving rule into Same.

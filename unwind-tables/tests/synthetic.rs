@@ -552,9 +552,10 @@ fn crc32(data: &[u8]) -> u32 {
 
 #[test]
 fn more_than_65536_distinct_rules_is_an_error() {
+    // Steps of 16: no push/pop merging.
     let mut instructions = Cfi::new();
     for row in 0..70_000u64 {
-        instructions = instructions.def_cfa_offset(8 + row * 8).advance(1);
+        instructions = instructions.def_cfa_offset(8 + row * 16).advance(1);
     }
     let mut eh = EhFrame::new();
     let cie = eh.cie("zR", &standard_cie());
@@ -564,6 +565,37 @@ fn more_than_65536_distinct_rules_is_an_error() {
         compile(&elf),
         Err(Error::TooManyRules { count: 65537 })
     ));
+}
+
+#[test]
+fn merged_rules_beyond_65536_fall_back_to_unmerged_rows() {
+    // 4200 frame sizes, each followed by one push at 16 distances, then a row that ends the
+    // run: 67200 distinct merged rules, but only 4202 distinct unmerged ones.
+    let (sizes, distances) = (4200u64, 16u64);
+    let mut instructions = Cfi::new();
+    for group in 0..sizes * distances {
+        let (size, distance) = (8 + 8 * (group / distances), 1 + group % distances);
+        instructions = instructions
+            .def_cfa_offset(size)
+            .advance(distance as u8)
+            .def_cfa_offset(size + 8)
+            .advance(1)
+            .def_cfa_offset(4)
+            .advance(1);
+    }
+    let length = sizes * (distances * (distances + 1) / 2 + 2 * distances);
+    let mut eh = EhFrame::new();
+    let cie = eh.cie("zR", &standard_cie());
+    eh.fde(cie, 0x1000, length, &instructions);
+    let elf = Elf::new(0x1000, 0x20_0000).eh_frame(eh.finish()).build();
+    let object = compile(&elf).expect("compiles unmerged");
+    object.table.check().expect("valid table");
+    assert_eq!(object.stats.rules, sizes + 3); // sizes, the last size + 8, 4, the gap
+    assert_eq!(object.table.lookup(0x1000), rsp(8));
+    assert_eq!(object.table.lookup(0x1001), rsp(16));
+    assert_eq!(object.table.lookup(0x1002), rsp(4));
+    assert_eq!(object.table.lookup(0x1003), rsp(8));
+    assert_eq!(object.table.lookup(0x1005), rsp(16));
 }
 
 #[test]

@@ -15,6 +15,7 @@
  *   binary search on the low 16 bits of the rows of that page; when no row of
  *   the page starts at or before pc, the row before the page's first governs.
  *   row -> rule index -> ct_rule { how to find the CFA, RBP and return address }
+ *   A CT_RULE_CFA_RSP_STEPS rule also takes pc's offset past its row's start.
  * The walk itself is specified in docs/walk.md.
  */
 #ifndef CARGO_TRACE_H
@@ -59,6 +60,12 @@ enum ct_limits {
 	 * once loaded, so entries never go stale.
 	 */
 	CT_RULE_CACHE_SLOTS = 4096,
+	/*
+	 * The steps of a CT_RULE_CFA_RSP_STEPS row lie 1..CT_STEP_WINDOW bytes
+	 * past its start, all in the row's own 64 KiB page; row offsets are
+	 * capped at this, and a row from an earlier page is that far behind.
+	 */
+	CT_STEP_WINDOW = 16,
 };
 
 /* Reserved values of ct_count_key.stack_hash; stored stacks have keys >= CT_STACK_FIRST. */
@@ -78,6 +85,12 @@ enum ct_rule_kind {
 	CT_RULE_END = 5,	 /* return address undefined: outermost frame */
 	CT_RULE_SIGNAL = 6,	 /* signal trampoline: ucontext at rsp */
 	CT_RULE_UNSUPPORTED = 7, /* CFI this unwinder must not guess at */
+	/*
+	 * Pushes and pops merged into one row: CFA = rsp + cfa_off + 8 * (pushes
+	 * - pops at or before pc), where bit k of cfa_arg's low (pushes) or high
+	 * (pops) half is a step at row start + k + 1. See steps_moved.
+	 */
+	CT_RULE_CFA_RSP_STEPS = 8,
 };
 
 /* DWARF register numbers for the registers a rule may name. */
@@ -106,7 +119,9 @@ struct ct_rule {
 	__u8 reason;   /* unwind_tables::UnsupportedReason, for CT_RULE_UNSUPPORTED */
 	__s32 cfa_off;
 	__s32 rbp_off;
-	__s32 deref_add;
+	/* CT_RULE_CFA_DEREF: added to the word read (as __s32);
+	 * CT_RULE_CFA_RSP_STEPS: pushes (bits 0-15) and pops (bits 16-31) */
+	__u32 cfa_arg;
 };
 
 /* One row: low 16 bits of its start address, and its rule index in the table. */
@@ -127,9 +142,11 @@ struct ct_user_page {
 
 /* One element of the rule_cache map. */
 struct ct_rule_cache_entry {
-	__u64 addr;	/* ELF address looked up */
-	__u32 table_id; /* its table + 1; 0: empty */
-	__u32 rule;	/* global index into the rules map */
+	__u64 addr;	  /* ELF address looked up */
+	__u32 table_id;	  /* its table + 1; 0: empty */
+	__u32 rule;	  /* global index into the rules map */
+	__u32 row_offset; /* addr - its row's start, capped at CT_STEP_WINDOW */
+	__u32 pad;
 };
 
 struct ct_page {

@@ -269,8 +269,9 @@ static __always_inline struct ct_row *row_at(__u32 index)
 }
 
 /* The index in the rules map of the rule governing ELF address addr in
- * table t; -1 when the table has none (a gap). */
-static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr)
+ * table t, -1 when the table has none (a gap); *row_offset is addr's offset
+ * past the row's start, capped at CT_STEP_WINDOW. */
+static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr, __u32 *row_offset)
 {
 	__u64 page_index = (addr >> CT_PAGE_SHIFT) - t->first_page;
 
@@ -286,7 +287,7 @@ static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr)
 	__u32 addr_lo = addr & 0xffff;
 	__u32 first = page->first_row;
 	__u32 lo = 0, len = page->nrows;
-	__u32 rule = 0;
+	__u32 rule = 0, row_lo = 0;
 	for (int step = 0; step < CT_ROW_SEARCH_STEPS; step++) {
 		if (len == 0)
 			break;
@@ -299,23 +300,31 @@ static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr)
 		lo += (half + 1) & take;
 		len = half - (take & ((len & 1) ^ 1));
 		rule = (row->rule & take) | (rule & ~take);
+		row_lo = (row->addr_lo & take) | (row_lo & ~take);
 	}
 	if (lo == 0) {
 		/* no row of this page starts at or before addr: the row before
-		 * the page governs, if the table has one */
+		 * the page governs, if the table has one; it started in an
+		 * earlier page, so every step of it lies behind addr */
 		if (first <= t->rows_base)
 			return -1;
 		struct ct_row *row = row_at(first - 1);
 		if (!row)
 			return -1;
 		rule = row->rule;
+		*row_offset = CT_STEP_WINDOW;
+	} else {
+		__u32 offset = addr_lo - row_lo;
+		*row_offset = offset < CT_STEP_WINDOW ? offset : CT_STEP_WINDOW;
 	}
 	return t->rules_base + rule;
 }
 
-/* find_rule through the rule cache; NULL for a gap. */
+/* find_rule through the rule cache; NULL for a gap. The cache is keyed by
+ * address, and keeps the row offset with the rule: an entry answers as
+ * find_rule would. */
 static __always_inline struct ct_rule *cached_rule(struct walk_scratch *w, __u32 table_id,
-						   __u64 addr)
+						   __u64 addr, __u32 *row_offset)
 {
 	__u32 slot = ((addr ^ ((__u64)table_id << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
 	__u32 key = w->rule_cache_base + (slot & (CT_RULE_CACHE_SLOTS - 1));
@@ -324,11 +333,12 @@ static __always_inline struct ct_rule *cached_rule(struct walk_scratch *w, __u32
 
 	if (entry && entry->addr == addr && entry->table_id == table_id + 1) {
 		index = entry->rule;
+		*row_offset = entry->row_offset;
 	} else {
 		struct ct_table *t = bpf_map_lookup_elem(&tables, &table_id);
 		if (!t)
 			return NULL;
-		__s64 found = find_rule(t, addr);
+		__s64 found = find_rule(t, addr, row_offset);
 		if (found < 0)
 			return NULL;
 		index = found;
@@ -336,9 +346,28 @@ static __always_inline struct ct_rule *cached_rule(struct walk_scratch *w, __u32
 			entry->addr = addr;
 			entry->table_id = table_id + 1;
 			entry->rule = index;
+			entry->row_offset = *row_offset;
 		}
 	}
 	return bpf_map_lookup_elem(&rules, &index);
+}
+
+/*
+ * How far a CT_RULE_CFA_RSP_STEPS rule has moved rsp, in 8-byte slots,
+ * row_offset (<= CT_STEP_WINDOW) bytes past its row's start: pushes minus
+ * pops among the steps at row offsets 1..row_offset. Both 16-bit halves are
+ * counted at once, branch-free (the classic SWAR popcount; BPF has none).
+ */
+static __always_inline __s64 steps_moved(__u32 steps, __u32 row_offset)
+{
+	__u32 happened = (1U << row_offset) - 1;
+	__u32 x = steps & (happened | happened << 16);
+
+	x -= (x >> 1) & 0x55555555;
+	x = (x & 0x33333333) + ((x >> 2) & 0x33333333);
+	x = (x + (x >> 4)) & 0x0f0f0f0f;
+	x += x >> 8; /* pushes in bits 0-4, pops in bits 16-20 */
+	return (__s64)(x & 0x1f) - (__s64)((x >> 16) & 0x1f);
 }
 
 /*
@@ -397,7 +426,8 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 	if (m->flags & CT_MAPPING_NO_TABLE)
 		return stop(w, CT_WALK_NO_ROW);
 
-	struct ct_rule *rule = cached_rule(w, m->table_id, lookup - m->bias);
+	__u32 row_offset = 0;
+	struct ct_rule *rule = cached_rule(w, m->table_id, lookup - m->bias, &row_offset);
 	if (!rule)
 		return stop(w, CT_WALK_NO_ROW);
 
@@ -407,6 +437,9 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 	switch (rule->kind) {
 	case CT_RULE_CFA_RSP:
 		cfa = rsp + (__s64)rule->cfa_off;
+		break;
+	case CT_RULE_CFA_RSP_STEPS:
+		cfa = rsp + (__s64)rule->cfa_off + 8 * steps_moved(rule->cfa_arg, row_offset);
 		break;
 	case CT_RULE_CFA_RBP:
 		cfa = rbp + (__s64)rule->cfa_off;
@@ -418,7 +451,7 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 		__u64 base = rule->cfa_reg == CT_REG_RBP ? rbp : rsp;
 		if (read_user(w, base + (__s64)rule->cfa_off, &cfa))
 			return stop(w, CT_WALK_READ_FAULT);
-		cfa += (__s64)rule->deref_add;
+		cfa += (__s64)(__s32)rule->cfa_arg;
 		break;
 	}
 	case CT_RULE_END:
