@@ -22,6 +22,17 @@ fn is_truncated(frames: &[String]) -> bool {
     frames.iter().any(|f| f.starts_with("[truncated"))
 }
 
+/// A sample the timer took while the kernel emulated a probed instruction for a uprobe
+/// (tests running beside this one probe libc's malloc, and a uprobe traps in every process
+/// mapping the file). The kernel moves rsp and then rip; a sample between the two sees user
+/// registers no unwinder can follow, and its walk rightly ends truncated. It says nothing
+/// about the tables under test.
+fn taken_mid_emulation(frames: &[String]) -> bool {
+    frames
+        .iter()
+        .any(|f| f.starts_with("arch_uprobe_skip_sstep"))
+}
+
 /// The stack above the fixture's chain reaches the process's or thread's entry.
 fn assert_root(frames: &[String], root: Root) {
     match root {
@@ -137,6 +148,10 @@ fn profile_samples_split_as_the_cpu_time_did() {
     let folded = run.folded();
     let (mut hot, mut cold, mut elsewhere) = (0u64, 0u64, 0u64);
     for (frames, count) in &folded.stacks {
+        if taken_mid_emulation(frames) {
+            elsewhere += count;
+            continue;
+        }
         assert!(!is_truncated(frames), "truncated sample: {frames:?}");
         assert_root(frames, Root::Process);
         let has = |name: &str| frames.iter().any(|f| f == name);
@@ -377,7 +392,10 @@ fn a_cargo_target_is_built_and_profiled() {
         folded.total()
     );
     for (frames, _) in &folded.stacks {
-        assert!(!is_truncated(frames), "{frames:?}");
+        assert!(
+            !is_truncated(frames) || taken_mid_emulation(frames),
+            "{frames:?}"
+        );
     }
 }
 
