@@ -23,7 +23,7 @@ pub const KSTACK_DEPTH: usize = 127;
 pub const ROWS_PER_CHUNK: usize = 1024;
 /// Slots a stack may take after hash collisions (`CT_STACK_SLOTS`).
 pub const STACK_SLOTS: u64 = 4;
-/// Bytes of user stack the walk copies at a time (`CT_USER_PAGE_SIZE`).
+/// Bytes of user stack a page slot of the walk holds at most (`CT_USER_PAGE_SIZE`).
 pub const USER_PAGE_SIZE: usize = 4096;
 /// Pages of user stack cached per CPU during a walk (`CT_PAGE_SLOTS`).
 pub const PAGE_SLOTS: usize = 8;
@@ -257,11 +257,11 @@ mirror!(
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CtUserPage {
-    pub bytes: [u8; USER_PAGE_SIZE],
+    pub bytes: [u8; 2 * USER_PAGE_SIZE],
 }
 mirror!(
     CtUserPage = ct_user_page {
-        bytes: [u8; USER_PAGE_SIZE]
+        bytes: [u8; 2 * USER_PAGE_SIZE]
     }
 );
 
@@ -270,18 +270,16 @@ mirror!(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtRuleCacheEntry {
     pub addr: u64,
-    pub table_id: u32,
-    pub rule: u32,
-    pub row_offset: u32,
+    pub generation: u32,
     pub pad: u32,
+    pub rule: CtRule,
 }
 mirror!(
     CtRuleCacheEntry = ct_rule_cache_entry {
         addr: u64,
-        table_id: u32,
-        rule: u32,
-        row_offset: u32,
+        generation: u32,
         pad: u32,
+        rule: CtRule as c::ct_rule,
     }
 );
 
@@ -348,13 +346,14 @@ mirror!(
 #[derive(Clone, Copy, Debug)]
 pub struct CtProc {
     pub nmappings: u32,
-    pub pad: u32,
+    /// Unique to this set of mappings, never 0 (the rule cache's key).
+    pub generation: u32,
     pub mappings: [CtMapping; MAX_MAPPINGS],
 }
 mirror!(
     CtProc = ct_proc {
         nmappings: u32,
-        pad: u32,
+        generation: u32,
         mappings: [CtMapping; MAX_MAPPINGS] as [c::ct_mapping; MAX_MAPPINGS],
     }
 );

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
@@ -112,6 +113,8 @@ pub struct Tracer {
     rules: MappedArray<CtRule>,
     used: TableUsage,
     max_tables: usize,
+    /// The generation of the last set of mappings registered (`ct_proc.generation`).
+    generation: AtomicU32,
 }
 
 impl Tracer {
@@ -202,6 +205,7 @@ impl Tracer {
             pages,
             rules,
             used: TableUsage::default(),
+            generation: AtomicU32::new(0),
             max_tables,
         })
     }
@@ -316,9 +320,22 @@ impl Tracer {
                 }
             }
         }
+        // Every set gets its own generation, the key of the program's rule cache: entries
+        // found in the mappings a pid had before can never answer for these.
+        let generation = match self
+            .generation
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1)
+        {
+            0 => self
+                .generation
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1),
+            generation => generation,
+        };
         let mut proc = Box::new(CtProc {
             nmappings: sorted.len() as u32,
-            pad: 0,
+            generation,
             mappings: [CtMapping::default(); MAX_MAPPINGS],
         });
         for (slot, m) in proc.mappings.iter_mut().zip(&sorted) {

@@ -319,3 +319,46 @@ fn pcs_inside_push_pop_rows_walk_complete_stacks() {
     }
     println!("{} probes in push/pop rows: {probes:x?}", probes.len());
 }
+
+/// The program's rule cache outlives processes: an entry answers only for the set of
+/// mappings it was found in (its generation). Two runs of the fixture at the same addresses
+/// (no ASLR), on the same CPU: the first registered whole fills the cache; the second,
+/// registered without libc, must stop where libc begins rather than follow the first run's
+/// rules.
+#[test]
+fn rule_cache_entries_answer_only_for_their_own_mappings() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("rule_cache_generations", &options()) else {
+        return;
+    };
+    let binary = fixture();
+    let depth = 3;
+    let mut run = |register_libc: bool| {
+        // The cache is per CPU: both runs on CPU 0.
+        let args: Vec<String> = ["-c", "0", "setarch", "-R"]
+            .map(String::from)
+            .into_iter()
+            .chain([binary.display().to_string(), "10".into(), depth.to_string()])
+            .collect();
+        let target = Target::spawn(std::path::Path::new("taskset"), &args);
+        let pid = target.pid();
+        let all = common::executable_mappings(pid);
+        register_process(&mut tracer, pid, |file| {
+            !register_libc && file.path != binary
+        });
+        let link = attach(&tracer, pid, &binary, "leaf", false);
+        target.run_to_end();
+        drop(link);
+        let (events, _, stack) = only_stack(&tracer, pid);
+        assert_eq!(events, 10);
+        let addresses: Vec<_> = all.iter().map(|m| (m.start, m.path.clone())).collect();
+        (stack, addresses)
+    };
+    let (whole, first_addresses) = run(true);
+    assert_eq!(whole.error, WalkError::Ok);
+    let (partial, second_addresses) = run(false);
+    assert_eq!(first_addresses, second_addresses, "ASLR was not off");
+    assert_eq!(partial.error, WalkError::NoMapping);
+    assert_eq!(partial.pcs, whole.pcs[..partial.pcs.len()]);
+    assert_eq!(partial.pcs.len(), chain_below("leaf", depth).len() + 1);
+}

@@ -44,20 +44,25 @@ enum ct_limits {
 	/* Slots tried after a stack hash collision (hash, hash + 1, ...). */
 	CT_STACK_SLOTS = 4,
 	/*
-	 * The walk reads the user stack a page at a time into a per-CPU cache
-	 * of CT_PAGE_SLOTS pages (the page_cache map has that many entries per
+	 * The walk copies the user stack into a per-CPU cache of CT_PAGE_SLOTS
+	 * slots, one page each (the page_cache map has that many entries per
 	 * possible CPU): one bpf_probe_read_user costs ~90 ns on the machines
-	 * measured, about as much as the rest of a frame, and a 4 KiB page
-	 * usually holds many frames.
+	 * measured, about as much as the rest of a frame, so one copy must
+	 * serve many frames. A copy runs from a 64-byte boundary CT_READ_BELOW
+	 * bytes or less under the address read to the end of its page: the
+	 * walk climbs the stack, and a frame's saved registers lie a little
+	 * under its return address.
 	 */
 	CT_USER_PAGE_SIZE = 4096,
 	CT_PAGE_SLOTS = 8,
+	CT_READ_BELOW = 64,
 	/*
-	 * Rules found for (table, address), cached per CPU across events (the
-	 * rule_cache map has that many entries per possible CPU): profiles
-	 * see the same return addresses over and over, and a hit replaces the
-	 * page lookup and the binary search of a frame. Tables never change
-	 * once loaded, so entries never go stale.
+	 * Rules found for (mappings generation, address), cached per CPU
+	 * across events (the rule_cache map has that many entries per possible
+	 * CPU): profiles see the same return addresses over and over, and a
+	 * hit replaces the mapping search, the page lookup and the binary
+	 * search of a frame. A set of mappings and its tables never change
+	 * once registered, so entries never go stale.
 	 */
 	CT_RULE_CACHE_SLOTS = 4096,
 	/*
@@ -135,18 +140,21 @@ struct ct_row_chunk {
 	struct ct_row rows[CT_ROWS_PER_CHUNK];
 };
 
-/* One element of the page_cache map: a copy of one page of user stack. */
+/*
+ * One element of the page_cache map: the end of one page of user stack,
+ * byte i of the page at bytes[i]. Twice the page, so that the verifier can
+ * bound a copy of up to a page at any offset in the page.
+ */
 struct ct_user_page {
-	__u8 bytes[CT_USER_PAGE_SIZE];
+	__u8 bytes[2 * CT_USER_PAGE_SIZE];
 };
 
 /* One element of the rule_cache map. */
 struct ct_rule_cache_entry {
-	__u64 addr;	  /* ELF address looked up */
-	__u32 table_id;	  /* its table + 1; 0: empty */
-	__u32 rule;	  /* global index into the rules map */
-	__u32 row_offset; /* addr - its row's start, capped at CT_STEP_WINDOW */
+	__u64 addr;	  /* runtime address looked up */
+	__u32 generation; /* ct_proc.generation of the mappings it was found in; 0: empty */
 	__u32 pad;
+	struct ct_rule rule; /* the rule at addr (never CT_RULE_CFA_RSP_STEPS) */
 };
 
 struct ct_page {
@@ -181,7 +189,9 @@ enum ct_mapping_flags {
 /* Mappings of one process (tgid), sorted by start, disjoint. */
 struct ct_proc {
 	__u32 nmappings;
-	__u32 pad;
+	/* Unique to this set of mappings (never 0): userspace numbers every
+	 * set it registers, a forked child shares its parent's. */
+	__u32 generation;
 	struct ct_mapping mappings[CT_MAX_MAPPINGS];
 };
 

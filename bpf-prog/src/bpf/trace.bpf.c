@@ -14,10 +14,10 @@
  * bpf_probe_read_user on the machines measured), so the hot path avoids
  * them. Per event: the process lookup, one bpf_probe_read_user per 4 KiB
  * page of stack touched (page_cache), and usually a single counts lookup
- * (see record()). Per frame, no helper call: the previous frame's mapping
- * is tried first, the rule comes from a per-CPU cache (rule_cache) or, on a
- * miss, from a branch-free binary search of the rows of its 64 KiB page, and
- * reads are served from the cached pages.
+ * (see record()). Per frame, no helper call: the rule comes from a per-CPU
+ * cache keyed by the address (rule_cache) or, on a miss, from the mapping
+ * (the previous frame's tried first) and a branch-free binary search of the
+ * rows of its 64 KiB page, and reads are served from the cached pages.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -137,6 +137,7 @@ struct {
 struct walk_scratch {
 	struct ct_stack stack;	       /* stack.len counts the frames found so far */
 	__u64 page_tag[CT_PAGE_SLOTS]; /* user page number + 1 held by each slot; 0: none */
+	__u16 page_lo[CT_PAGE_SLOTS];  /* the slot holds bytes [page_lo, page end) of it */
 	__u32 page_base;	       /* this CPU's first slot in page_cache */
 	__u32 rule_cache_base;	       /* this CPU's first slot in rule_cache */
 	__u64 pc;
@@ -147,6 +148,7 @@ struct walk_scratch {
 	__u32 nmappings;
 	__u32 mapping; /* index of the mapping of the previous pc: tried first */
 	__u32 exact;   /* pc is a current pc, not a return address */
+	__u32 generation; /* of the process's mappings (ct_proc.generation) */
 	__u16 error;
 	__u16 reason;
 };
@@ -320,38 +322,6 @@ static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr, __u32 *ro
 	return t->rules_base + rule;
 }
 
-/* find_rule through the rule cache; NULL for a gap. The cache is keyed by
- * address, and keeps the row offset with the rule: an entry answers as
- * find_rule would. */
-static __always_inline struct ct_rule *cached_rule(struct walk_scratch *w, __u32 table_id,
-						   __u64 addr, __u32 *row_offset)
-{
-	__u32 slot = ((addr ^ ((__u64)table_id << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
-	__u32 key = w->rule_cache_base + (slot & (CT_RULE_CACHE_SLOTS - 1));
-	struct ct_rule_cache_entry *entry = bpf_map_lookup_elem(&rule_cache, &key);
-	__u32 index;
-
-	if (entry && entry->addr == addr && entry->table_id == table_id + 1) {
-		index = entry->rule;
-		*row_offset = entry->row_offset;
-	} else {
-		struct ct_table *t = bpf_map_lookup_elem(&tables, &table_id);
-		if (!t)
-			return NULL;
-		__s64 found = find_rule(t, addr, row_offset);
-		if (found < 0)
-			return NULL;
-		index = found;
-		if (entry) {
-			entry->addr = addr;
-			entry->table_id = table_id + 1;
-			entry->rule = index;
-			entry->row_offset = *row_offset;
-		}
-	}
-	return bpf_map_lookup_elem(&rules, &index);
-}
-
 /*
  * How far a CT_RULE_CFA_RSP_STEPS rule has moved rsp, in 8-byte slots,
  * row_offset (<= CT_STEP_WINDOW) bytes past its row's start: pushes minus
@@ -371,13 +341,83 @@ static __always_inline __s64 steps_moved(__u32 steps, __u32 row_offset)
 }
 
 /*
+ * The rule for runtime address lookup (the pc, or a return address - 1) in
+ * the process whose mappings proc holds, as the per-CPU rule cache keeps
+ * it: a CT_RULE_CFA_RSP_STEPS row resolved to the CT_RULE_CFA_RSP in effect
+ * at that address. NULL when the walk must stop; w->error says why.
+ *
+ * The cache is keyed by (address, generation of the process's mappings):
+ * userspace gives every mapping set it registers a new generation, so an
+ * entry can never answer for other mappings, and a hit costs no mapping
+ * search, no table search and no rules lookup.
+ */
+static __always_inline struct ct_rule *rule_for(struct walk_scratch *w, struct ct_proc *proc,
+						__u64 lookup)
+{
+	__u32 generation = w->generation;
+	__u32 slot = ((lookup ^ ((__u64)generation << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
+	__u32 key = w->rule_cache_base + (slot & (CT_RULE_CACHE_SLOTS - 1));
+	struct ct_rule_cache_entry *entry = bpf_map_lookup_elem(&rule_cache, &key);
+
+	if (!entry) {
+		w->error = CT_WALK_NO_ROW;
+		return NULL;
+	}
+	if (entry->addr == lookup && entry->generation == generation)
+		return &entry->rule;
+
+	__u32 mi = w->mapping;
+	if (mi >= CT_MAX_MAPPINGS) {
+		w->error = CT_WALK_NO_MAPPING;
+		return NULL;
+	}
+	struct ct_mapping *m = &proc->mappings[mi];
+	if (lookup < m->start || lookup >= m->end) {
+		mi = find_mapping(proc, w->nmappings, lookup);
+		if (mi >= CT_MAX_MAPPINGS) {
+			w->error = CT_WALK_NO_MAPPING;
+			return NULL;
+		}
+		m = &proc->mappings[mi];
+		w->mapping = mi;
+	}
+	__u32 table_id = m->table_id;
+	struct ct_table *t = bpf_map_lookup_elem(&tables, &table_id);
+	if ((m->flags & CT_MAPPING_NO_TABLE) || !t) {
+		w->error = CT_WALK_NO_ROW;
+		return NULL;
+	}
+	__u32 row_offset = 0;
+	__s64 found = find_rule(t, lookup - m->bias, &row_offset);
+	if (found < 0) {
+		w->error = CT_WALK_NO_ROW;
+		return NULL;
+	}
+	__u32 index = found;
+	struct ct_rule *rule = bpf_map_lookup_elem(&rules, &index);
+	if (!rule) {
+		w->error = CT_WALK_NO_ROW;
+		return NULL;
+	}
+	entry->rule = *rule;
+	if (rule->kind == CT_RULE_CFA_RSP_STEPS) {
+		entry->rule.kind = CT_RULE_CFA_RSP;
+		entry->rule.cfa_off += 8 * steps_moved(rule->cfa_arg, row_offset);
+	}
+	entry->addr = lookup;
+	entry->generation = generation;
+	return &entry->rule;
+}
+
+/*
  * Reads the u64 at user address addr through the page cache. Equivalent to
- * bpf_probe_read_user of those 8 bytes: a page read succeeds exactly when
- * the page is mapped, readable and present. Returns 0 on success.
+ * bpf_probe_read_user of those 8 bytes: a copy succeeds exactly when the
+ * bytes it takes are mapped, readable and present, and it never leaves the
+ * page of addr. Returns 0 on success.
  */
 static __always_inline int read_user(struct walk_scratch *w, __u64 addr, __u64 *value)
 {
-	__u64 offset = addr & (CT_USER_PAGE_SIZE - 1);
+	__u32 offset = addr & (CT_USER_PAGE_SIZE - 1);
 
 	if (offset > CT_USER_PAGE_SIZE - sizeof(__u64))
 		/* straddles two pages: rare enough to read directly */
@@ -389,13 +429,24 @@ static __always_inline int read_user(struct walk_scratch *w, __u64 addr, __u64 *
 	struct ct_user_page *copy = bpf_map_lookup_elem(&page_cache, &key);
 	if (!copy)
 		return -1;
-	if (w->page_tag[slot] != page + 1) {
-		if (bpf_probe_read_user(copy->bytes, CT_USER_PAGE_SIZE,
-					(void *)(page * CT_USER_PAGE_SIZE))) {
+	if (w->page_tag[slot] != page + 1 || offset < w->page_lo[slot]) {
+		__u32 lo = offset & ~63U;
+		lo = lo > CT_READ_BELOW ? lo - CT_READ_BELOW : 0;
+		__u32 size = CT_USER_PAGE_SIZE - lo;
+		/* bounds the verifier can follow (the empty asm keeps clang
+		 * from folding the masks away): lo < a page, size <= a page */
+		asm volatile("" : "+r"(lo), "+r"(size));
+		lo &= CT_USER_PAGE_SIZE - 1;
+		size &= 2 * CT_USER_PAGE_SIZE - 1;
+		if (size > CT_USER_PAGE_SIZE)
+			return -1;
+		if (bpf_probe_read_user(&copy->bytes[lo], size,
+					(void *)(page * CT_USER_PAGE_SIZE + lo))) {
 			w->page_tag[slot] = 0;
 			return -1;
 		}
 		w->page_tag[slot] = page + 1;
+		w->page_lo[slot] = lo;
 	}
 	*value = *(__u64 *)&copy->bytes[offset];
 	return 0;
@@ -411,25 +462,9 @@ static __always_inline int stop(struct walk_scratch *w, __u16 error)
 static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *proc)
 {
 	__u64 lookup = w->exact ? w->pc : w->pc - 1;
-	__u32 mi = w->mapping;
-
-	if (mi >= CT_MAX_MAPPINGS)
-		return stop(w, CT_WALK_NO_MAPPING);
-	struct ct_mapping *m = &proc->mappings[mi];
-	if (lookup < m->start || lookup >= m->end) {
-		mi = find_mapping(proc, w->nmappings, lookup);
-		if (mi >= CT_MAX_MAPPINGS)
-			return stop(w, CT_WALK_NO_MAPPING);
-		m = &proc->mappings[mi];
-		w->mapping = mi;
-	}
-	if (m->flags & CT_MAPPING_NO_TABLE)
-		return stop(w, CT_WALK_NO_ROW);
-
-	__u32 row_offset = 0;
-	struct ct_rule *rule = cached_rule(w, m->table_id, lookup - m->bias, &row_offset);
+	struct ct_rule *rule = rule_for(w, proc, lookup);
 	if (!rule)
-		return stop(w, CT_WALK_NO_ROW);
+		return 1;
 
 	__u64 rsp = w->rsp, rbp = w->rbp;
 	__u64 cfa, ra;
@@ -437,9 +472,6 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 	switch (rule->kind) {
 	case CT_RULE_CFA_RSP:
 		cfa = rsp + (__s64)rule->cfa_off;
-		break;
-	case CT_RULE_CFA_RSP_STEPS:
-		cfa = rsp + (__s64)rule->cfa_off + 8 * steps_moved(rule->cfa_arg, row_offset);
 		break;
 	case CT_RULE_CFA_RBP:
 		cfa = rbp + (__s64)rule->cfa_off;
@@ -584,6 +616,7 @@ static __always_inline struct walk_scratch *walk_user_stack(__u32 tgid, __u64 ri
 		struct walk_ctx ctx = { .w = w, .proc = proc };
 		__u32 n = proc->nmappings;
 		w->nmappings = n < CT_MAX_MAPPINGS ? n : CT_MAX_MAPPINGS;
+		w->generation = proc->generation;
 		/* Each step either stops or adds a frame, and the step that
 		 * would add frame CT_MAX_FRAMES + 1 stops with DEPTH_CAP, so
 		 * CT_MAX_FRAMES steps always reach a stop: the bound is never
