@@ -61,7 +61,8 @@ fn main() {
                 .source(root.join(SOURCE))
                 .obj(&object)
                 .clang(&clang)
-                .clang_args(["-Wall", "-Wno-unused-function"])
+                // v3: atomic fetch-and-or (nesting levels) and 32-bit jumps.
+                .clang_args(["-Wall", "-Wno-unused-function", "-mcpu=v3"])
                 .build_and_generate(&skeleton);
             if let Err(error) = result {
                 panic!("compiling {SOURCE} with {clang}: {error:#}");

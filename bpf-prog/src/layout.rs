@@ -25,8 +25,10 @@ pub const ROWS_PER_CHUNK: usize = 1024;
 pub const STACK_SLOTS: u64 = 4;
 /// Bytes of user stack a page slot of the walk holds at most (`CT_USER_PAGE_SIZE`).
 pub const USER_PAGE_SIZE: usize = 4096;
-/// Pages of user stack cached per CPU during a walk (`CT_PAGE_SLOTS`).
+/// Pages of user stack cached per walk (`CT_PAGE_SLOTS`).
 pub const PAGE_SLOTS: usize = 8;
+/// Walks in progress at once on one CPU (`CT_NEST_LEVELS`), each with its own page slots.
+pub const NEST_LEVELS: usize = 4;
 /// Entries of the rule cache per CPU (`CT_RULE_CACHE_SLOTS`).
 pub const RULE_CACHE_SLOTS: usize = 4096;
 /// Bytes past its row's start the last push/pop step of a row may lie (`CT_STEP_WINDOW`),
@@ -75,7 +77,7 @@ pub mod sigframe {
 pub const MAPPING_NO_TABLE: u32 = 1;
 
 /// Number of entries of the walk_errors map (`CT_WALK_ERROR_COUNT`).
-pub const WALK_ERROR_COUNT: usize = 12;
+pub const WALK_ERROR_COUNT: usize = 13;
 /// Entries of walk_errors that are walk ends (`CT_WALK_STOP_COUNT`).
 pub const WALK_STOP_COUNT: usize = 8;
 
@@ -96,6 +98,7 @@ check_constants! {
     STACK_SLOTS => c::ct_limits::CT_STACK_SLOTS,
     USER_PAGE_SIZE => c::ct_limits::CT_USER_PAGE_SIZE,
     PAGE_SLOTS => c::ct_limits::CT_PAGE_SLOTS,
+    NEST_LEVELS => c::ct_limits::CT_NEST_LEVELS,
     RULE_CACHE_SLOTS => c::ct_limits::CT_RULE_CACHE_SLOTS,
     STEP_WINDOW => c::ct_limits::CT_STEP_WINDOW,
     STACK_NONE => c::ct_stack_key::CT_STACK_NONE,
@@ -257,11 +260,11 @@ mirror!(
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CtUserPage {
-    pub bytes: [u8; 2 * USER_PAGE_SIZE],
+    pub bytes: [u8; USER_PAGE_SIZE],
 }
 mirror!(
     CtUserPage = ct_user_page {
-        bytes: [u8; 2 * USER_PAGE_SIZE]
+        bytes: [u8; USER_PAGE_SIZE]
     }
 );
 

@@ -34,6 +34,9 @@ pub enum WalkError {
     HashCollision = 10,
     /// `bpf_get_stackid` failed: the event has no kernel stack.
     KernelStackLost = 11,
+    /// Walks were in progress at every nesting level of the CPU (programs interrupting
+    /// each other): the event is counted without its user stack.
+    TooNested = 12,
 }
 
 impl WalkError {
@@ -54,6 +57,7 @@ impl WalkError {
         WalkError::CountMapFull,
         WalkError::HashCollision,
         WalkError::KernelStackLost,
+        WalkError::TooNested,
     ];
 
     pub fn from_index(index: usize) -> Option<WalkError> {
@@ -81,6 +85,7 @@ impl WalkError {
             WalkError::CountMapFull => "count map full",
             WalkError::HashCollision => "hash collision",
             WalkError::KernelStackLost => "kernel stack lost",
+            WalkError::TooNested => "too nested",
         }
     }
 }
@@ -232,6 +237,7 @@ mod tests {
                 "count map full",
                 "hash collision",
                 "kernel stack lost",
+                "too nested",
             ]
         );
         assert!(WalkError::BadReturnAddress.is_walk_end());

@@ -177,7 +177,7 @@ impl Tracer {
             (
                 &mut maps.page_cache,
                 "page_cache",
-                per_cpu(layout::PAGE_SLOTS),
+                per_cpu(layout::NEST_LEVELS * layout::PAGE_SLOTS),
             ),
             (
                 &mut maps.rule_cache,

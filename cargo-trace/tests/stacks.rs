@@ -539,3 +539,63 @@ fn stacks_cross_signal_frames() {
     }
     assert_eq!(in_handler, 200);
 }
+
+/// A uprobe program runs with interrupts on: profile samples land in the middle of its walks
+/// (a malloc storm under `profile:hz:4999` puts thousands there), and each walk must keep
+/// its own scratch. Every malloc is counted once under its full chain, and no stack is
+/// mangled into a hash collision or a truncation.
+#[test]
+fn profile_samples_inside_uprobe_walks_leave_them_intact() {
+    if !bpf_available("nested walks") {
+        return;
+    }
+    let path = fixtures::c_fixture("storm");
+    let run = trace(
+        "nested",
+        &["uprobe:libc:malloc", "profile:hz:4999"],
+        &format!("{} 300000", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let printed = expected::parse_site_counts(&run.stdout).expect("site line");
+    assert_eq!(printed[0].calls, 300_000);
+    let folded = run.folded();
+    let mut mallocs = 0;
+    let mut samples_in_uprobes = 0;
+    let chain: Vec<String> = (1..=10)
+        .rev()
+        .map(|level| format!("storm_{level}"))
+        .chain(["main".to_string()])
+        .collect();
+    for (frames, count) in &folded.stacks {
+        match frames[0].as_str() {
+            "uprobe:libc:malloc" => {
+                let frames = &frames[1..];
+                assert!(!is_truncated(frames), "{frames:?}");
+                assert_root(frames, Root::Process);
+                let leaf = leaf_first(frames);
+                assert!(is_malloc_frame(leaf[0]), "{frames:?}");
+                // The storm's mallocs, and stdio's buffer for its output.
+                if leaf[1] == "storm_10" {
+                    mallocs += count;
+                    assert_eq!(leaf[1..=chain.len()], chain, "{frames:?}");
+                }
+            }
+            "profile:hz:4999" => {
+                if frames.iter().any(|f| f == "uprobe_notify_resume_[k]") {
+                    samples_in_uprobes += count;
+                }
+            }
+            other => panic!("unknown probe {other}"),
+        }
+    }
+    assert_eq!(mallocs, 300_000, "{}", run.stderr);
+    assert!(
+        samples_in_uprobes > 0,
+        "no sample in a uprobe: {}",
+        run.stderr
+    );
+    for lost in ["hash collision", "stack map full", "too nested"] {
+        assert!(!run.stderr.contains(lost), "{}", run.stderr);
+    }
+}

@@ -57,6 +57,16 @@ enum ct_limits {
 	CT_PAGE_SLOTS = 8,
 	CT_READ_BELOW = 64,
 	/*
+	 * Walks in progress at once on one CPU. A uprobe program runs
+	 * preemptible, with interrupts on: a perf event program (or, where the
+	 * kernel preempts, another task's uprobe program) may walk while it
+	 * is paused mid-walk. Each walk claims a level of its own, with its
+	 * own scratch and page slots (the page_cache map has CT_PAGE_SLOTS
+	 * entries per level per possible CPU); only level 0 uses and fills
+	 * the rule cache, so that no two walks ever write it at once.
+	 */
+	CT_NEST_LEVELS = 4,
+	/*
 	 * Rules found for (mappings generation, address), cached per CPU
 	 * across events (the rule_cache map has that many entries per possible
 	 * CPU): profiles see the same return addresses over and over, and a
@@ -140,13 +150,10 @@ struct ct_row_chunk {
 	struct ct_row rows[CT_ROWS_PER_CHUNK];
 };
 
-/*
- * One element of the page_cache map: the end of one page of user stack,
- * byte i of the page at bytes[i]. Twice the page, so that the verifier can
- * bound a copy of up to a page at any offset in the page.
- */
+/* One element of the page_cache map: the end of one page of user stack,
+ * from an offset the walk keeps (walk_scratch.page_lo). */
 struct ct_user_page {
-	__u8 bytes[2 * CT_USER_PAGE_SIZE];
+	__u8 bytes[CT_USER_PAGE_SIZE];
 };
 
 /* One element of the rule_cache map. */
@@ -216,7 +223,9 @@ enum ct_walk_error {
 	CT_WALK_COUNT_MAP_FULL = 9,  /* counts map full: event not counted */
 	CT_WALK_HASH_COLLISION = 10, /* distinct stacks with one hash; stored under the next slot */
 	CT_WALK_KSTACK_LOST = 11,    /* bpf_get_stackid failed: no kernel stack */
-	CT_WALK_ERROR_COUNT = 12,
+	CT_WALK_TOO_NESTED = 12,     /* CT_NEST_LEVELS walks in progress on the CPU:
+				      * counted without a user stack */
+	CT_WALK_ERROR_COUNT = 13,
 };
 
 /* A user stack, stored once by hash. */

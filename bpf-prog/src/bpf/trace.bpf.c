@@ -137,9 +137,11 @@ struct {
 struct walk_scratch {
 	struct ct_stack stack;	       /* stack.len counts the frames found so far */
 	__u64 page_tag[CT_PAGE_SLOTS]; /* user page number + 1 held by each slot; 0: none */
-	__u16 page_lo[CT_PAGE_SLOTS];  /* the slot holds bytes [page_lo, page end) of it */
-	__u32 page_base;	       /* this CPU's first slot in page_cache */
+	__u16 page_lo[CT_PAGE_SLOTS];  /* the slot holds bytes [page_lo, page end) of it, from 0 */
+	__u32 page_base;	       /* this walk's first slot in page_cache */
 	__u32 rule_cache_base;	       /* this CPU's first slot in rule_cache */
+	__u32 use_rule_cache;	       /* level 0 only: see CT_NEST_LEVELS */
+	struct ct_rule rule;	       /* the rule of the current step, when not from the cache */
 	__u64 pc;
 	__u64 rsp;
 	__u64 rbp;
@@ -153,20 +155,29 @@ struct walk_scratch {
 	__u16 reason;
 };
 
+/* One scratch per nesting level (see CT_NEST_LEVELS). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
 	__type(value, struct walk_scratch);
-	__uint(max_entries, 1);
+	__uint(max_entries, CT_NEST_LEVELS);
 } scratch SEC(".maps");
 
+/* Per CPU: bit l set while a walk holds level l. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} levels SEC(".maps");
+
 /* Pages of user stack read during the current walk: CT_PAGE_SLOTS slots per
- * CPU, sized by userspace to the number of possible CPUs. */
+ * level per CPU, sized by userspace to the number of possible CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct ct_user_page);
-	__uint(max_entries, 64 * CT_PAGE_SLOTS);
+	__uint(max_entries, 64 * CT_NEST_LEVELS * CT_PAGE_SLOTS);
 } page_cache SEC(".maps");
 
 /* See CT_RULE_CACHE_SLOTS; sized by userspace to the number of possible CPUs. */
@@ -355,16 +366,15 @@ static __always_inline struct ct_rule *rule_for(struct walk_scratch *w, struct c
 						__u64 lookup)
 {
 	__u32 generation = w->generation;
-	__u32 slot = ((lookup ^ ((__u64)generation << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
-	__u32 key = w->rule_cache_base + (slot & (CT_RULE_CACHE_SLOTS - 1));
-	struct ct_rule_cache_entry *entry = bpf_map_lookup_elem(&rule_cache, &key);
+	struct ct_rule_cache_entry *entry = NULL;
 
-	if (!entry) {
-		w->error = CT_WALK_NO_ROW;
-		return NULL;
+	if (w->use_rule_cache) {
+		__u32 slot = ((lookup ^ ((__u64)generation << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
+		__u32 key = w->rule_cache_base + (slot & (CT_RULE_CACHE_SLOTS - 1));
+		entry = bpf_map_lookup_elem(&rule_cache, &key);
+		if (entry && entry->addr == lookup && entry->generation == generation)
+			return &entry->rule;
 	}
-	if (entry->addr == lookup && entry->generation == generation)
-		return &entry->rule;
 
 	__u32 mi = w->mapping;
 	if (mi >= CT_MAX_MAPPINGS) {
@@ -399,14 +409,17 @@ static __always_inline struct ct_rule *rule_for(struct walk_scratch *w, struct c
 		w->error = CT_WALK_NO_ROW;
 		return NULL;
 	}
-	entry->rule = *rule;
+	w->rule = *rule;
 	if (rule->kind == CT_RULE_CFA_RSP_STEPS) {
-		entry->rule.kind = CT_RULE_CFA_RSP;
-		entry->rule.cfa_off += 8 * steps_moved(rule->cfa_arg, row_offset);
+		w->rule.kind = CT_RULE_CFA_RSP;
+		w->rule.cfa_off += 8 * steps_moved(rule->cfa_arg, row_offset);
 	}
-	entry->addr = lookup;
-	entry->generation = generation;
-	return &entry->rule;
+	if (entry) {
+		entry->rule = w->rule;
+		entry->addr = lookup;
+		entry->generation = generation;
+	}
+	return &w->rule;
 }
 
 /*
@@ -433,22 +446,22 @@ static __always_inline int read_user(struct walk_scratch *w, __u64 addr, __u64 *
 		__u32 lo = offset & ~63U;
 		lo = lo > CT_READ_BELOW ? lo - CT_READ_BELOW : 0;
 		__u32 size = CT_USER_PAGE_SIZE - lo;
-		/* bounds the verifier can follow (the empty asm keeps clang
-		 * from folding the masks away): lo < a page, size <= a page */
-		asm volatile("" : "+r"(lo), "+r"(size));
-		lo &= CT_USER_PAGE_SIZE - 1;
-		size &= 2 * CT_USER_PAGE_SIZE - 1;
+		/* a bound the verifier can follow (the empty asm keeps clang
+		 * from folding it away) */
+		asm volatile("" : "+r"(size));
 		if (size > CT_USER_PAGE_SIZE)
 			return -1;
-		if (bpf_probe_read_user(&copy->bytes[lo], size,
-					(void *)(page * CT_USER_PAGE_SIZE + lo))) {
+		if (bpf_probe_read_user(copy->bytes, size, (void *)(page * CT_USER_PAGE_SIZE + lo))) {
 			w->page_tag[slot] = 0;
 			return -1;
 		}
 		w->page_tag[slot] = page + 1;
 		w->page_lo[slot] = lo;
 	}
-	*value = *(__u64 *)&copy->bytes[offset];
+	__u32 at = offset - w->page_lo[slot];
+	if (at > CT_USER_PAGE_SIZE - sizeof(__u64))
+		return -1;
+	*value = *(__u64 *)&copy->bytes[at];
 	return 0;
 }
 
@@ -585,11 +598,10 @@ static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash)
  * Walks the user stack from the given registers into the scratch map and
  * finishes its hashes (w->hash, w->stack.check); NULL if there is no scratch.
  */
-static __always_inline struct walk_scratch *walk_user_stack(__u32 tgid, __u64 rip, __u64 rsp,
-							    __u64 rbp)
+static __always_inline struct walk_scratch *walk_user_stack(__u32 level, __u32 tgid, __u64 rip,
+							    __u64 rsp, __u64 rbp)
 {
-	__u32 zero = 0;
-	struct walk_scratch *w = bpf_map_lookup_elem(&scratch, &zero);
+	struct walk_scratch *w = bpf_map_lookup_elem(&scratch, &level);
 
 	if (!w)
 		return NULL;
@@ -606,8 +618,9 @@ static __always_inline struct walk_scratch *walk_user_stack(__u32 tgid, __u64 ri
 	w->error = CT_WALK_OK;
 	w->reason = 0;
 	__u32 cpu = bpf_get_smp_processor_id();
-	w->page_base = cpu * CT_PAGE_SLOTS;
+	w->page_base = (cpu * CT_NEST_LEVELS + level) * CT_PAGE_SLOTS;
 	w->rule_cache_base = cpu * CT_RULE_CACHE_SLOTS;
+	w->use_rule_cache = level == 0;
 	for (int slot = 0; slot < CT_PAGE_SLOTS; slot++)
 		w->page_tag[slot] = 0;
 
@@ -665,16 +678,23 @@ static __always_inline void count_event(__u64 stack_hash, __s32 kstack_id, __u32
 	__sync_fetch_and_add(&count->events, 1);
 }
 
-/*
- * Walks the user stack (if rip is not 0) and counts the event. The common
- * case, a stack counted before under the same key, costs one lookup in
- * counts: the count remembers the check of its stack, so the stacks map is
- * only consulted for a new stack or a hash collision.
- */
-static __always_inline void record(__u32 tgid, __u64 rip, __u64 rsp, __u64 rbp, __s32 kstack_id,
-				   __u32 probe_id)
+/* Claims a free nesting level of this CPU (see CT_NEST_LEVELS) in *held;
+ * CT_NEST_LEVELS if all are taken. */
+static __always_inline __u32 claim_level(__u32 *held)
 {
-	struct walk_scratch *w = rip ? walk_user_stack(tgid, rip, rsp, rbp) : NULL;
+	for (__u32 level = 0; level < CT_NEST_LEVELS; level++) {
+		__u32 bit = 1U << level;
+		if (!(__sync_fetch_and_or(held, bit) & bit))
+			return level;
+	}
+	return CT_NEST_LEVELS;
+}
+
+/* Counts the event under the stack walked at level (its scratch holds it). */
+static __always_inline void record_walked(__u32 level, __u32 tgid, __u64 rip, __u64 rsp,
+					  __u64 rbp, __s32 kstack_id, __u32 probe_id)
+{
+	struct walk_scratch *w = walk_user_stack(level, tgid, rip, rsp, rbp);
 
 	if (!w) {
 		count_event(CT_STACK_NONE, kstack_id, tgid, probe_id, 0);
@@ -693,6 +713,32 @@ static __always_inline void record(__u32 tgid, __u64 rip, __u64 rsp, __u64 rbp, 
 		return;
 	}
 	count_event(store_stack(&w->stack, w->hash), kstack_id, tgid, probe_id, check);
+}
+
+/*
+ * Walks the user stack (if rip is not 0) and counts the event. The common
+ * case, a stack counted before under the same key, costs one lookup in
+ * counts: the count remembers the check of its stack, so the stacks map is
+ * only consulted for a new stack or a hash collision.
+ */
+static __always_inline void record(__u32 tgid, __u64 rip, __u64 rsp, __u64 rbp, __s32 kstack_id,
+				   __u32 probe_id)
+{
+	__u32 zero = 0;
+	__u32 *held = rip ? bpf_map_lookup_elem(&levels, &zero) : NULL;
+
+	if (!held) {
+		count_event(CT_STACK_NONE, kstack_id, tgid, probe_id, 0);
+		return;
+	}
+	__u32 level = claim_level(held);
+	if (level >= CT_NEST_LEVELS) {
+		count_error(CT_WALK_TOO_NESTED);
+		count_event(CT_STACK_NONE, kstack_id, tgid, probe_id, 0);
+		return;
+	}
+	record_walked(level, tgid, rip, rsp, rbp, kstack_id, probe_id);
+	__sync_fetch_and_and(held, ~(1U << level));
 }
 
 static __always_inline bool pid_wanted(__u32 tgid)
