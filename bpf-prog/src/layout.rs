@@ -386,18 +386,16 @@ mirror!(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtCountKey {
     pub stack_hash: u64,
-    pub kstack_id: i32,
+    pub kstack_hash: u64,
     pub pid: u32,
     pub probe_id: u32,
-    pub pad: u32,
 }
 mirror!(
     CtCountKey = ct_count_key {
         stack_hash: u64,
-        kstack_id: i32,
+        kstack_hash: u64,
         pid: u32,
         probe_id: u32,
-        pad: u32,
     }
 );
 

@@ -32,7 +32,7 @@ pub enum WalkError {
     CountMapFull = 9,
     /// Two distinct stacks had the same hash; the second went to the next slot.
     HashCollision = 10,
-    /// `bpf_get_stackid` failed: the event has no kernel stack.
+    /// The event has no kernel stack: `bpf_get_stack` failed, or the stacks map was full.
     KernelStackLost = 11,
     /// Walks were in progress at every nesting level of the CPU (programs interrupting
     /// each other): the event is counted without its user stack.
@@ -178,9 +178,10 @@ pub struct CountKey {
     /// Thread group id (what userspace calls the pid).
     pub pid: u32,
     pub stack: StackRef,
-    /// Id in the kernel stack map (see [`Tracer::kernel_stack`](crate::Tracer::kernel_stack)),
-    /// for events that fired in kernel mode.
-    pub kernel_stack: Option<u32>,
+    /// Key of the kernel stack in the stacks map (see
+    /// [`Tracer::kernel_stack`](crate::Tracer::kernel_stack)), for events that fired in
+    /// kernel mode.
+    pub kernel_stack: Option<u64>,
 }
 
 impl CountKey {
@@ -193,7 +194,10 @@ impl CountKey {
                 layout::STACK_NOT_STORED => StackRef::NotStored,
                 hash => StackRef::Hash(hash),
             },
-            kernel_stack: u32::try_from(raw.kstack_id).ok(),
+            kernel_stack: match raw.kstack_hash {
+                layout::STACK_NONE | layout::STACK_NOT_STORED => None,
+                hash => Some(hash),
+            },
         }
     }
 }
@@ -271,18 +275,19 @@ mod tests {
 
     #[test]
     fn count_keys_decode_the_reserved_values() {
-        let raw = |stack_hash, kstack_id| CtCountKey {
+        let raw = |stack_hash, kstack_hash| CtCountKey {
             stack_hash,
-            kstack_id,
+            kstack_hash,
             pid: 5,
             probe_id: 6,
-            pad: 0,
         };
-        assert_eq!(CountKey::from_raw(&raw(0, -1)).stack, StackRef::None);
-        assert_eq!(CountKey::from_raw(&raw(1, -14)).stack, StackRef::NotStored);
-        let key = CountKey::from_raw(&raw(0xfeed, 9));
+        assert_eq!(CountKey::from_raw(&raw(0, 0)).stack, StackRef::None);
+        assert_eq!(CountKey::from_raw(&raw(0, 0)).kernel_stack, None);
+        assert_eq!(CountKey::from_raw(&raw(1, 1)).stack, StackRef::NotStored);
+        assert_eq!(CountKey::from_raw(&raw(1, 1)).kernel_stack, None);
+        let key = CountKey::from_raw(&raw(0xfeed, 0xbeef));
         assert_eq!(key.stack, StackRef::Hash(0xfeed));
-        assert_eq!(key.kernel_stack, Some(9));
+        assert_eq!(key.kernel_stack, Some(0xbeef));
         assert_eq!((key.pid, key.probe_id), (5, 6));
     }
 }

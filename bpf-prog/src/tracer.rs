@@ -13,7 +13,7 @@ use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
 use crate::error::{Error, Result, TableMap};
 use crate::layout::{
     self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
-    CtProc, CtRow, CtRule, CtStack, CtTable, KSTACK_DEPTH, MAX_MAPPINGS, ROWS_PER_CHUNK,
+    CtProc, CtRow, CtRule, CtStack, CtTable, MAX_MAPPINGS, ROWS_PER_CHUNK,
 };
 use crate::records::{Count, CountKey, Stack, WalkError};
 use crate::skel::{TraceSkel, TraceSkelBuilder};
@@ -40,12 +40,10 @@ pub struct Options {
     pub max_tables: u32,
     /// Processes with registered mappings.
     pub max_procs: u32,
-    /// Distinct user stacks (4 KiB each, allocated as they appear).
+    /// Distinct user and kernel stacks (4 KiB each, allocated as they appear).
     pub max_stacks: u32,
     /// Distinct (probe, pid, user stack, kernel stack) counters.
     pub max_counts: u32,
-    /// Distinct kernel stacks (1 KiB each, preallocated).
-    pub max_kernel_stacks: u32,
     /// Processes in the pid filter.
     pub max_filtered_pids: u32,
 }
@@ -63,7 +61,6 @@ impl Default for Options {
             max_procs: 4096,
             max_stacks: 16384,
             max_counts: 65536,
-            max_kernel_stacks: 8192,
             max_filtered_pids: 4096,
         }
     }
@@ -167,7 +164,6 @@ impl Tracer {
             (&mut maps.procs, "procs", options.max_procs),
             (&mut maps.stacks, "stacks", options.max_stacks),
             (&mut maps.counts, "counts", options.max_counts),
-            (&mut maps.kstacks, "kstacks", options.max_kernel_stacks),
             (
                 &mut maps.pid_filter,
                 "pid_filter",
@@ -520,45 +516,69 @@ impl Tracer {
     /// The user stack stored under `hash` (a [`StackRef::Hash`](crate::StackRef::Hash)).
     pub fn stack(&self, hash: u64) -> Result<Option<Stack>> {
         let mut value = vec![0u8; size_of::<CtStack>()];
-        let found = self
-            .skel
-            .maps
-            .stacks
-            .lookup_into(bytes_of(&hash), &mut value, MapFlags::ANY)
-            .map_err(|source| Error::Map {
-                map: "stacks",
-                op: "lookup",
-                source,
-            })?;
-        if !found {
-            return Ok(None);
+        for (map, name) in [
+            (&self.skel.maps.stacks, "stacks"),
+            (&self.skel.maps.spilled_stacks, "spilled_stacks"),
+        ] {
+            let found = map
+                .lookup_into(bytes_of(&hash), &mut value, MapFlags::ANY)
+                .map_err(|source| Error::Map {
+                    map: name,
+                    op: "lookup",
+                    source,
+                })?;
+            if found {
+                let raw: Box<CtStack> =
+                    Box::new(from_bytes(&value).expect("value has the size of ct_stack"));
+                return Ok(Some(Stack::from_raw(&raw)));
+            }
         }
-        let raw: Box<CtStack> =
-            Box::new(from_bytes(&value).expect("value has the size of ct_stack"));
-        Ok(Some(Stack::from_raw(&raw)))
+        Ok(None)
     }
 
-    /// The kernel stack stored under `id`, innermost first (empty if unknown).
-    pub fn kernel_stack(&self, id: u32) -> Result<Vec<u64>> {
-        let found = self
-            .skel
-            .maps
-            .kstacks
-            .lookup(bytes_of(&id), MapFlags::ANY)
-            .map_err(|source| Error::Map {
-                map: "kstacks",
-                op: "lookup",
+    /// Moves the stacks the program spilled (stored aside when the stacks map could not
+    /// allocate them in an interrupt) into the stacks map, making room for more; returns how
+    /// many moved. Stacks stay readable throughout: each is in one map or both.
+    pub fn drain_spilled_stacks(&self) -> Result<usize> {
+        let spilled = &self.skel.maps.spilled_stacks;
+        let keys: Vec<Vec<u8>> = spilled.keys().collect();
+        let mut moved = 0;
+        for key in keys {
+            let Some(value) = spilled
+                .lookup(&key, MapFlags::ANY)
+                .map_err(|source| Error::Map {
+                    map: "spilled_stacks",
+                    op: "lookup",
+                    source,
+                })?
+            else {
+                continue;
+            };
+            match self
+                .skel
+                .maps
+                .stacks
+                .update(&key, &value, MapFlags::NO_EXIST)
+            {
+                Ok(()) => {}
+                Err(error) if error.kind() == libbpf_rs::ErrorKind::AlreadyExists => {}
+                // The stacks map is full: the stack stays where it is.
+                Err(_) => continue,
+            }
+            spilled.delete(&key).map_err(|source| Error::Map {
+                map: "spilled_stacks",
+                op: "delete",
                 source,
             })?;
-        let Some(bytes) = found else {
-            return Ok(Vec::new());
-        };
-        Ok(bytes
-            .chunks_exact(8)
-            .take(KSTACK_DEPTH)
-            .map(|pc| u64::from_ne_bytes(pc.try_into().expect("8 bytes")))
-            .take_while(|&pc| pc != 0)
-            .collect())
+            moved += 1;
+        }
+        Ok(moved)
+    }
+
+    /// The kernel stack stored under `hash` (a [`CountKey::kernel_stack`]), innermost first
+    /// (empty if unknown).
+    pub fn kernel_stack(&self, hash: u64) -> Result<Vec<u64>> {
+        Ok(self.stack(hash)?.map(|stack| stack.pcs).unwrap_or_default())
     }
 
     /// The walk_errors counters summed over CPUs, indexed by [`WalkError`]
@@ -822,5 +842,39 @@ mod tests {
     fn default_options_filter_events_but_not_uprobes() {
         let options = Options::default();
         assert!(options.filter_events && !options.filter_uprobes && options.kernel_stacks);
+    }
+
+    /// A spilled stack is readable before and after the move, and the move empties the spill.
+    #[test]
+    fn spilled_stacks_drain_into_the_stacks_map() {
+        let tracer = match Tracer::load(&Options::default()) {
+            Ok(tracer) => tracer,
+            Err(error) if error.is_permission_denied() => {
+                eprintln!(
+                    "SKIPPED spilled_stacks_drain: BPF is not available ({error}); run as root"
+                );
+                return;
+            }
+            Err(error) => panic!("{error}"),
+        };
+        let mut raw = Box::new(CtStack {
+            check: 7,
+            len: 3,
+            error: 0,
+            reason: 0,
+            pcs: [0; crate::MAX_FRAMES],
+        });
+        raw.pcs[..3].copy_from_slice(&[0x1000, 0x2000, 0x3000]);
+        let hash = 0x1234_5678_9abc_def0u64;
+        let spilled = &tracer.skel.maps.spilled_stacks;
+        spilled
+            .update(bytes_of(&hash), bytes_of(&*raw), MapFlags::NO_EXIST)
+            .unwrap();
+        let expected = Stack::from_raw(&raw);
+        assert_eq!(tracer.stack(hash).unwrap(), Some(expected.clone()));
+        assert_eq!(tracer.drain_spilled_stacks().unwrap(), 1);
+        assert_eq!(spilled.keys().count(), 0);
+        assert_eq!(tracer.stack(hash).unwrap(), Some(expected));
+        assert_eq!(tracer.drain_spilled_stacks().unwrap(), 0);
     }
 }

@@ -348,6 +348,9 @@ fn wait(
         let refresh = last_refresh.elapsed() >= REFRESH_INTERVAL;
         if refresh {
             last_refresh = Instant::now();
+            // Frees the spill for the next bursts of new stacks; lookups read both maps,
+            // so a failure here loses nothing.
+            let _ = tracer.drain_spilled_stacks();
         }
         track_processes(tracer, tables, refresh);
     }

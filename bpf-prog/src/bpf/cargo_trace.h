@@ -222,13 +222,15 @@ enum ct_walk_error {
 	CT_WALK_STACK_MAP_FULL = 8,  /* stacks map full: stack not stored */
 	CT_WALK_COUNT_MAP_FULL = 9,  /* counts map full: event not counted */
 	CT_WALK_HASH_COLLISION = 10, /* distinct stacks with one hash; stored under the next slot */
-	CT_WALK_KSTACK_LOST = 11,    /* bpf_get_stackid failed: no kernel stack */
+	CT_WALK_KSTACK_LOST = 11,    /* no kernel stack: bpf_get_stack failed or the
+				      * stacks map was full */
 	CT_WALK_TOO_NESTED = 12,     /* CT_NEST_LEVELS walks in progress on the CPU:
-				      * counted without a user stack */
+				      * counted without its stacks */
 	CT_WALK_ERROR_COUNT = 13,
 };
 
-/* A user stack, stored once by hash. */
+/* A user stack, or a kernel stack (at most CT_KSTACK_DEPTH frames, error 0),
+ * stored once by hash. */
 struct ct_stack {
 	__u64 check;		  /* second, independent hash of the frames: detects collisions */
 	__u32 len;		  /* frames in pcs */
@@ -239,11 +241,10 @@ struct ct_stack {
 
 /* Aggregation key: one counter per (probe, process, user stack, kernel stack). */
 struct ct_count_key {
-	__u64 stack_hash; /* key in the stacks map; 0: no user stack */
-	__s32 kstack_id;  /* id in the kernel stack trace map; <0: none */
-	__u32 pid;	  /* tgid */
-	__u32 probe_id;	  /* the attach cookie */
-	__u32 pad;
+	__u64 stack_hash;  /* key in the stacks map; 0: no user stack */
+	__u64 kstack_hash; /* key of the kernel stack in the stacks map; 0: none */
+	__u32 pid;	   /* tgid */
+	__u32 probe_id;	   /* the attach cookie */
 };
 
 struct ct_count {

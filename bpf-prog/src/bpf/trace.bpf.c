@@ -27,6 +27,7 @@
 
 #define CT_SIGSTOP 19
 
+#define ENOMEM 12
 #define EEXIST 17
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -97,19 +98,27 @@ struct {
 	__uint(max_entries, 16384);
 } stacks SEC(".maps");
 
+/*
+ * Where a new stack goes when the stacks map cannot allocate it: its
+ * elements come from per-CPU caches that the kernel refills after the
+ * program returns, so a burst of new stacks inside one interrupt can find
+ * them empty (-ENOMEM) long before the map is full. This map is
+ * preallocated; userspace moves its stacks into the stacks map
+ * (Tracer::drain_spilled_stacks), and every lookup tries both.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);
+	__type(value, struct ct_stack);
+	__uint(max_entries, 256);
+} spilled_stacks SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct ct_count_key);
 	__type(value, struct ct_count);
 	__uint(max_entries, 65536);
 } counts SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, CT_KSTACK_DEPTH * sizeof(__u64));
-	__uint(max_entries, 8192);
-} kstacks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -136,6 +145,7 @@ struct {
  */
 struct walk_scratch {
 	struct ct_stack stack;	       /* stack.len counts the frames found so far */
+	struct ct_stack kstack;	       /* the kernel stack, if the event has one */
 	__u64 page_tag[CT_PAGE_SLOTS]; /* user page number + 1 held by each slot; 0: none */
 	__u16 page_lo[CT_PAGE_SLOTS];  /* the slot holds bytes [page_lo, page end) of it, from 0 */
 	__u32 page_base;	       /* this walk's first slot in page_cache */
@@ -569,20 +579,29 @@ static __always_inline bool same_stack(const struct ct_stack *a, const struct ct
  * Stores the stack under hash (or, after a collision, the next free slot)
  * unless it is there already; returns its key in the stacks map.
  */
+static __always_inline struct ct_stack *stored_stack(__u64 *key)
+{
+	struct ct_stack *old = bpf_map_lookup_elem(&stacks, key);
+
+	return old ? old : bpf_map_lookup_elem(&spilled_stacks, key);
+}
+
 static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash)
 {
 	for (int slot = 0; slot < CT_STACK_SLOTS; slot++) {
 		__u64 key = hash + slot;
-		struct ct_stack *old = bpf_map_lookup_elem(&stacks, &key);
+		struct ct_stack *old = stored_stack(&key);
 
 		if (!old) {
 			long err = bpf_map_update_elem(&stacks, &key, stack, BPF_NOEXIST);
+			if (err == -ENOMEM)
+				err = bpf_map_update_elem(&spilled_stacks, &key, stack, BPF_NOEXIST);
 			if (err == 0)
 				return key;
 			/* -EEXIST: another CPU stored a stack there just now */
 			if (err != -EEXIST)
 				break;
-			old = bpf_map_lookup_elem(&stacks, &key);
+			old = stored_stack(&key);
 			if (!old)
 				break;
 		}
@@ -594,17 +613,22 @@ static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash)
 	return CT_STACK_NOT_STORED;
 }
 
+/* A finished stack hash as a key of the stacks map: clear of the reserved
+ * keys, and of wrapping in store_stack. */
+static __always_inline __u64 stack_key(__u64 hash)
+{
+	if (hash < CT_STACK_FIRST || hash > ~0ULL - CT_STACK_SLOTS)
+		return CT_STACK_FIRST;
+	return hash;
+}
+
 /*
  * Walks the user stack from the given registers into the scratch map and
  * finishes its hashes (w->hash, w->stack.check); NULL if there is no scratch.
  */
-static __always_inline struct walk_scratch *walk_user_stack(__u32 level, __u32 tgid, __u64 rip,
-							    __u64 rsp, __u64 rbp)
+static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level, __u32 tgid,
+					    __u64 rip, __u64 rsp, __u64 rbp)
 {
-	struct walk_scratch *w = bpf_map_lookup_elem(&scratch, &level);
-
-	if (!w)
-		return NULL;
 	struct ct_stack *stack = &w->stack;
 	stack->pcs[0] = rip;
 	stack->len = 1;
@@ -645,19 +669,45 @@ static __always_inline struct walk_scratch *walk_user_stack(__u32 level, __u32 t
 	__u64 tail = ((__u64)stack->len << 32) | ((__u64)w->error << 16) | w->reason;
 	stack->check = fmix64(check_step(w->check, tail));
 	__u64 hash = fmix64(hash_step(w->hash, tail));
-	/* keep clear of the reserved keys, and of wrapping in store_stack */
-	if (hash < CT_STACK_FIRST || hash > ~0ULL - CT_STACK_SLOTS)
-		hash = CT_STACK_FIRST;
-	w->hash = hash;
-	return w;
+	w->hash = stack_key(hash);
 }
 
-static __always_inline void count_event(__u64 stack_hash, __s32 kstack_id, __u32 tgid,
+/*
+ * Takes the kernel stack of the event into w->kstack and finishes its
+ * hashes, as walk_user_stack does for the user stack; returns its key in
+ * the stacks map, or CT_STACK_NONE if the kernel gave none.
+ */
+static __always_inline __u64 take_kernel_stack(struct walk_scratch *w, void *ctx)
+{
+	struct ct_stack *k = &w->kstack;
+	long bytes = bpf_get_stack(ctx, k->pcs, CT_KSTACK_DEPTH * sizeof(__u64), 0);
+
+	if (bytes <= 0) {
+		count_error(CT_WALK_KSTACK_LOST);
+		return CT_STACK_NONE;
+	}
+	__u32 len = bytes / sizeof(__u64);
+	__u64 hash = 0, check = 0x2545f4914f6cdd1dULL;
+	for (__u32 i = 0; i < CT_KSTACK_DEPTH; i++) {
+		if (i >= len)
+			break;
+		hash = hash_step(hash, k->pcs[i]);
+		check = check_step(check, k->pcs[i]);
+	}
+	k->len = len;
+	k->error = CT_WALK_OK;
+	k->reason = 0;
+	__u64 tail = (__u64)len << 32;
+	k->check = fmix64(check_step(check, tail));
+	return stack_key(fmix64(hash_step(hash, tail)));
+}
+
+static __always_inline void count_event(__u64 stack_hash, __u64 kstack_hash, __u32 tgid,
 					__u32 probe_id, __u64 check)
 {
 	struct ct_count_key key = {
 		.stack_hash = stack_hash,
-		.kstack_id = kstack_id,
+		.kstack_hash = kstack_hash,
 		.pid = tgid,
 		.probe_id = probe_id,
 	};
@@ -690,20 +740,37 @@ static __always_inline __u32 claim_level(__u32 *held)
 	return CT_NEST_LEVELS;
 }
 
-/* Counts the event under the stack walked at level (its scratch holds it). */
-static __always_inline void record_walked(__u32 level, __u32 tgid, __u64 rip, __u64 rsp,
-					  __u64 rbp, __s32 kstack_id, __u32 probe_id)
+/*
+ * Counts the event with its stacks, using the scratch of level: the user
+ * stack walked from rip, rsp, rbp (none if rip is 0), the kernel stack of
+ * kctx (none if NULL). The common case, stacks counted before under the
+ * same key, costs one lookup in counts: the count remembers the checks of
+ * its stacks, so the stacks map is only consulted for a new stack or a hash
+ * collision.
+ */
+static __always_inline void record_at(__u32 level, void *kctx, __u32 tgid, __u64 rip, __u64 rsp,
+				      __u64 rbp, __u32 probe_id)
 {
-	struct walk_scratch *w = walk_user_stack(level, tgid, rip, rsp, rbp);
+	struct walk_scratch *w = bpf_map_lookup_elem(&scratch, &level);
 
 	if (!w) {
-		count_event(CT_STACK_NONE, kstack_id, tgid, probe_id, 0);
+		count_event(CT_STACK_NONE, CT_STACK_NONE, tgid, probe_id, 0);
 		return;
 	}
-	__u64 check = w->stack.check;
+	__u64 user = CT_STACK_NONE, kernel = CT_STACK_NONE, check = 0;
+	if (rip) {
+		walk_user_stack(w, level, tgid, rip, rsp, rbp);
+		user = w->hash;
+		check = w->stack.check;
+	}
+	if (kctx) {
+		kernel = take_kernel_stack(w, kctx);
+		if (kernel != CT_STACK_NONE)
+			check ^= (w->kstack.check << 17) | (w->kstack.check >> 47);
+	}
 	struct ct_count_key key = {
-		.stack_hash = w->hash,
-		.kstack_id = kstack_id,
+		.stack_hash = user,
+		.kstack_hash = kernel,
 		.pid = tgid,
 		.probe_id = probe_id,
 	};
@@ -712,32 +779,39 @@ static __always_inline void record_walked(__u32 level, __u32 tgid, __u64 rip, __
 		__sync_fetch_and_add(&count->events, 1);
 		return;
 	}
-	count_event(store_stack(&w->stack, w->hash), kstack_id, tgid, probe_id, check);
+	if (user != CT_STACK_NONE)
+		user = store_stack(&w->stack, user);
+	if (kernel != CT_STACK_NONE) {
+		kernel = store_stack(&w->kstack, kernel);
+		if (kernel == CT_STACK_NOT_STORED) {
+			count_error(CT_WALK_KSTACK_LOST);
+			kernel = CT_STACK_NONE;
+		}
+	}
+	count_event(user, kernel, tgid, probe_id, check);
 }
 
 /*
- * Walks the user stack (if rip is not 0) and counts the event. The common
- * case, a stack counted before under the same key, costs one lookup in
- * counts: the count remembers the check of its stack, so the stacks map is
- * only consulted for a new stack or a hash collision.
+ * Counts the event (see record_at) in a nesting level of its own; without
+ * one, without its stacks.
  */
-static __always_inline void record(__u32 tgid, __u64 rip, __u64 rsp, __u64 rbp, __s32 kstack_id,
+static __always_inline void record(void *kctx, __u32 tgid, __u64 rip, __u64 rsp, __u64 rbp,
 				   __u32 probe_id)
 {
 	__u32 zero = 0;
-	__u32 *held = rip ? bpf_map_lookup_elem(&levels, &zero) : NULL;
+	__u32 *held = rip || kctx ? bpf_map_lookup_elem(&levels, &zero) : NULL;
 
 	if (!held) {
-		count_event(CT_STACK_NONE, kstack_id, tgid, probe_id, 0);
+		count_event(CT_STACK_NONE, CT_STACK_NONE, tgid, probe_id, 0);
 		return;
 	}
 	__u32 level = claim_level(held);
 	if (level >= CT_NEST_LEVELS) {
 		count_error(CT_WALK_TOO_NESTED);
-		count_event(CT_STACK_NONE, kstack_id, tgid, probe_id, 0);
+		count_event(CT_STACK_NONE, CT_STACK_NONE, tgid, probe_id, 0);
 		return;
 	}
-	record_walked(level, tgid, rip, rsp, rbp, kstack_id, probe_id);
+	record_at(level, kctx, tgid, rip, rsp, rbp, probe_id);
 	__sync_fetch_and_and(held, ~(1U << level));
 }
 
@@ -746,28 +820,20 @@ static __always_inline bool pid_wanted(__u32 tgid)
 	return bpf_map_lookup_elem(&pid_filter, &tgid) != NULL;
 }
 
-static __always_inline __s32 kernel_stack(void *ctx)
-{
-	if (!kernel_stacks)
-		return -1;
-	long id = bpf_get_stackid(ctx, &kstacks, 0);
-	if (id < 0)
-		count_error(CT_WALK_KSTACK_LOST);
-	return id;
-}
-
-/* An event that fired in kernel mode: user registers are those saved at
- * kernel entry. Kernel threads have none (rip 0: no user stack). */
-static __always_inline void record_from_kernel(__u32 tgid, __s32 kstack_id, __u32 probe_id)
+/* An event that fired in kernel mode: its kernel stack (unless turned off),
+ * and the user registers saved at kernel entry. Kernel threads have none
+ * (rip 0: no user stack). */
+static __always_inline void record_from_kernel(void *ctx, __u32 tgid, __u32 probe_id)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
+	void *kctx = kernel_stacks ? ctx : NULL;
 
 	if (!task->mm) {
-		record(tgid, 0, 0, 0, kstack_id, probe_id);
+		record(kctx, tgid, 0, 0, 0, probe_id);
 		return;
 	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	record(tgid, regs->ip, regs->sp, regs->bp, kstack_id, probe_id);
+	record(kctx, tgid, regs->ip, regs->sp, regs->bp, probe_id);
 }
 
 /* uprobe and uretprobe: ctx holds the user registers (at a uretprobe, rip
@@ -778,7 +844,7 @@ static __always_inline int on_user_probe(struct pt_regs *ctx)
 
 	if (filter_uprobes && !pid_wanted(tgid))
 		return 0;
-	record(tgid, ctx->ip, ctx->sp, ctx->bp, -1, bpf_get_attach_cookie(ctx));
+	record(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, bpf_get_attach_cookie(ctx));
 	return 0;
 }
 
@@ -802,7 +868,7 @@ int on_uprobe_count(struct pt_regs *ctx)
 
 	if (filter_uprobes && !pid_wanted(tgid))
 		return 0;
-	count_event(CT_STACK_NONE, -1, tgid, bpf_get_attach_cookie(ctx), 0);
+	count_event(CT_STACK_NONE, CT_STACK_NONE, tgid, bpf_get_attach_cookie(ctx), 0);
 	return 0;
 }
 
@@ -817,9 +883,9 @@ int on_perf_event(struct bpf_perf_event_data *ctx)
 	__u64 ip = ctx->regs.ip;
 	if ((__s64)ip < 0)
 		/* kernel half of the address space: sampled in kernel mode */
-		record_from_kernel(tgid, kernel_stack(ctx), probe_id);
+		record_from_kernel(ctx, tgid, probe_id);
 	else
-		record(tgid, ip, ctx->regs.sp, ctx->regs.bp, -1, probe_id);
+		record(NULL, tgid, ip, ctx->regs.sp, ctx->regs.bp, probe_id);
 	return 0;
 }
 
@@ -830,7 +896,7 @@ int on_tracepoint(void *ctx)
 
 	if (filter_events && !pid_wanted(tgid))
 		return 0;
-	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
+	record_from_kernel(ctx, tgid, bpf_get_attach_cookie(ctx));
 	return 0;
 }
 
@@ -843,7 +909,7 @@ int on_kprobe(struct pt_regs *ctx)
 
 	if (filter_events && !pid_wanted(tgid))
 		return 0;
-	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
+	record_from_kernel(ctx, tgid, bpf_get_attach_cookie(ctx));
 	return 0;
 }
 
@@ -854,7 +920,7 @@ int on_raw_tracepoint(void *ctx)
 
 	if (filter_events && !pid_wanted(tgid))
 		return 0;
-	record_from_kernel(tgid, kernel_stack(ctx), bpf_get_attach_cookie(ctx));
+	record_from_kernel(ctx, tgid, bpf_get_attach_cookie(ctx));
 	return 0;
 }
 
