@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -269,15 +270,23 @@ fn a_second_sigint_kills_a_target_that_ignores_the_first() {
     }
     let scratch = Scratch::new("sigint2");
     let svg = scratch.path("out.svg");
-    let child = Command::new(binary())
+    let mut child = Command::new(binary())
         .args(["profile:hz:99", "-c"])
-        .arg(r#"perl -e '$SIG{INT} = "IGNORE"; sleep 60'"#)
+        .arg(r#"perl -e '$| = 1; $SIG{INT} = "IGNORE"; print "ready\n"; sleep 60'"#)
         .arg("-o")
         .arg(&svg)
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    interrupt_after(&child, Duration::from_millis(1000));
+    // The first SIGINT once the target ignores it (a loaded machine may take seconds to
+    // get there), the second soon after.
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    interrupt_after(&child, Duration::from_millis(100));
     interrupt_after(&child, Duration::from_millis(300));
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -136,6 +136,32 @@ pub(crate) fn fill_gaps(primary: Vec<Piece>, secondary: &[Piece]) -> Vec<Piece> 
     merged
 }
 
+/// `pieces` with the ELF entry point covered: a process's first instruction starts its
+/// outermost frame, so where no CFI covers the entry (ld.so's hand-written `_start`, whose
+/// calls to `_dl_start` and `_dl_init` return into it), the code from the entry up to the
+/// next piece or the end of its code range gets [`Rule::End`]. Walks through the dynamic
+/// loader's start then end complete, as they do through a program's own `_start`.
+pub(crate) fn cover_entry(mut pieces: Vec<Piece>, entry: u64, code: &[Range<u64>]) -> Vec<Piece> {
+    let Some(range) = code.iter().find(|range| range.contains(&entry)) else {
+        return pieces;
+    };
+    let next = pieces.partition_point(|piece| piece.end <= entry);
+    let end = match pieces.get(next) {
+        Some(piece) if piece.start <= entry => return pieces,
+        Some(piece) => piece.start.min(range.end),
+        None => range.end,
+    };
+    pieces.insert(
+        next,
+        Piece {
+            start: entry,
+            end,
+            rule: Rule::End,
+        },
+    );
+    pieces
+}
+
 /// Rows (start address, rule) for sorted, disjoint pieces: a `Gap` row wherever a piece ends
 /// and the next does not start there (and after the last), consecutive equal rules merged.
 pub(crate) fn to_rows(pieces: &[Piece]) -> Vec<(u64, Rule)> {
@@ -306,5 +332,37 @@ mod tests {
                 (50, Rule::Gap)
             ]
         );
+    }
+
+    #[test]
+    fn an_uncovered_entry_point_starts_an_end_of_stack_range() {
+        let piece = |start, end, rule| Piece { start, end, rule };
+        let code = &[0x1000..0x3000, 0x5000..0x6000];
+        let pieces = vec![
+            piece(0x1000, 0x1100, frame(8)),
+            piece(0x1200, 0x1300, frame(16)),
+        ];
+        // In a gap: End up to the next piece.
+        assert_eq!(
+            cover_entry(pieces.clone(), 0x1180, code),
+            vec![
+                piece(0x1000, 0x1100, frame(8)),
+                piece(0x1180, 0x1200, Rule::End),
+                piece(0x1200, 0x1300, frame(16)),
+            ]
+        );
+        // After the last piece: End up to the end of the code.
+        assert_eq!(
+            cover_entry(pieces.clone(), 0x2000, code)[2],
+            piece(0x2000, 0x3000, Rule::End)
+        );
+        assert_eq!(
+            cover_entry(pieces.clone(), 0x5800, code)[2],
+            piece(0x5800, 0x6000, Rule::End)
+        );
+        // Covered by CFI, or outside the code: unchanged.
+        assert_eq!(cover_entry(pieces.clone(), 0x1250, code), pieces);
+        assert_eq!(cover_entry(pieces.clone(), 0x1200, code), pieces);
+        assert_eq!(cover_entry(pieces.clone(), 0x4000, code), pieces);
     }
 }

@@ -33,8 +33,9 @@ use crate::stats::{KindCount, Stats};
 use crate::table::{CompactRow, CompactTable, PageSpan};
 
 const MAGIC: &[u8; 8] = b"CTUNWTBL";
-/// Bump when the entry layout changes (2: push/pop rows merged, `RspSteps` rules).
-pub const FORMAT_VERSION: u32 = 2;
+/// Bump when the entry layout or what the compiler puts in it changes (2: push/pop rows
+/// merged, `RspSteps` rules; 3: an entry point without CFI is End).
+pub const FORMAT_VERSION: u32 = 3;
 /// Entries written by another compiler version are recompiled: its rules may differ even
 /// when the layout does not.
 const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");

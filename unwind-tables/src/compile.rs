@@ -204,6 +204,7 @@ fn compile_input(
     if pieces.is_empty() {
         return Err(Error::NoUnwindInfo);
     }
+    let pieces = assemble::cover_entry(pieces, input.entry, &input.code);
     let rows = assemble::to_rows(&pieces);
     // Merged rows name more distinct rules; should they ever overflow a row's 16-bit rule
     // index, the unmerged table is as exact.

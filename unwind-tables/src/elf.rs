@@ -35,6 +35,8 @@ pub(crate) struct ElfInput<'data> {
     /// Executable address ranges, sorted and disjoint. CFI outside them describes no code
     /// a pc can be in (typically FDEs of discarded sections, tombstoned at address 0).
     pub code: Vec<Range<u64>>,
+    /// `e_entry`: where a process running this file starts (0 if it has none).
+    pub entry: u64,
 }
 
 /// Checks the ELF identification before handing the bytes to `object`, so that a 32-bit or
@@ -132,6 +134,7 @@ pub(crate) fn parse(data: &[u8]) -> Result<ElfInput<'_>, Error> {
         got_address: address(".got"),
         debug_frame: section(".debug_frame", true)?,
         code: code_ranges(&file),
+        entry: file.entry(),
     })
 }
 

@@ -632,6 +632,33 @@ fn pie_entry_point_is_end_of_stack() {
     }
 }
 
+/// ld.so's `_start` is hand-written without CFI; it calls `_dl_start` and `_dl_init`, and
+/// walks from either must end there complete: the compiler gives the entry End up to the
+/// next FDE, and nothing more.
+#[test]
+fn dynamic_loader_entry_is_end_of_stack() {
+    let ld_so = first_existing(&["/lib64/ld-linux-x86-64.so.2"]).expect("ld.so is required");
+    let data = std::fs::read(&ld_so).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let table = compile_file(&ld_so).unwrap().table;
+    let entry = file.entry();
+    let (start, rule) = table
+        .iter()
+        .take_while(|(start, _)| *start <= entry)
+        .last()
+        .expect("a row at the entry");
+    assert_eq!((start, rule), (entry, Rule::End));
+    let end = table
+        .iter()
+        .map(|(start, _)| start)
+        .find(|start| *start > entry)
+        .expect("a row after the entry");
+    // _start is a few dozen bytes: both return addresses lie inside, the next FDE follows.
+    assert!(end - entry < 0x100, "End runs {:#x} bytes", end - entry);
+    assert_ne!(table.lookup(end), Rule::End);
+    assert_eq!(table.lookup(entry - 1), Rule::Gap, "before _start");
+}
+
 /// The comparison must be able to fail: a table with one rule off by 8, a merged push/pop
 /// rule missing a push, or one row turned into a gap, is caught.
 #[test]
