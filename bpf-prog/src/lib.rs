@@ -115,7 +115,7 @@ pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS};
 pub use records::{Count, CountKey, Stack, StackRef, WalkError};
 pub use sys::{enable_run_time_stats, ProgramStats};
-pub use tracer::{Mapping, Options, TableId, TableUsage, Tracer};
+pub use tracer::{Mapping, Options, Programs, TableId, TableUsage, Tracer};
 
 /// Where the BPF object embedded in this build came from: "compiled with
 /// clang-NN" or "prebuilt" (see the crate docs).

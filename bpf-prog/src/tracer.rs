@@ -46,6 +46,44 @@ pub struct Options {
     pub max_counts: u32,
     /// Processes in the pid filter.
     pub max_filtered_pids: u32,
+    /// The event programs to load. Each carries its own copy of the walker, and the
+    /// verifier's time at load goes by program: a session loads those its probes use.
+    pub programs: Programs,
+}
+
+/// Which event programs [`Tracer::load`] loads; the accessor of one not loaded returns a
+/// program that cannot attach. The programs that follow children always load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Programs {
+    pub uprobe: bool,
+    pub uretprobe: bool,
+    /// The counting-only uprobe program (benchmarks' baseline).
+    pub uprobe_count: bool,
+    pub perf_event: bool,
+    pub tracepoint: bool,
+    pub kprobe: bool,
+    pub raw_tracepoint: bool,
+}
+
+impl Programs {
+    pub const ALL: Programs = Programs {
+        uprobe: true,
+        uretprobe: true,
+        uprobe_count: true,
+        perf_event: true,
+        tracepoint: true,
+        kprobe: true,
+        raw_tracepoint: true,
+    };
+    pub const NONE: Programs = Programs {
+        uprobe: false,
+        uretprobe: false,
+        uprobe_count: false,
+        perf_event: false,
+        tracepoint: false,
+        kprobe: false,
+        raw_tracepoint: false,
+    };
 }
 
 impl Default for Options {
@@ -62,6 +100,7 @@ impl Default for Options {
             max_stacks: 16384,
             max_counts: 65536,
             max_filtered_pids: 4096,
+            programs: Programs::ALL,
         }
     }
 }
@@ -148,6 +187,20 @@ impl Tracer {
         rodata.filter_uprobes = options.filter_uprobes.into();
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
+
+        let wanted = options.programs;
+        let progs = &mut open.progs;
+        for (program, load) in [
+            (&mut progs.on_uprobe, wanted.uprobe),
+            (&mut progs.on_uretprobe, wanted.uretprobe),
+            (&mut progs.on_uprobe_count, wanted.uprobe_count),
+            (&mut progs.on_perf_event, wanted.perf_event),
+            (&mut progs.on_tracepoint, wanted.tracepoint),
+            (&mut progs.on_kprobe, wanted.kprobe),
+            (&mut progs.on_raw_tracepoint, wanted.raw_tracepoint),
+        ] {
+            program.set_autoload(load);
+        }
 
         let cpus = libbpf_rs::num_possible_cpus().map_err(|source| Error::Configure {
             map: "page_cache",
@@ -621,6 +674,9 @@ impl Tracer {
             ("on_exec", &progs.on_exec),
             ("on_start_main", &progs.on_start_main),
         ] {
+            if !prog.autoload() {
+                continue;
+            }
             let info = sys::program_stats(prog.as_fd()).map_err(|source| Error::ProgramInfo {
                 program: name,
                 source,

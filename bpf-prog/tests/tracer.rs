@@ -302,3 +302,30 @@ fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
     other.wait().unwrap();
     assert!(!tracer.filtered_pids().contains(&other_pid));
 }
+
+/// Only the event programs asked for are loaded (and verified); the others cannot attach,
+/// and the statistics list the loaded ones only.
+#[test]
+fn only_the_programs_asked_for_are_loaded() {
+    let options = Options {
+        programs: bpf_prog::Programs {
+            perf_event: true,
+            ..bpf_prog::Programs::NONE
+        },
+        ..small()
+    };
+    let Some(tracer) = tracer_or_skip("only_the_programs_asked_for", &options) else {
+        return;
+    };
+    let stats = tracer.program_stats().unwrap();
+    assert!(stats.contains_key("on_perf_event"));
+    assert!(
+        stats.contains_key("on_fork"),
+        "children are always followed"
+    );
+    assert!(!stats.contains_key("on_uprobe") && !stats.contains_key("on_tracepoint"));
+    assert!(tracer
+        .tracepoint_program()
+        .attach_tracepoint(libbpf_rs::TracepointCategory::Syscalls, "sys_enter_getpid")
+        .is_err());
+}

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use bpf_prog::{Options, StackRef, Tracer, WalkError};
+use bpf_prog::{Options, Programs, StackRef, Tracer, WalkError};
 use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind};
 
@@ -52,6 +52,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
         // Uprobes that fire in every process mapping the file, for the children,
         // filtered to the traced ones in the program.
         filter_uprobes: follow,
+        programs: programs_for(&probes),
         ..Options::default()
     };
     let mut tracer = Tracer::load(&options).map_err(|error| {
@@ -249,6 +250,23 @@ fn command_line(cli: &Cli) -> Result<Vec<String>> {
     let mut argv = vec![executable.display().to_string()];
     argv.extend(cli.trailing.iter().cloned());
     Ok(argv)
+}
+
+/// The event programs the probes attach (the others are not loaded: the verifier's time
+/// is most of a session's start).
+fn programs_for(probes: &[Probe]) -> Programs {
+    let mut programs = Programs::NONE;
+    for probe in probes {
+        match probe.spec.program_kind() {
+            ProgramKind::Uprobe => programs.uprobe = true,
+            ProgramKind::Uretprobe => programs.uretprobe = true,
+            ProgramKind::PerfEvent => programs.perf_event = true,
+            ProgramKind::Tracepoint => programs.tracepoint = true,
+            ProgramKind::RawTracepoint => programs.raw_tracepoint = true,
+            ProgramKind::Kprobe | ProgramKind::Kretprobe => programs.kprobe = true,
+        }
+    }
+    programs
 }
 
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
