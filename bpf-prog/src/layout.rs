@@ -37,6 +37,10 @@ pub const STEP_WINDOW: u32 = 16;
 
 /// `ct_count_key.stack_hash` of an event whose user stack was not walked.
 pub const STACK_NONE: u64 = 0;
+/// The cookie of `on_start_main` on `__libc_start_main` (`CT_START_MAIN_COOKIE`, a
+/// `#define`, so not checked against the header); on ld.so's `_dl_debug_state` its cookie is
+/// `_r_debug`'s address minus `_dl_debug_state`'s.
+pub const START_MAIN_COOKIE: u64 = u64::MAX;
 /// `ct_count_key.stack_hash` of an event whose stack did not fit in the stacks map.
 pub const STACK_NOT_STORED: u64 = 1;
 

@@ -112,7 +112,7 @@ mod skel {
 }
 
 pub use error::{Error, Result, TableMap};
-pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS};
+pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
 pub use records::{Count, CountKey, Stack, StackRef, WalkError};
 pub use sys::{enable_run_time_stats, ProgramStats};
 pub use tracer::{Mapping, Options, Programs, TableId, TableUsage, Tracer};

@@ -292,9 +292,6 @@ fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Resu
     Ok(links)
 }
 
-/// Runs until the target exits (launch mode) or disappears or a stop is asked
-/// for (attach mode), or the deadline passes, refreshing its mappings as it goes.
-/// `None`: the target is still running.
 /// How the session learns of the target's children that exec'd.
 struct Children<'a> {
     /// Reports processes stopped at their start; `None` when not following.
@@ -303,28 +300,68 @@ struct Children<'a> {
     started: &'a RefCell<Vec<u32>>,
 }
 
-/// Attaches the program that stops an exec'd child at libc's
-/// `__libc_start_main` (after ld.so loaded its libraries, before `main`), in
-/// every process: the program picks the followed ones. Children that do not use
-/// the target's libc are registered by polling instead.
+/// Attaches the program that stops an exec'd child once ld.so has mapped its libraries,
+/// in every process (the program picks the followed ones): at ld.so's `_dl_debug_state`
+/// when the link map turns consistent (before relocation ends and before any library
+/// constructor runs), and, failing that, at libc's `__libc_start_main` (before `main`).
+/// Children that use neither the target's ld.so nor its libc are registered by polling.
 fn stop_children_at_start(tracer: &Tracer, pid: u32) -> Result<Vec<Link>> {
-    let spec = match probes::parse("uprobe:libc:__libc_start_main") {
-        Ok(ProbeSpec::Uprobe(spec)) => spec,
-        _ => unreachable!("a valid uprobe spec"),
-    };
-    // A static target has no libc to find: polling alone then.
-    let Ok(targets) = probes::resolve_uprobe(&spec, Some(pid)) else {
-        return Ok(Vec::new());
-    };
-    targets
-        .iter()
-        .map(|target| {
-            probes::attach_uprobe(tracer.start_main_program(), target, None, false, u64::MAX)
-                .map_err(|error| anyhow::anyhow!("{error}"))
-        })
-        .collect()
+    let mut links = Vec::new();
+    for (probe, cookie) in [
+        (
+            "uprobe:ld-linux-x86-64.so.2:_dl_debug_state",
+            Cookie::DynamicLoader,
+        ),
+        ("uprobe:libc:__libc_start_main", Cookie::StartMain),
+    ] {
+        let spec = match probes::parse(probe) {
+            Ok(ProbeSpec::Uprobe(spec)) => spec,
+            _ => unreachable!("a valid uprobe spec"),
+        };
+        // A static target has neither: polling alone then.
+        let Ok(targets) = probes::resolve_uprobe(&spec, Some(pid)) else {
+            continue;
+        };
+        for target in &targets {
+            let cookie = match cookie {
+                Cookie::StartMain => bpf_prog::START_MAIN_COOKIE,
+                // The program finds `_r_debug` from the probed address.
+                Cookie::DynamicLoader => match r_debug_offset(&target.path, target.address) {
+                    Some(offset) => offset,
+                    None => continue,
+                },
+            };
+            let link =
+                probes::attach_uprobe(tracer.start_main_program(), target, None, false, cookie)
+                    .map_err(|error| anyhow::anyhow!("{error}"))?;
+            links.push(link);
+        }
+    }
+    Ok(links)
 }
 
+enum Cookie {
+    DynamicLoader,
+    StartMain,
+}
+
+/// `_r_debug`'s address in ld.so `path` minus `debug_state`'s (`_dl_debug_state`), as the
+/// two's complement the program adds to the probed pc.
+fn r_debug_offset(path: &std::path::Path, debug_state: u64) -> Option<u64> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let r_debug = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .find(|symbol| symbol.name() == Ok("_r_debug"))?
+        .address();
+    Some(r_debug.wrapping_sub(debug_state))
+}
+
+/// Runs until the target exits (launch mode) or disappears or a stop is asked
+/// for (attach mode), or the deadline passes, refreshing its mappings as it goes.
+/// `None`: the target is still running.
 fn wait(
     target: &Target,
     tracer: &mut Tracer,

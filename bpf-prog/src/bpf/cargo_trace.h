@@ -83,6 +83,11 @@ enum ct_limits {
 	CT_STEP_WINDOW = 16,
 };
 
+/* The child-following uprobe (on_start_main) and glibc's struct r_debug. */
+#define CT_START_MAIN_COOKIE 0xffffffffffffffffULL /* on __libc_start_main */
+#define CT_R_DEBUG_STATE 24			   /* offsetof(struct r_debug, r_state) */
+#define CT_RT_CONSISTENT 0
+
 /* Reserved values of ct_count_key.stack_hash; stored stacks have keys >= CT_STACK_FIRST. */
 enum ct_stack_key {
 	CT_STACK_NONE = 0,	 /* no user stack was walked (kernel thread, counting probe) */

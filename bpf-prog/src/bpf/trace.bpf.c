@@ -994,7 +994,16 @@ int on_exec(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-/* A uprobe on libc's __libc_start_main, in every process. */
+/*
+ * Where a followed child that exec'd stops again, its libraries mapped, so
+ * that userspace registers them before they run (see stop_for_mappings). A
+ * uprobe in every process, on ld.so's _dl_debug_state (the cookie:
+ * _r_debug's address minus _dl_debug_state's) or on libc's
+ * __libc_start_main (the cookie CT_START_MAIN_COOKIE). ld.so calls
+ * _dl_debug_state when it starts adding objects and when the link map is
+ * consistent again; the first consistent call of a loading process is after
+ * its libraries are mapped and before their constructors run.
+ */
 SEC("uprobe")
 int on_start_main(struct pt_regs *ctx)
 {
@@ -1002,6 +1011,15 @@ int on_start_main(struct pt_regs *ctx)
 
 	if (!pid_wanted(tgid))
 		return 0;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	if (cookie != CT_START_MAIN_COOKIE) {
+		__u32 state;
+		if (!bpf_map_lookup_elem(&loading, &tgid) ||
+		    bpf_probe_read_user(&state, sizeof(state),
+					(void *)(ctx->ip + cookie + CT_R_DEBUG_STATE)) ||
+		    state != CT_RT_CONSISTENT)
+			return 0;
+	}
 	if (bpf_map_delete_elem(&loading, &tgid) == 0 || !bpf_map_lookup_elem(&procs, &tgid))
 		stop_for_mappings(tgid);
 	return 0;
