@@ -941,7 +941,7 @@ struct {
 	__uint(max_entries, 4096);
 } new_images SEC(".maps");
 
-/* Processes that exec'd and have not reached __libc_start_main yet. */
+/* Processes that exec'd and have not stopped with their libraries mapped yet. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32); /* tgid */
@@ -995,14 +995,15 @@ int on_exec(struct bpf_raw_tracepoint_args *ctx)
 }
 
 /*
- * Where a followed child that exec'd stops again, its libraries mapped, so
- * that userspace registers them before they run (see stop_for_mappings). A
- * uprobe in every process, on ld.so's _dl_debug_state (the cookie:
- * _r_debug's address minus _dl_debug_state's) or on libc's
- * __libc_start_main (the cookie CT_START_MAIN_COOKIE). ld.so calls
- * _dl_debug_state when it starts adding objects and when the link map is
- * consistent again; the first consistent call of a loading process is after
- * its libraries are mapped and before their constructors run.
+ * Where a traced process stops once new libraries are mapped, so that
+ * userspace registers them before they run (see stop_for_mappings). A uprobe
+ * in every process, on ld.so's _dl_debug_state (the cookie: _r_debug's
+ * address minus _dl_debug_state's) or on libc's __libc_start_main (the
+ * cookie CT_START_MAIN_COOKIE). ld.so calls _dl_debug_state when it starts
+ * adding or removing objects and when the link map is consistent again: at
+ * start-up after the libraries are mapped and before their constructors
+ * run, and after each dlopen and dlclose. __libc_start_main catches a child
+ * whose ld.so was not probed.
  */
 SEC("uprobe")
 int on_start_main(struct pt_regs *ctx)
@@ -1014,11 +1015,13 @@ int on_start_main(struct pt_regs *ctx)
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	if (cookie != CT_START_MAIN_COOKIE) {
 		__u32 state;
-		if (!bpf_map_lookup_elem(&loading, &tgid) ||
-		    bpf_probe_read_user(&state, sizeof(state),
+		if (bpf_probe_read_user(&state, sizeof(state),
 					(void *)(ctx->ip + cookie + CT_R_DEBUG_STATE)) ||
 		    state != CT_RT_CONSISTENT)
 			return 0;
+		bpf_map_delete_elem(&loading, &tgid);
+		stop_for_mappings(tgid);
+		return 0;
 	}
 	if (bpf_map_delete_elem(&loading, &tgid) == 0 || !bpf_map_lookup_elem(&procs, &tgid))
 		stop_for_mappings(tgid);
