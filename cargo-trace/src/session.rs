@@ -94,7 +94,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
                 .follow_forks()
                 .context("following the target's children")?,
         );
-        links.extend(stop_children_at_start(&tracer, pid)?);
+        links.extend(stop_children_at_start(&tracer, pid, stopped.is_none())?);
         let sink = Rc::clone(&started_images);
         Some(tracer.new_images(move |pid| sink.borrow_mut().push(pid))?)
     } else {
@@ -305,15 +305,21 @@ struct Children<'a> {
 /// when the link map turns consistent (before relocation ends and before any library
 /// constructor runs), and, failing that, at libc's `__libc_start_main` (before `main`).
 /// Children that use neither the target's ld.so nor its libc are registered by polling.
-fn stop_children_at_start(tracer: &Tracer, pid: u32) -> Result<Vec<Link>> {
+/// `attached` (`-p`): a process cargo-trace did not start is never stopped, so the ld.so
+/// probe, which stops any traced process after a dlopen, is left out.
+fn stop_children_at_start(tracer: &Tracer, pid: u32, attached: bool) -> Result<Vec<Link>> {
     let mut links = Vec::new();
-    for (probe, cookie) in [
-        (
-            "uprobe:ld-linux-x86-64.so.2:_dl_debug_state",
-            Cookie::DynamicLoader,
-        ),
-        ("uprobe:libc:__libc_start_main", Cookie::StartMain),
-    ] {
+    let ld_so = (
+        "uprobe:ld-linux-x86-64.so.2:_dl_debug_state",
+        Cookie::DynamicLoader,
+    );
+    let start_main = ("uprobe:libc:__libc_start_main", Cookie::StartMain);
+    let hooks = if attached {
+        vec![start_main]
+    } else {
+        vec![ld_so, start_main]
+    };
+    for (probe, cookie) in hooks {
         let spec = match probes::parse(probe) {
             Ok(ProbeSpec::Uprobe(spec)) => spec,
             _ => unreachable!("a valid uprobe spec"),
