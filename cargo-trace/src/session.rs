@@ -305,8 +305,8 @@ struct Children<'a> {
 /// when the link map turns consistent (before relocation ends and before any library
 /// constructor runs), and, failing that, at libc's `__libc_start_main` (before `main`).
 /// Children that use neither the target's ld.so nor its libc are registered by polling.
-/// `attached` (`-p`): a process cargo-trace did not start is never stopped, so the ld.so
-/// probe, which stops any traced process after a dlopen, is left out.
+/// `attached` (`-p`): the attached process itself is never stopped, so the ld.so probe,
+/// which stops any traced process after a dlopen, is left out.
 fn stop_children_at_start(tracer: &Tracer, pid: u32, attached: bool) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     let ld_so = (
