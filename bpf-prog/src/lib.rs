@@ -9,9 +9,12 @@
 //! `on_kprobe` and `on_uprobe_count` (a uprobe that counts without walking,
 //! the benchmark's baseline), and three that follow a traced process's
 //! children ([`Tracer::follow_forks`]): `on_fork` and `on_exec` on the
-//! scheduler's raw tracepoints, and `on_start_main`, a uprobe on libc's
-//! `__libc_start_main` that stops an exec'd child until userspace has
-//! registered its mappings ([`Tracer::new_images`]). On every event each
+//! scheduler's raw tracepoints, and `on_start_main`, a uprobe on ld.so's
+//! `_dl_debug_state` (and libc's `__libc_start_main`) that stops a traced
+//! process whose link map just took new libraries, until userspace has
+//! registered its mappings ([`Tracer::new_images`]). [`Options::programs`]
+//! picks the event programs to load: the verifier's time is most of a
+//! session's start. On every event each
 //! walking program takes the user registers of the current thread (from the
 //! probe context, or from `bpf_task_pt_regs` when a sample or tracepoint
 //! fires in kernel mode), walks the stack exactly as `docs/walk.md` says (the
@@ -25,7 +28,16 @@
 //! before the stop are stored with the reason ([`Stack::error`]): a partial
 //! stack is never dropped. A hash collision between distinct stacks is
 //! detected by a second, independent hash, counted, and the second stack is
-//! stored under the next key; a full map is counted too.
+//! stored under the next key; a full map is counted too. Kernel stacks
+//! (`bpf_get_stack`) are stored the same way, in the same map. A new stack
+//! the map cannot allocate inside an interrupt goes to a small preallocated
+//! map that userspace drains ([`Tracer::drain_spilled_stacks`]).
+//!
+//! Programs interrupt each other: a uprobe program runs preemptible with
+//! interrupts on, so a perf event program (or another task's uprobe) may
+//! walk in the middle of its walk. Each walk claims one of `CT_NEST_LEVELS`
+//! levels of its CPU (an atomic bit mask), with its own scratch and page
+//! slots; only level 0 reads and fills the rule cache.
 //!
 //! # What it does not do
 //!
@@ -50,20 +62,25 @@
 //! fork of a filtered tgid ---> pid_filter[child], procs[child] = procs[parent]
 //! exec of a filtered tgid ---> procs[tgid] deleted, stop, new_images <- tgid
 //!
+//! link map consistent (ld.so) -> stop, new_images <- tgid
+//!
 //! event -> user regs -> walk (bpf_loop, <= 512 frames) -> stacks[hash] = frames + stop reason
-//!                                                      -> counts[{hash, kstack, tgid, probe}] += 1
+//!       -> kernel stack (kernel-mode events)           -> stacks[khash] = frames
+//!                                                      -> counts[{hash, khash, tgid, probe}] += 1
 //!                                                      -> walk_errors[reason] += 1
 //! ```
 //!
-//! Per frame: the mapping holding the pc (the previous frame's mapping is
-//! tried first, then a branch-free binary search of the process's sorted
-//! mappings); the rule for the address and the address's offset in its row
-//! (a merged push/pop row, `CT_RULE_CFA_RSP_STEPS`, needs it), from a per-CPU
-//! rule cache keyed by (table, address) or, on a miss, the table's 64 KiB
-//! page and a branch-free binary search of its rows; then the rule is applied
-//! with reads of the user stack served from a per-CPU cache of whole 4 KiB
-//! pages (one `bpf_probe_read_user` costs ~90 ns on the machines measured, as
-//! much as everything else in a frame). The walk's state and stack live in a
+//! Per frame: the rule for the address from a per-CPU rule cache keyed by
+//! (address, generation of the process's mappings: every [`Tracer::set_mappings`]
+//! gets a new one) that holds it resolved, or, on a miss, the mapping holding
+//! the pc (the previous frame's mapping is tried first, then a branch-free
+//! binary search of the process's sorted mappings), the table's 64 KiB page
+//! and a branch-free binary search of its rows (a merged push/pop row,
+//! `CT_RULE_CFA_RSP_STEPS`, also takes the address's offset in it); then the
+//! rule is applied with reads of the user stack served from a per-walk cache
+//! of 4 KiB pages, each copied from just under the first address read in it
+//! to its end (one `bpf_probe_read_user` costs ~90 ns on the machines
+//! measured, as much as everything else in a frame). The walk's state and stack live in a
 //! per-CPU map, which also keeps the verifier's work to one pass over the
 //! loop body.
 //! `benches/uprobe.rs` measures the costs.
