@@ -55,6 +55,7 @@ pub mod rule_kind {
     pub const SIGNAL: u8 = 6;
     pub const UNSUPPORTED: u8 = 7;
     pub const CFA_RSP_STEPS: u8 = 8;
+    pub const RETURN_IN_RDI: u8 = 9;
 }
 
 /// `enum ct_rbp_kind`.
@@ -116,6 +117,7 @@ check_constants! {
     rule_kind::SIGNAL => c::ct_rule_kind::CT_RULE_SIGNAL,
     rule_kind::UNSUPPORTED => c::ct_rule_kind::CT_RULE_UNSUPPORTED,
     rule_kind::CFA_RSP_STEPS => c::ct_rule_kind::CT_RULE_CFA_RSP_STEPS,
+    rule_kind::RETURN_IN_RDI => c::ct_rule_kind::CT_RULE_RETURN_IN_RDI,
     rbp_kind::SAME => c::ct_rbp_kind::CT_RBP_SAME,
     rbp_kind::AT_CFA => c::ct_rbp_kind::CT_RBP_AT_CFA,
     rbp_kind::AT_RBP => c::ct_rbp_kind::CT_RBP_AT_RBP,
@@ -134,6 +136,8 @@ const _: () = {
     assert!(PAGE_SHIFT == unwind_tables::PAGE_SHIFT);
     assert!(MAX_FRAMES == unwind_tables::walk::MAX_FRAMES);
     assert!(STEP_WINDOW == unwind_tables::rule::STEP_WINDOW);
+    // CT_UNSUPPORTED_RETURN_ADDRESS, a #define of the header.
+    assert!(unwind_tables::UnsupportedReason::ReturnAddress as u8 == 5);
     assert!(sigframe::RBP == unwind_tables::rule::sigframe::RBP);
     assert!(sigframe::RSP == unwind_tables::rule::sigframe::RSP);
     assert!(sigframe::RIP == unwind_tables::rule::sigframe::RIP);

@@ -694,6 +694,10 @@ impl From<Rule> for CtRule {
             Rule::Gap => ct.kind = rule_kind::GAP,
             Rule::End => ct.kind = rule_kind::END,
             Rule::Signal => ct.kind = rule_kind::SIGNAL,
+            Rule::ReturnInRdi(offset) => {
+                ct.kind = rule_kind::RETURN_IN_RDI;
+                ct.cfa_off = offset;
+            }
             Rule::Unsupported(reason) => {
                 ct.kind = rule_kind::UNSUPPORTED;
                 ct.reason = reason as u8;
@@ -815,6 +819,10 @@ mod tests {
             (Rule::Gap, ct(rule_kind::GAP, 0, 0, 0, 0, 0, 0)),
             (Rule::End, ct(rule_kind::END, 0, 0, 0, 0, 0, 0)),
             (Rule::Signal, ct(rule_kind::SIGNAL, 0, 0, 0, 0, 0, 0)),
+            (
+                Rule::ReturnInRdi(8),
+                ct(rule_kind::RETURN_IN_RDI, 0, 0, 0, 8, 0, 0),
+            ),
             (
                 Rule::Unsupported(UnsupportedReason::OffsetOverflow),
                 ct(rule_kind::UNSUPPORTED, 0, 0, 3, 0, 0, 0),

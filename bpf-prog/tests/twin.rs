@@ -106,6 +106,7 @@ fn bpf_walk_equals_the_userspace_twin() {
             rip: regs.rip,
             rsp: regs.rsp,
             rbp: regs.rbp,
+            rdi: Some(regs.rdi),
         },
         &memory,
         MAX_FRAMES,

@@ -670,3 +670,40 @@ fn a_dlopened_librarys_constructor_has_complete_stacks() {
     assert!(constructor > 0, "{:?}", folded.stacks);
     assert_eq!(folded.count_with("after_dlopen"), 1);
 }
+
+/// glibc's vfork keeps its return address in rdi around the syscall (dash runs every
+/// external command through it): uprobes right after the `pop %rdi` and right after the
+/// syscall, in the shell and in its vforked children, walk to the end of the stack.
+#[test]
+fn stacks_through_vfork_return_through_rdi() {
+    if !bpf_available("vfork") {
+        return;
+    }
+    let run = trace(
+        "vfork",
+        &["uprobe:libc:vfork+1", "uprobe:libc:vfork+9"],
+        "sh -c '/bin/true; /bin/true; echo done'",
+        &[],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    assert_eq!(run.stdout, "done\n");
+    assert!(
+        run.stderr
+            .contains("every stack walk reached the end of the stack"),
+        "{}",
+        run.stderr
+    );
+    let folded = run.folded();
+    for probe in ["uprobe:libc:vfork+1", "uprobe:libc:vfork+9"] {
+        let stacks: Vec<_> = folded
+            .stacks
+            .iter()
+            .filter(|(frames, _)| frames[0] == probe)
+            .collect();
+        assert!(!stacks.is_empty(), "no {probe} event: {:?}", folded.stacks);
+        for (frames, _) in stacks {
+            // The shell's frames above vfork; the last is the probe's own pc.
+            assert!(frames.len() > 4, "{frames:?}");
+        }
+    }
+}

@@ -502,6 +502,7 @@ impl SeizedThreads {
                     rip: regs.rip,
                     rsp: regs.rsp,
                     rbp: regs.rbp,
+                    rdi: Some(regs.rdi),
                 },
             });
         }

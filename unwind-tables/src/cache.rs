@@ -34,8 +34,8 @@ use crate::table::{CompactRow, CompactTable, PageSpan};
 
 const MAGIC: &[u8; 8] = b"CTUNWTBL";
 /// Bump when the entry layout or what the compiler puts in it changes (2: push/pop rows
-/// merged, `RspSteps` rules; 3: an entry point without CFI is End).
-pub const FORMAT_VERSION: u32 = 3;
+/// merged, `RspSteps` rules; 3: an entry point without CFI is End; 4: `ReturnInRdi`).
+pub const FORMAT_VERSION: u32 = 4;
 /// Entries written by another compiler version are recompiled: its rules may differ even
 /// when the layout does not.
 const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -300,12 +300,14 @@ const KIND_END: u8 = 5;
 const KIND_SIGNAL: u8 = 6;
 const KIND_UNSUPPORTED: u8 = 7;
 const KIND_CFA_RSP_STEPS: u8 = 8;
+const KIND_RETURN_IN_RDI: u8 = 9;
 
 fn encode_rule(out: &mut Vec<u8>, rule: Rule) {
     let (kind, reg, rbp, reason, cfa_offset, add) = match rule {
         Rule::Gap => (KIND_GAP, 0, RbpRule::Same, 0, 0, 0),
         Rule::End => (KIND_END, 0, RbpRule::Same, 0, 0, 0),
         Rule::Signal => (KIND_SIGNAL, 0, RbpRule::Same, 0, 0, 0),
+        Rule::ReturnInRdi(offset) => (KIND_RETURN_IN_RDI, 0, RbpRule::Same, 0, offset, 0),
         Rule::Unsupported(reason) => (KIND_UNSUPPORTED, 0, RbpRule::Same, reason as u8, 0, 0),
         Rule::Frame { cfa, rbp } => match cfa {
             Cfa::Rsp(offset) => (KIND_CFA_RSP, 0, rbp, 0, offset, 0),
@@ -343,6 +345,7 @@ fn kind_code(kind: RuleKind) -> (u8, u8) {
         RuleKind::Deref => (KIND_DEREF, 0),
         RuleKind::End => (KIND_END, 0),
         RuleKind::Signal => (KIND_SIGNAL, 0),
+        RuleKind::ReturnInRdi => (KIND_RETURN_IN_RDI, 0),
         RuleKind::Unsupported(reason) => (KIND_UNSUPPORTED, reason as u8),
     }
 }
@@ -481,6 +484,7 @@ fn decode_rule(input: &mut Input<'_>) -> Result<Rule, InvalidEntry> {
         KIND_GAP => return Ok(Rule::Gap),
         KIND_END => return Ok(Rule::End),
         KIND_SIGNAL => return Ok(Rule::Signal),
+        KIND_RETURN_IN_RDI => return Ok(Rule::ReturnInRdi(cfa_offset)),
         KIND_UNSUPPORTED => {
             let reason =
                 UnsupportedReason::from_u8(reason).ok_or(InvalidEntry::Corrupt("bad reason"))?;
@@ -521,6 +525,7 @@ fn decode_kind(kind: u8, reason: u8) -> Result<RuleKind, InvalidEntry> {
         KIND_DEREF => RuleKind::Deref,
         KIND_END => RuleKind::End,
         KIND_SIGNAL => RuleKind::Signal,
+        KIND_RETURN_IN_RDI => RuleKind::ReturnInRdi,
         KIND_UNSUPPORTED => RuleKind::Unsupported(
             UnsupportedReason::from_u8(reason).ok_or(InvalidEntry::Corrupt("bad reason"))?,
         ),

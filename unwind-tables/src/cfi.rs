@@ -287,6 +287,26 @@ impl Reducer {
         match row.register(self.return_address) {
             RegisterRule::Offset(RETURN_ADDRESS_OFFSET) => {}
             RegisterRule::Undefined if explicit_undefined().return_address => return Ok(Rule::End),
+            // glibc's vfork: the return address popped into rdi, rbp untouched.
+            RegisterRule::Register(X86_64::RDI) => {
+                let CfaRule::RegisterAndOffset {
+                    register: X86_64::RSP,
+                    offset,
+                } = *row.cfa()
+                else {
+                    return Err(ReturnAddress);
+                };
+                let rbp_kept = match row.register(X86_64::RBP) {
+                    RegisterRule::SameValue => true,
+                    RegisterRule::Undefined => !explicit_undefined().rbp,
+                    _ => false,
+                };
+                if !rbp_kept {
+                    return Err(UnsupportedReason::RbpRule);
+                }
+                let offset = i32::try_from(offset).map_err(|_| OffsetOverflow)?;
+                return Ok(Rule::ReturnInRdi(offset));
+            }
             _ => return Err(ReturnAddress),
         }
 

@@ -86,6 +86,10 @@ pub enum Rule {
     End,
     /// A signal trampoline (`__restore_rt`): rip, rsp and rbp come from the ucontext at rsp.
     Signal,
+    /// The return address is in rdi (glibc's `vfork` pops it there around the syscall);
+    /// CFA = rsp + offset, rbp unchanged. Only the walk's first frame knows rdi: anywhere
+    /// else this stops the walk as unsupported.
+    ReturnInRdi(i32),
     /// CFI exists but the walker must not guess at it.
     Unsupported(UnsupportedReason),
 }
@@ -138,6 +142,7 @@ pub enum RuleKind {
     Deref,
     End,
     Signal,
+    ReturnInRdi,
     Unsupported(UnsupportedReason),
 }
 
@@ -153,6 +158,7 @@ impl RuleKind {
             RuleKind::Deref => "deref",
             RuleKind::End => "end",
             RuleKind::Signal => "signal",
+            RuleKind::ReturnInRdi => "return-in-rdi",
             RuleKind::Unsupported(reason) => reason.name(),
         }
     }
@@ -172,6 +178,7 @@ impl Rule {
             },
             Rule::End => RuleKind::End,
             Rule::Signal => RuleKind::Signal,
+            Rule::ReturnInRdi(_) => RuleKind::ReturnInRdi,
             Rule::Unsupported(reason) => RuleKind::Unsupported(reason),
         }
     }
@@ -201,9 +208,13 @@ impl Rule {
         }
     }
 
-    /// True for the rules a walker can execute: [`Rule::Frame`], [`Rule::End`] and
-    /// [`Rule::Signal`]. Code covered by these counts as "supported" in [`crate::Stats`].
+    /// True for the rules a walker can execute: [`Rule::Frame`], [`Rule::End`],
+    /// [`Rule::Signal`] and [`Rule::ReturnInRdi`] (at a first frame). Code covered by these
+    /// counts as "supported" in [`crate::Stats`].
     pub fn is_supported(&self) -> bool {
-        matches!(self, Rule::Frame { .. } | Rule::End | Rule::Signal)
+        matches!(
+            self,
+            Rule::Frame { .. } | Rule::End | Rule::Signal | Rule::ReturnInRdi(_)
+        )
     }
 }

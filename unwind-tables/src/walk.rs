@@ -28,6 +28,8 @@ pub struct Registers {
     pub rip: u64,
     pub rsp: u64,
     pub rbp: u64,
+    /// Known at the first frame only (a [`Rule::ReturnInRdi`] needs it), `None` after.
+    pub rdi: Option<u64>,
 }
 
 /// Reads the walked thread's memory, as `bpf_probe_read_user` does.
@@ -166,7 +168,12 @@ pub fn walk(
 
 /// One step from `frame` to its caller; `Err` is why the walk stops there.
 fn step(space: &AddressSpace<'_>, frame: Frame, memory: &dyn Memory) -> Result<Frame, WalkEnd> {
-    let Registers { rip: pc, rsp, rbp } = frame.regs;
+    let Registers {
+        rip: pc,
+        rsp,
+        rbp,
+        rdi,
+    } = frame.regs;
     let lookup = if frame.exact { pc } else { pc.wrapping_sub(1) };
     let mapping = space.find(lookup).ok_or(WalkEnd::NoMapping)?;
     let read = |addr: u64| memory.read_u64(addr).ok_or(WalkEnd::ReadFault);
@@ -182,8 +189,20 @@ fn step(space: &AddressSpace<'_>, frame: Frame, memory: &dyn Memory) -> Result<F
                 rip: read(rsp.wrapping_add(sigframe::RIP))?,
                 rsp: read(rsp.wrapping_add(sigframe::RSP))?,
                 rbp: read(rsp.wrapping_add(sigframe::RBP))?,
+                rdi: None,
             },
             exact: true,
+        },
+        // The return address already left the stack: the caller's rsp may be this
+        // frame's, so the growth check below does not apply.
+        Rule::ReturnInRdi(offset) => Frame {
+            regs: Registers {
+                rip: rdi.ok_or(WalkEnd::Unsupported(UnsupportedReason::ReturnAddress))?,
+                rsp: rsp.wrapping_add_signed(offset.into()),
+                rbp,
+                rdi: None,
+            },
+            exact: false,
         },
         Rule::Frame { cfa, rbp: rbp_rule } => {
             let cfa = match cfa {
@@ -222,7 +241,12 @@ fn step(space: &AddressSpace<'_>, frame: Frame, memory: &dyn Memory) -> Result<F
                 return Err(WalkEnd::BadReturnAddress);
             }
             Frame {
-                regs: Registers { rip, rsp: cfa, rbp },
+                regs: Registers {
+                    rip,
+                    rsp: cfa,
+                    rbp,
+                    rdi: None,
+                },
                 exact: false,
             }
         }
@@ -308,6 +332,7 @@ mod tests {
             rip: BIAS + 0x1010,
             rsp: 0x7000,
             rbp: 0xdead,
+            rdi: None,
         };
         let result = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(
@@ -330,6 +355,7 @@ mod tests {
             rip: BIAS + 0x1000,
             rsp: 0x7000,
             rbp: 0x7f00,
+            rdi: None,
         };
         let result = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(
@@ -360,6 +386,7 @@ mod tests {
             rip: BIAS + 0x1000,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         let result = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(
@@ -373,6 +400,7 @@ mod tests {
             rip: BIAS + 0x1200,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         let result = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(result.frames, vec![BIAS + 0x1200]);
@@ -405,6 +433,7 @@ mod tests {
                 rip: BIAS + pc,
                 rsp: 0x7000,
                 rbp: 0,
+                rdi: None,
             };
             let result = walk(&space, regs, &memory, MAX_FRAMES);
             assert_eq!(result.frames, vec![BIAS + pc, BIAS + 0x1010], "pc {pc:#x}");
@@ -416,6 +445,7 @@ mod tests {
                 rip: BIAS + pc,
                 rsp: 0x7000,
                 rbp: 0,
+                rdi: None,
             };
             assert_eq!(
                 walk(&space, regs, &memory, MAX_FRAMES).end,
@@ -434,6 +464,7 @@ mod tests {
             rip: BIAS + 0xfff,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         assert_eq!(
             walk(&space, regs, &memory, MAX_FRAMES),
@@ -468,6 +499,7 @@ mod tests {
                 rip: BIAS + 0x2000 + offset,
                 rsp: 0x7000,
                 rbp: 0,
+                rdi: None,
             };
             let result = walk(&space, regs, &memory, MAX_FRAMES);
             assert_eq!(
@@ -526,6 +558,7 @@ mod tests {
                 rip: BIAS + pc,
                 rsp: 0x7000,
                 rbp: 0,
+                rdi: None,
             };
             let result = walk(&space, regs, &memory, MAX_FRAMES);
             assert_eq!(result.frames, vec![BIAS + pc, BIAS + 0x1010], "pc {pc:#x}");
@@ -571,6 +604,7 @@ mod tests {
             rip: BIAS + 0x2010,
             rsp: 0x7000,
             rbp: 0x7f00,
+            rdi: None,
         };
         let walk1 = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(walk1.frames, vec![BIAS + 0x2010, BIAS + 0x1010]);
@@ -583,6 +617,7 @@ mod tests {
             rip: BIAS + 0x2110,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         let walk2 = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(walk2.frames, vec![BIAS + 0x2110, BIAS + 0x1010]);
@@ -593,10 +628,60 @@ mod tests {
             rip: BIAS + 0x2010,
             rsp: 0x7000,
             rbp: 0x9f00,
+            rdi: None,
         };
         assert_eq!(
             walk(&space, regs, &memory, MAX_FRAMES).end,
             WalkEnd::ReadFault
+        );
+    }
+
+    #[test]
+    fn return_address_in_rdi_is_taken_at_the_first_frame_only() {
+        // vfork: `pop %rdi` (0x2000), then CFA = rsp + 0 with the return address in rdi.
+        let table = build_table(&[
+            (0x1000, Rule::End),
+            (0x1100, frame(Cfa::Rsp(8), RbpRule::Same)),
+            (0x1200, Rule::Gap),
+            (0x2001, Rule::ReturnInRdi(0)),
+            (0x2020, Rule::Gap),
+        ]);
+        let space = space(&table);
+        let regs = Registers {
+            rip: BIAS + 0x2010,
+            rsp: 0x7000,
+            rbp: 0,
+            rdi: Some(BIAS + 0x1010),
+        };
+        let first = walk(&space, regs, &FakeMemory::default(), MAX_FRAMES);
+        assert_eq!(first.frames, vec![BIAS + 0x2010, BIAS + 0x1010]);
+        assert_eq!(first.end, WalkEnd::Complete);
+
+        let unknown = walk(
+            &space,
+            Registers { rdi: None, ..regs },
+            &FakeMemory::default(),
+            MAX_FRAMES,
+        );
+        assert_eq!(unknown.frames, vec![BIAS + 0x2010]);
+        assert_eq!(
+            unknown.end,
+            WalkEnd::Unsupported(UnsupportedReason::ReturnAddress)
+        );
+
+        // Reached as a caller, rdi is long gone.
+        let memory = FakeMemory::default().with(0x7000, BIAS + 0x2011);
+        let regs = Registers {
+            rip: BIAS + 0x1100,
+            rsp: 0x7000,
+            rbp: 0,
+            rdi: Some(BIAS + 0x1010),
+        };
+        let caller = walk(&space, regs, &memory, MAX_FRAMES);
+        assert_eq!(caller.frames, vec![BIAS + 0x1100, BIAS + 0x2011]);
+        assert_eq!(
+            caller.end,
+            WalkEnd::Unsupported(UnsupportedReason::ReturnAddress)
         );
     }
 
@@ -627,6 +712,7 @@ mod tests {
             rip: BIAS + 0x2010,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         let walk1 = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(
@@ -676,6 +762,7 @@ mod tests {
                     rip: BIAS + pc,
                     rsp: 0x7000,
                     rbp: 0,
+                    rdi: None,
                 },
                 memory,
                 MAX_FRAMES,
@@ -714,6 +801,7 @@ mod tests {
             rip: 0x10,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         assert_eq!(
             walk(&space, regs, &outside, MAX_FRAMES),
@@ -770,6 +858,7 @@ mod tests {
             rip: BIAS + 0x1010,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         let capped = walk(&space, regs, &memory, MAX_FRAMES);
         assert_eq!(capped.frames.len(), MAX_FRAMES);
@@ -798,6 +887,7 @@ mod tests {
             rip: BIAS + 0x1010,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         assert_eq!(
             walk(&space, regs, &memory, 2),
@@ -843,6 +933,7 @@ mod tests {
             rip: 0x5000_1010,
             rsp: 0x7000,
             rbp: 0,
+            rdi: None,
         };
         assert_eq!(
             walk(&space, regs, &memory, MAX_FRAMES),

@@ -96,6 +96,12 @@ fn compact_step(rule: Rule, row_offset: u32, m: &Machine, pc: u64) -> Result<Ste
             rsp: m.read(rsp + 160),
             rbp: m.read(rsp + 120),
         }),
+        // The machine is a first frame: rdi is known.
+        Rule::ReturnInRdi(offset) => Ok(Step::Caller {
+            rip: m.regs[5],
+            rsp: rsp.wrapping_add_signed(offset.into()),
+            rbp,
+        }),
         Rule::Frame { cfa, rbp: rbp_rule } => {
             let reg = |reg: Reg| match reg {
                 Reg::Rsp => rsp,

@@ -88,6 +88,10 @@ enum ct_limits {
 #define CT_R_DEBUG_STATE 24			   /* offsetof(struct r_debug, r_state) */
 #define CT_RT_CONSISTENT 0
 
+/* unwind_tables::UnsupportedReason::ReturnAddress, the reason a walk gives
+ * for a CT_RULE_RETURN_IN_RDI row past its first frame. */
+#define CT_UNSUPPORTED_RETURN_ADDRESS 5
+
 /* Reserved values of ct_count_key.stack_hash; stored stacks have keys >= CT_STACK_FIRST. */
 enum ct_stack_key {
 	CT_STACK_NONE = 0,	 /* no user stack was walked (kernel thread, counting probe) */
@@ -111,6 +115,9 @@ enum ct_rule_kind {
 	 * (pops) half is a step at row start + k + 1. See steps_moved.
 	 */
 	CT_RULE_CFA_RSP_STEPS = 8,
+	/* Return address in rdi (glibc's vfork), CFA = rsp + cfa_off, rbp
+	 * unchanged: known at the walk's first frame only. */
+	CT_RULE_RETURN_IN_RDI = 9,
 };
 
 /* DWARF register numbers for the registers a rule may name. */

@@ -161,6 +161,8 @@ struct walk_scratch {
 	__u32 mapping; /* index of the mapping of the previous pc: tried first */
 	__u32 exact;   /* pc is a current pc, not a return address */
 	__u32 generation; /* of the process's mappings (ct_proc.generation) */
+	__u32 rdi_known;  /* at the first frame: rdi holds the thread's rdi */
+	__u64 rdi;
 	__u16 error;
 	__u16 reason;
 };
@@ -511,6 +513,16 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 	}
 	case CT_RULE_END:
 		return stop(w, CT_WALK_OK);
+	case CT_RULE_RETURN_IN_RDI:
+		/* the return address left the stack: the caller's rsp may be
+		 * this frame's, so no growth check */
+		if (!w->rdi_known) {
+			w->reason = CT_UNSUPPORTED_RETURN_ADDRESS;
+			return stop(w, CT_WALK_UNSUPPORTED);
+		}
+		ra = w->rdi;
+		cfa = rsp + (__s64)rule->cfa_off;
+		goto push;
 	case CT_RULE_SIGNAL:
 		/* rip, rsp and rbp of the interrupted code, from the ucontext */
 		if (read_user(w, rsp + CT_SIGFRAME_RIP, &ra) ||
@@ -555,6 +567,7 @@ push:
 	w->rsp = cfa;
 	w->rbp = rbp;
 	w->exact = exact;
+	w->rdi_known = 0;
 	return 0;
 }
 
@@ -627,7 +640,7 @@ static __always_inline __u64 stack_key(__u64 hash)
  * finishes its hashes (w->hash, w->stack.check); NULL if there is no scratch.
  */
 static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level, __u32 tgid,
-					    __u64 rip, __u64 rsp, __u64 rbp)
+					    __u64 rip, __u64 rsp, __u64 rbp, __u64 rdi)
 {
 	struct ct_stack *stack = &w->stack;
 	stack->pcs[0] = rip;
@@ -639,6 +652,8 @@ static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level,
 	w->check = check_step(0x5851f42d4c957f2dULL, rip);
 	w->mapping = 0;
 	w->exact = 1;
+	w->rdi = rdi;
+	w->rdi_known = 1;
 	w->error = CT_WALK_OK;
 	w->reason = 0;
 	__u32 cpu = bpf_get_smp_processor_id();
@@ -742,14 +757,14 @@ static __always_inline __u32 claim_level(__u32 *held)
 
 /*
  * Counts the event with its stacks, using the scratch of level: the user
- * stack walked from rip, rsp, rbp (none if rip is 0), the kernel stack of
+ * stack walked from rip, rsp, rbp, rdi (none if rip is 0), the kernel stack of
  * kctx (none if NULL). The common case, stacks counted before under the
  * same key, costs one lookup in counts: the count remembers the checks of
  * its stacks, so the stacks map is only consulted for a new stack or a hash
  * collision.
  */
 static __always_inline void record_at(__u32 level, void *kctx, __u32 tgid, __u64 rip, __u64 rsp,
-				      __u64 rbp, __u32 probe_id)
+				      __u64 rbp, __u64 rdi, __u32 probe_id)
 {
 	struct walk_scratch *w = bpf_map_lookup_elem(&scratch, &level);
 
@@ -759,7 +774,7 @@ static __always_inline void record_at(__u32 level, void *kctx, __u32 tgid, __u64
 	}
 	__u64 user = CT_STACK_NONE, kernel = CT_STACK_NONE, check = 0;
 	if (rip) {
-		walk_user_stack(w, level, tgid, rip, rsp, rbp);
+		walk_user_stack(w, level, tgid, rip, rsp, rbp, rdi);
 		user = w->hash;
 		check = w->stack.check;
 	}
@@ -796,7 +811,7 @@ static __always_inline void record_at(__u32 level, void *kctx, __u32 tgid, __u64
  * one, without its stacks.
  */
 static __always_inline void record(void *kctx, __u32 tgid, __u64 rip, __u64 rsp, __u64 rbp,
-				   __u32 probe_id)
+				   __u64 rdi, __u32 probe_id)
 {
 	__u32 zero = 0;
 	__u32 *held = rip || kctx ? bpf_map_lookup_elem(&levels, &zero) : NULL;
@@ -811,7 +826,7 @@ static __always_inline void record(void *kctx, __u32 tgid, __u64 rip, __u64 rsp,
 		count_event(CT_STACK_NONE, CT_STACK_NONE, tgid, probe_id, 0);
 		return;
 	}
-	record_at(level, kctx, tgid, rip, rsp, rbp, probe_id);
+	record_at(level, kctx, tgid, rip, rsp, rbp, rdi, probe_id);
 	__sync_fetch_and_and(held, ~(1U << level));
 }
 
@@ -829,11 +844,11 @@ static __always_inline void record_from_kernel(void *ctx, __u32 tgid, __u32 prob
 	void *kctx = kernel_stacks ? ctx : NULL;
 
 	if (!task->mm) {
-		record(kctx, tgid, 0, 0, 0, probe_id);
+		record(kctx, tgid, 0, 0, 0, 0, probe_id);
 		return;
 	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	record(kctx, tgid, regs->ip, regs->sp, regs->bp, probe_id);
+	record(kctx, tgid, regs->ip, regs->sp, regs->bp, regs->di, probe_id);
 }
 
 /* uprobe and uretprobe: ctx holds the user registers (at a uretprobe, rip
@@ -844,7 +859,7 @@ static __always_inline int on_user_probe(struct pt_regs *ctx)
 
 	if (filter_uprobes && !pid_wanted(tgid))
 		return 0;
-	record(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, bpf_get_attach_cookie(ctx));
+	record(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, ctx->di, bpf_get_attach_cookie(ctx));
 	return 0;
 }
 
@@ -885,7 +900,7 @@ int on_perf_event(struct bpf_perf_event_data *ctx)
 		/* kernel half of the address space: sampled in kernel mode */
 		record_from_kernel(ctx, tgid, probe_id);
 	else
-		record(NULL, tgid, ip, ctx->regs.sp, ctx->regs.bp, probe_id);
+		record(NULL, tgid, ip, ctx->regs.sp, ctx->regs.bp, ctx->regs.di, probe_id);
 	return 0;
 }
 
