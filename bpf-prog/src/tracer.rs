@@ -528,6 +528,21 @@ impl Tracer {
             .collect()
     }
 
+    /// The parent of every child followed so far ([`Tracer::follow_forks`]), by pid; kept
+    /// after the child exits (the oldest entries go first once the map is full).
+    pub fn parents(&self) -> HashMap<u32, u32> {
+        let map = &self.skel.maps.parents;
+        map.keys()
+            .filter_map(|key| {
+                let value = map.lookup(&key, MapFlags::ANY).ok()??;
+                Some((
+                    u32::from_ne_bytes(key.as_slice().try_into().ok()?),
+                    u32::from_ne_bytes(value.as_slice().try_into().ok()?),
+                ))
+            })
+            .collect()
+    }
+
     /// Whether `pid` has registered mappings (an exec followed with
     /// [`Tracer::follow_forks`] drops them).
     pub fn has_mappings(&self, pid: u32) -> bool {

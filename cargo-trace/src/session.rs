@@ -136,6 +136,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
     // A child that exited before its mappings were read ran with its parent's
     // (fork copies them): the target's are the best guess for it.
     symbolizer.set_fallback(pid);
+    symbolizer.set_parents(tracer.parents());
     for (pid, mappings) in tables.take_symbol_mappings() {
         symbolizer.add_process(pid, mappings);
     }

@@ -68,6 +68,8 @@ pub struct Symbolizer {
     kernel: Option<KernelSymbols>,
     /// The process whose mappings stand in for a process without its own.
     fallback: Option<u32>,
+    /// Each followed child's parent.
+    parents: HashMap<u32, u32>,
 }
 
 impl Symbolizer {
@@ -78,7 +80,14 @@ impl Symbolizer {
             cache: HashMap::new(),
             kernel: None,
             fallback: None,
+            parents: HashMap::new(),
         }
+    }
+
+    /// Each followed child's parent, whose mappings name what the child ran before
+    /// its own were read (see [`Symbolizer::user`]).
+    pub fn set_parents(&mut self, parents: HashMap<u32, u32>) {
+        self.parents = parents;
     }
 
     /// Symbolize processes whose mappings were never recorded with those of `pid`.
@@ -116,20 +125,37 @@ impl Symbolizer {
         self.lookup(pid, pc).unwrap_or_else(|unknown| vec![unknown])
     }
 
+    /// The mapping holding `address` in `pid`: among its own mappings, else its parent's
+    /// (a child that exec'd ran its parent's image before: fork copies it), and so up;
+    /// a process never seen uses the fallback's.
+    fn mapping_of(&self, pid: u32, address: u64) -> Option<&SymbolMapping> {
+        let mut process = pid;
+        // A bounded climb: parents form a tree, but pids are reused.
+        for _ in 0..64 {
+            if let Some(mapping) = self
+                .mappings
+                .get(&process)
+                .and_then(|maps| holding(maps, address))
+            {
+                return Some(mapping);
+            }
+            match self.parents.get(&process) {
+                Some(&parent) if parent != process => process = parent,
+                _ => break,
+            }
+        }
+        if self.mappings.contains_key(&pid) {
+            return None;
+        }
+        self.fallback
+            .and_then(|fallback| self.mappings.get(&fallback))
+            .and_then(|maps| holding(maps, address))
+    }
+
     /// Frames for `address`, or a frame naming the object and offset when neither
     /// DWARF nor the symbol table knows it.
     fn lookup(&mut self, pid: u32, address: u64) -> Result<Vec<Frame>, Frame> {
-        let known = self
-            .mappings
-            .get(&pid)
-            .or_else(|| self.fallback.and_then(|pid| self.mappings.get(&pid)));
-        let Some(mapping) = known.and_then(|maps| {
-            let index = maps.partition_point(|m| m.start <= address);
-            index
-                .checked_sub(1)
-                .map(|i| &maps[i])
-                .filter(|m| address < m.end)
-        }) else {
+        let Some(mapping) = self.mapping_of(pid, address) else {
             return Err(Frame::named(format!("[unknown] {address:#x}")));
         };
         let elf_address = address.wrapping_sub(mapping.bias);
@@ -171,6 +197,15 @@ impl Symbolizer {
         let kernel = self.kernel.get_or_insert_with(KernelSymbols::load);
         Frame::named(kernel.lookup(address))
     }
+}
+
+/// The mapping of `maps` (sorted by start) holding `address`.
+fn holding(maps: &[SymbolMapping], address: u64) -> Option<&SymbolMapping> {
+    let index = maps.partition_point(|m| m.start <= address);
+    index
+        .checked_sub(1)
+        .map(|i| &maps[i])
+        .filter(|m| address < m.end)
 }
 
 /// What one object file offers the symbolizer.

@@ -702,8 +702,22 @@ fn stacks_through_vfork_return_through_rdi() {
             .collect();
         assert!(!stacks.is_empty(), "no {probe} event: {:?}", folded.stacks);
         for (frames, _) in stacks {
-            // The shell's frames above vfork; the last is the probe's own pc.
+            // The shell's frames above vfork; the last is the probe's own pc. In a child
+            // (vfork+9 returns in both), they are named through its parent's mappings.
             assert!(frames.len() > 4, "{frames:?}");
+            assert!(
+                !frames.iter().any(|f| f.starts_with("[unknown]")),
+                "{frames:?}"
+            );
+            assert_eq!(frames.last().unwrap(), "__libc_vfork", "{frames:?}");
         }
     }
+    // The child's return from vfork counts too: two in the shell, two in its children.
+    let returns: u64 = folded
+        .stacks
+        .iter()
+        .filter(|(frames, _)| frames[0] == "uprobe:libc:vfork+9")
+        .map(|(_, count)| count)
+        .sum();
+    assert_eq!(returns, 4, "{:?}", folded.stacks);
 }

@@ -956,6 +956,15 @@ struct {
 	__uint(max_entries, 4096);
 } new_images SEC(".maps");
 
+/* The parent of each child followed: userspace names what a child ran
+ * before its exec with its parent's mappings. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, __u32);   /* child tgid */
+	__type(value, __u32); /* parent tgid */
+	__uint(max_entries, 16384);
+} parents SEC(".maps");
+
 /* Processes that exec'd and have not stopped with their libraries mapped yet. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -989,6 +998,7 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	__u8 one = 1;
 	bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	bpf_map_update_elem(&parents, &child_tgid, &parent_tgid, BPF_ANY);
 	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &parent_tgid);
 	if (proc)
 		bpf_map_update_elem(&procs, &child_tgid, proc, BPF_ANY);
