@@ -59,7 +59,7 @@
 //! /proc maps   --set_mappings-> procs[tgid] = sorted { start, end, bias, table id }
 //! filter_pid   --------------> pid_filter[tgid]   (perf events, tracepoints; uprobes
 //!                                                with Options::filter_uprobes)
-//! fork of a filtered tgid ---> pid_filter[child], procs[child] = procs[parent]
+//! fork of a filtered tgid ---> pid_filter[child], procs[child] = procs[parent], parents[child]
 //! exec of a filtered tgid ---> procs[tgid] deleted, stop, new_images <- tgid
 //!
 //! link map consistent (ld.so) -> stop, new_images <- tgid
