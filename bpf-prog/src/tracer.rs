@@ -371,16 +371,15 @@ impl Tracer {
         }
         // Every set gets its own generation, the key of the program's rule cache: entries
         // found in the mappings a pid had before can never answer for these.
-        let generation = match self
-            .generation
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_add(1)
-        {
-            0 => self
+        // 0 marks an empty cache entry: skipped when the counter wraps.
+        let generation = loop {
+            let next = self
                 .generation
                 .fetch_add(1, Ordering::Relaxed)
-                .wrapping_add(1),
-            generation => generation,
+                .wrapping_add(1);
+            if next != 0 {
+                break next;
+            }
         };
         let mut proc = Box::new(CtProc {
             nmappings: sorted.len() as u32,

@@ -309,18 +309,15 @@ struct Children<'a> {
 /// `attached` (`-p`): the attached process itself is never stopped, so the ld.so probe,
 /// which stops any traced process after a dlopen, is left out.
 fn stop_children_at_start(tracer: &Tracer, pid: u32, attached: bool) -> Result<Vec<Link>> {
-    let mut links = Vec::new();
-    let ld_so = (
-        "uprobe:ld-linux-x86-64.so.2:_dl_debug_state",
-        Cookie::DynamicLoader,
-    );
-    let start_main = ("uprobe:libc:__libc_start_main", Cookie::StartMain);
-    let hooks = if attached {
-        vec![start_main]
+    const LD_SO: &str = "uprobe:ld-linux-x86-64.so.2:_dl_debug_state";
+    const START_MAIN: &str = "uprobe:libc:__libc_start_main";
+    let hooks: &[&str] = if attached {
+        &[START_MAIN]
     } else {
-        vec![ld_so, start_main]
+        &[LD_SO, START_MAIN]
     };
-    for (probe, cookie) in hooks {
+    let mut links = Vec::new();
+    for &probe in hooks {
         let spec = match probes::parse(probe) {
             Ok(ProbeSpec::Uprobe(spec)) => spec,
             _ => unreachable!("a valid uprobe spec"),
@@ -330,13 +327,14 @@ fn stop_children_at_start(tracer: &Tracer, pid: u32, attached: bool) -> Result<V
             continue;
         };
         for target in &targets {
-            let cookie = match cookie {
-                Cookie::StartMain => bpf_prog::START_MAIN_COOKIE,
-                // The program finds `_r_debug` from the probed address.
-                Cookie::DynamicLoader => match r_debug_offset(&target.path, target.address) {
+            // On ld.so, the program finds `_r_debug` from the probed address.
+            let cookie = if probe == LD_SO {
+                match r_debug_offset(&target.path, target.address) {
                     Some(offset) => offset,
                     None => continue,
-                },
+                }
+            } else {
+                bpf_prog::START_MAIN_COOKIE
             };
             let link =
                 probes::attach_uprobe(tracer.start_main_program(), target, None, false, cookie)
@@ -345,11 +343,6 @@ fn stop_children_at_start(tracer: &Tracer, pid: u32, attached: bool) -> Result<V
         }
     }
     Ok(links)
-}
-
-enum Cookie {
-    DynamicLoader,
-    StartMain,
 }
 
 /// `_r_debug`'s address in ld.so `path` minus `debug_state`'s (`_dl_debug_state`), as the

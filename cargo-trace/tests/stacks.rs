@@ -113,12 +113,7 @@ fn malloc_sites(lang: Lang, fixture: &str, test: &str) {
     let folded = run.folded();
     check_sites(&folded, &expected::chains_sites(lang), &printed, 0);
     assert_eq!(run.summary_events(), folded.total());
-    assert!(
-        run.stderr
-            .contains("every stack walk reached the end of the stack"),
-        "some walks failed: {}",
-        run.stderr
-    );
+    run.assert_every_walk_complete();
 }
 
 #[test]
@@ -469,12 +464,7 @@ fn children_the_target_starts_are_traced_from_main_on() {
     let command = format!("sh -c '{path} run; {path} run'");
     let run = trace("children", &["uprobe:libc:malloc"], &command, &[]);
     assert!(run.status.success(), "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("every stack walk reached the end of the stack"),
-        "{}",
-        run.stderr
-    );
+    run.assert_every_walk_complete();
     let printed = expected::parse_site_counts(&run.stdout).expect("site lines");
     assert_eq!(printed.len(), 8, "two runs of four sites: {}", run.stdout);
     let folded = run.folded();
@@ -620,12 +610,7 @@ fn library_constructors_in_a_child_have_complete_stacks() {
         &[],
     );
     assert!(run.status.success(), "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("every stack walk reached the end of the stack"),
-        "{}",
-        run.stderr
-    );
+    run.assert_every_walk_complete();
     let folded = run.folded();
     let in_constructors: Vec<_> = folded
         .stacks
@@ -651,12 +636,7 @@ fn a_dlopened_librarys_constructor_has_complete_stacks() {
     let path = fixtures::c_fixture("dlopen_cxx");
     let run = trace("dlopen", &["uprobe:libc:malloc"], &quoted(&path), &[]);
     assert!(run.status.success(), "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("every stack walk reached the end of the stack"),
-        "{}",
-        run.stderr
-    );
+    run.assert_every_walk_complete();
     let folded = run.folded();
     let constructor = folded
         .stacks
@@ -687,12 +667,7 @@ fn stacks_through_vfork_return_through_rdi() {
     );
     assert!(run.status.success(), "{}", run.stderr);
     assert_eq!(run.stdout, "done\n");
-    assert!(
-        run.stderr
-            .contains("every stack walk reached the end of the stack"),
-        "{}",
-        run.stderr
-    );
+    run.assert_every_walk_complete();
     let folded = run.folded();
     for probe in ["uprobe:libc:vfork+1", "uprobe:libc:vfork+9"] {
         let stacks: Vec<_> = folded

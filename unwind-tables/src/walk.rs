@@ -292,6 +292,21 @@ mod tests {
         Rule::Frame { cfa, rbp }
     }
 
+    /// From `pc` (ELF address) with rsp 0x7000, the rule must find the return address at
+    /// `cfa - 8`: the walk takes one step, to `_start`-like End code at 0x1010.
+    fn assert_one_step_to_end(space: &AddressSpace<'_>, pc: u64, cfa: u64) {
+        let memory = FakeMemory::default().with(cfa - 8, BIAS + 0x1010);
+        let regs = Registers {
+            rip: BIAS + pc,
+            rsp: 0x7000,
+            rbp: 0,
+            rdi: None,
+        };
+        let result = walk(space, regs, &memory, MAX_FRAMES);
+        assert_eq!(result.frames, vec![BIAS + pc, BIAS + 0x1010], "pc {pc:#x}");
+        assert_eq!(result.end, WalkEnd::Complete, "pc {pc:#x}");
+    }
+
     fn space(table: &CompactTable) -> AddressSpace<'_> {
         AddressSpace::new(vec![Mapping {
             start: BIAS + 0x1000,
@@ -428,16 +443,7 @@ mod tests {
             (0x3_000f, 0x7018),
             (0x3_0010, 0x7028),
         ] {
-            let memory = FakeMemory::default().with(cfa - 8, BIAS + 0x1010);
-            let regs = Registers {
-                rip: BIAS + pc,
-                rsp: 0x7000,
-                rbp: 0,
-                rdi: None,
-            };
-            let result = walk(&space, regs, &memory, MAX_FRAMES);
-            assert_eq!(result.frames, vec![BIAS + pc, BIAS + 0x1010], "pc {pc:#x}");
-            assert_eq!(result.end, WalkEnd::Complete, "pc {pc:#x}");
+            assert_one_step_to_end(&space, pc, cfa);
         }
         // Past the last row's gap marker and before the first row: no row.
         for pc in [0x3_0100, 0x3_ffff] {
@@ -553,16 +559,7 @@ mod tests {
             (0x2202, 0x7008),
             (0x22ff, 0x7008),
         ] {
-            let memory = FakeMemory::default().with(cfa - 8, BIAS + 0x1010);
-            let regs = Registers {
-                rip: BIAS + pc,
-                rsp: 0x7000,
-                rbp: 0,
-                rdi: None,
-            };
-            let result = walk(&space, regs, &memory, MAX_FRAMES);
-            assert_eq!(result.frames, vec![BIAS + pc, BIAS + 0x1010], "pc {pc:#x}");
-            assert_eq!(result.end, WalkEnd::Complete, "pc {pc:#x}");
+            assert_one_step_to_end(&space, pc, cfa);
         }
     }
 

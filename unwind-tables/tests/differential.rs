@@ -679,11 +679,15 @@ fn differential_catches_a_wrong_table() {
     for row in &good.rows {
         uses[usize::from(row.rule)] += 1;
     }
-    let (index, _) = good
-        .rules
-        .iter()
-        .enumerate()
-        .filter(|(_, rule)| {
+    // The index of the most used rule that `wanted` picks.
+    let most_used = |wanted: &dyn Fn(&Rule) -> bool, what: &str| {
+        (0..good.rules.len())
+            .filter(|&index| wanted(&good.rules[index]))
+            .max_by_key(|&index| uses[index])
+            .unwrap_or_else(|| panic!("no {what} in libc"))
+    };
+    let index = most_used(
+        &|rule| {
             matches!(
                 rule,
                 Rule::Frame {
@@ -691,9 +695,9 @@ fn differential_catches_a_wrong_table() {
                     ..
                 }
             )
-        })
-        .max_by_key(|(index, _)| uses[*index])
-        .expect("an rsp rule");
+        },
+        "rsp rule",
+    );
     let mut shifted = good.clone();
     if let Rule::Frame {
         cfa: Cfa::Rsp(offset),
@@ -707,11 +711,8 @@ fn differential_catches_a_wrong_table() {
 
     // Forget the first push of the most used merged push/pop rule: from that push on, every
     // row with the rule is 8 short.
-    let (index, _) = good
-        .rules
-        .iter()
-        .enumerate()
-        .filter(|(_, rule)| {
+    let index = most_used(
+        &|rule| {
             matches!(
                 rule,
                 Rule::Frame {
@@ -719,9 +720,9 @@ fn differential_catches_a_wrong_table() {
                     ..
                 } if *pushes != 0
             )
-        })
-        .max_by_key(|(index, _)| uses[*index])
-        .expect("a merged push/pop rule");
+        },
+        "merged push/pop rule",
+    );
     let mut forgot_push = good.clone();
     if let Rule::Frame {
         cfa: Cfa::RspSteps { pushes, .. },

@@ -161,8 +161,7 @@ struct walk_scratch {
 	__u32 mapping; /* index of the mapping of the previous pc: tried first */
 	__u32 exact;   /* pc is a current pc, not a return address */
 	__u32 generation; /* of the process's mappings (ct_proc.generation) */
-	__u32 rdi_known;  /* at the first frame: rdi holds the thread's rdi */
-	__u64 rdi;
+	__u64 rdi;	  /* the thread's: known at the first frame (stack.len 1) only */
 	__u16 error;
 	__u16 reason;
 };
@@ -516,7 +515,7 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 	case CT_RULE_RETURN_IN_RDI:
 		/* the return address left the stack: the caller's rsp may be
 		 * this frame's, so no growth check */
-		if (!w->rdi_known) {
+		if (w->stack.len != 1) {
 			w->reason = CT_UNSUPPORTED_RETURN_ADDRESS;
 			return stop(w, CT_WALK_UNSUPPORTED);
 		}
@@ -567,7 +566,6 @@ push:
 	w->rsp = cfa;
 	w->rbp = rbp;
 	w->exact = exact;
-	w->rdi_known = 0;
 	return 0;
 }
 
@@ -635,6 +633,16 @@ static __always_inline __u64 stack_key(__u64 hash)
 	return hash;
 }
 
+/* Finishes the hashes of stack (its frames' hash and check so far) over its
+ * length and stop reason: sets stack->check, returns its stacks map key. */
+static __always_inline __u64 finish_stack(struct ct_stack *stack, __u64 hash, __u64 check)
+{
+	__u64 tail = ((__u64)stack->len << 32) | ((__u64)stack->error << 16) | stack->reason;
+
+	stack->check = fmix64(check_step(check, tail));
+	return stack_key(fmix64(hash_step(hash, tail)));
+}
+
 /*
  * Walks the user stack from the given registers into the scratch map and
  * finishes its hashes (w->hash, w->stack.check); NULL if there is no scratch.
@@ -653,7 +661,6 @@ static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level,
 	w->mapping = 0;
 	w->exact = 1;
 	w->rdi = rdi;
-	w->rdi_known = 1;
 	w->error = CT_WALK_OK;
 	w->reason = 0;
 	__u32 cpu = bpf_get_smp_processor_id();
@@ -681,10 +688,7 @@ static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level,
 	count_error(w->error);
 	stack->error = w->error;
 	stack->reason = w->reason;
-	__u64 tail = ((__u64)stack->len << 32) | ((__u64)w->error << 16) | w->reason;
-	stack->check = fmix64(check_step(w->check, tail));
-	__u64 hash = fmix64(hash_step(w->hash, tail));
-	w->hash = stack_key(hash);
+	w->hash = finish_stack(stack, w->hash, w->check);
 }
 
 /*
@@ -712,9 +716,7 @@ static __always_inline __u64 take_kernel_stack(struct walk_scratch *w, void *ctx
 	k->len = len;
 	k->error = CT_WALK_OK;
 	k->reason = 0;
-	__u64 tail = (__u64)len << 32;
-	k->check = fmix64(check_step(check, tail));
-	return stack_key(fmix64(hash_step(hash, tail)));
+	return finish_stack(k, hash, check);
 }
 
 static __always_inline void count_event(__u64 stack_hash, __u64 kstack_hash, __u32 tgid,

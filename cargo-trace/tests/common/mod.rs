@@ -67,6 +67,16 @@ impl Run {
         Folded::parse(&text)
     }
 
+    /// The summary says that every walk reached the end of its stack.
+    pub fn assert_every_walk_complete(&self) {
+        assert!(
+            self.stderr
+                .contains("every stack walk reached the end of the stack"),
+            "some walks failed: {}",
+            self.stderr
+        );
+    }
+
     /// The summary's event count.
     pub fn summary_events(&self) -> u64 {
         let line = self
