@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use bpf_prog::{Options, StackRef, TableId, Tracer, WalkError};
+use bpf_prog::{Options, ProgramStats, StackRef, TableId, Tracer, WalkError};
 use common::{
     build_c, executable_mappings, register_process_with, scratch_dir, tracer_or_skip, Target,
 };
@@ -74,7 +74,7 @@ int main(int argc, char **argv)
 }
 "#;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Mode {
     NoProbe,
     CountOnly,
@@ -89,13 +89,15 @@ struct Bench {
 }
 
 impl Bench {
-    /// Runs the storm once; returns the loop's ns per malloc and, when
-    /// unwinding, the frames of the malloc stack.
-    fn run(&mut self, mode: Mode, depth: usize) -> (f64, Option<usize>) {
+    /// Runs the storm once; returns the loop's ns per malloc, the probe's BPF
+    /// run time per event (0 without a probe) and, when unwinding, the frames
+    /// of the malloc stack.
+    fn run(&mut self, mode: Mode, depth: usize) -> (f64, f64, Option<usize>) {
         let target = Target::spawn(&self.binary, &[self.events.to_string(), depth.to_string()]);
         let pid = target.pid();
         let libc = libc_path(pid);
         register_process_with(&mut self.tracer, &mut self.tables, pid, |_| false);
+        let before = self.tracer.program_stats().expect("program stats");
         let link: Option<Link> = match mode {
             Mode::NoProbe => None,
             Mode::CountOnly => Some(attach(self.tracer.uprobe_count_program(), pid, &libc)),
@@ -103,12 +105,18 @@ impl Bench {
         };
         let output = target.run_to_end();
         drop(link);
+        let after = self.tracer.program_stats().expect("program stats");
+        let bpf_ns = match mode {
+            Mode::NoProbe => 0.0,
+            Mode::CountOnly => bpf_ns_per_run(&before, &after, "on_uprobe_count"),
+            Mode::Unwind => bpf_ns_per_run(&before, &after, "on_uprobe"),
+        };
         let elapsed_ns: f64 = output.trim().parse().expect("fixture prints its loop time");
         let frames = (mode == Mode::Unwind)
             .then(|| self.storm_frames(pid))
             .flatten();
         self.tracer.remove_process(pid).expect("remove process");
-        (elapsed_ns / self.events as f64, frames)
+        (elapsed_ns / self.events as f64, bpf_ns, frames)
     }
 
     /// Frames of the most counted complete stack of `pid`.
@@ -129,6 +137,16 @@ impl Bench {
         );
         Some(stack.pcs.len())
     }
+}
+
+/// BPF run time per run of `program` between two readings of the statistics.
+fn bpf_ns_per_run(
+    before: &HashMap<&str, ProgramStats>,
+    after: &HashMap<&str, ProgramStats>,
+    program: &str,
+) -> f64 {
+    let (a, b) = (after[program], before[program]);
+    (a.run_time_ns - b.run_time_ns) as f64 / (a.run_count - b.run_count).max(1) as f64
 }
 
 fn libc_path(pid: u32) -> PathBuf {
@@ -152,11 +170,6 @@ fn attach(program: &libbpf_rs::ProgramMut<'_>, pid: u32, libc: &Path) -> Link {
             },
         )
         .expect("attach to malloc")
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn main() {
@@ -202,62 +215,92 @@ fn main() {
     );
 
     let stats = bpf_prog::enable_run_time_stats().expect("enable BPF run-time statistics");
-    let rounds = 5;
-    // (frames per stack, BPF ns per event) of the unwinding program, per depth
-    let mut walks: Vec<(usize, f64)> = Vec::new();
-    for depth in [10usize, 110] {
-        let mut times: HashMap<&str, Vec<f64>> = HashMap::new();
-        let mut frames = 0;
-        let before = bench.tracer.program_stats().expect("program stats");
-        for _ in 0..rounds {
+    // Rounds are interleaved (no probe, counting, unwinding; both depths) so
+    // that load from other tenants of the machine falls on all alike; the
+    // minimum over rounds is the figure least disturbed by it.
+    let rounds = 7;
+    let depths = [10usize, 110];
+    let mut samples: HashMap<(usize, Mode), Vec<(f64, f64)>> = HashMap::new();
+    let mut frames: HashMap<usize, usize> = HashMap::new();
+    for _ in 0..rounds {
+        for depth in depths {
             for mode in [Mode::NoProbe, Mode::CountOnly, Mode::Unwind] {
-                let (ns, stack_frames) = bench.run(mode, depth);
-                times.entry(mode_name(mode)).or_default().push(ns);
+                let (ns, bpf_ns, stack_frames) = bench.run(mode, depth);
+                samples.entry((depth, mode)).or_default().push((ns, bpf_ns));
                 if let Some(stack_frames) = stack_frames {
-                    frames = stack_frames;
+                    frames.insert(depth, stack_frames);
                 }
             }
         }
-        let after = bench.tracer.program_stats().expect("program stats");
-        let bpf_ns = |program: &str| {
-            let (a, b) = (after[program], before[program]);
-            (a.run_time_ns - b.run_time_ns) as f64 / (a.run_count - b.run_count).max(1) as f64
-        };
-        let base = median(times.get_mut("no probe").unwrap());
-        let count_only = median(times.get_mut("count only").unwrap());
-        let unwind = median(times.get_mut("unwind").unwrap());
-        let (bpf_count, bpf_unwind) = (bpf_ns("on_uprobe_count"), bpf_ns("on_uprobe"));
-        println!("\nchain depth {depth} ({frames} frames per stack), median of {rounds} rounds:");
-        println!("  loop without probe        {base:8.1} ns per malloc (baseline)");
+    }
+    drop(stats);
+    let figure = |depth: usize, mode: Mode, pick: fn((f64, f64)) -> f64| {
+        let values: Vec<f64> = samples[&(depth, mode)].iter().map(|s| pick(*s)).collect();
+        Figure::of(values)
+    };
+    for depth in depths {
+        let frames = frames.get(&depth).copied().unwrap_or(0);
+        let base = figure(depth, Mode::NoProbe, |s| s.0);
+        let count_only = figure(depth, Mode::CountOnly, |s| s.0);
+        let unwind = figure(depth, Mode::Unwind, |s| s.0);
+        let bpf_count = figure(depth, Mode::CountOnly, |s| s.1);
+        let bpf_unwind = figure(depth, Mode::Unwind, |s| s.1);
+        println!("\nchain depth {depth} ({frames} frames per stack), median [minimum] of {rounds} rounds:");
         println!(
-            "  uprobe, count only        {count_only:8.1} ns per malloc  (+{:.3} µs per event; BPF {bpf_count:.0} ns)",
-            (count_only - base) / 1e3
+            "  loop without probe        {:8.1} ns per malloc (baseline)",
+            base.median
         );
         println!(
-            "  uprobe, full unwinding    {unwind:8.1} ns per malloc  (+{:.3} µs per event; BPF {bpf_unwind:.0} ns)",
-            (unwind - base) / 1e3
+            "  uprobe, count only        {:8.1} ns per malloc  (+{:.3} µs per event; BPF {:.0} [{:.0}] ns)",
+            count_only.median,
+            (count_only.median - base.median) / 1e3,
+            bpf_count.median,
+            bpf_count.min,
+        );
+        println!(
+            "  uprobe, full unwinding    {:8.1} ns per malloc  (+{:.3} µs per event; BPF {:.0} [{:.0}] ns)",
+            unwind.median,
+            (unwind.median - base.median) / 1e3,
+            bpf_unwind.median,
+            bpf_unwind.min,
         );
         println!(
             "  unwinding vs counting:    x{:.2} added cost; BPF walk {:.1} ns per frame ({:.0} ns over {frames} frames)",
-            (unwind - base) / (count_only - base),
-            (bpf_unwind - bpf_count) / frames.max(1) as f64,
-            bpf_unwind - bpf_count,
-        );
-        walks.push((frames, bpf_unwind));
-    }
-    drop(stats);
-    if let [(short_frames, short_ns), (long_frames, long_ns)] = walks[..] {
-        println!(
-            "\nmarginal BPF cost of a frame: {:.1} ns ({short_frames} -> {long_frames} frames: {short_ns:.0} -> {long_ns:.0} ns)",
-            (long_ns - short_ns) / (long_frames - short_frames).max(1) as f64
+            (unwind.median - base.median) / (count_only.median - base.median),
+            (bpf_unwind.median - bpf_count.median) / frames.max(1) as f64,
+            bpf_unwind.median - bpf_count.median,
         );
     }
+    let (short, long) = (depths[0], depths[1]);
+    let (short_frames, long_frames) = (frames[&short], frames[&long]);
+    let short_bpf = figure(short, Mode::Unwind, |s| s.1);
+    let long_bpf = figure(long, Mode::Unwind, |s| s.1);
+    let per_frame = |short_ns: f64, long_ns: f64| {
+        (long_ns - short_ns) / (long_frames - short_frames).max(1) as f64
+    };
+    println!(
+        "\nmarginal BPF cost of a frame: {:.1} ns median, {:.1} ns minimum ({short_frames} -> {long_frames} frames: {:.0} -> {:.0} ns median, {:.0} -> {:.0} ns minimum)",
+        per_frame(short_bpf.median, long_bpf.median),
+        per_frame(short_bpf.min, long_bpf.min),
+        short_bpf.median,
+        long_bpf.median,
+        short_bpf.min,
+        long_bpf.min,
+    );
 }
 
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::NoProbe => "no probe",
-        Mode::CountOnly => "count only",
-        Mode::Unwind => "unwind",
+/// Median and minimum of a set of measurements.
+struct Figure {
+    median: f64,
+    min: f64,
+}
+
+impl Figure {
+    fn of(mut values: Vec<f64>) -> Figure {
+        values.sort_by(f64::total_cmp);
+        Figure {
+            median: values[values.len() / 2],
+            min: values[0],
+        }
     }
 }

@@ -264,19 +264,32 @@ mirror!(
     }
 );
 
-/// `struct ct_user_page`: one element of the page_cache map (BPF-internal).
+/// `struct ct_user_page`: one page slot of a walk (BPF-internal).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CtUserPage {
-    pub bytes: [u8; USER_PAGE_SIZE],
+    pub words: [u64; USER_PAGE_SIZE / 8],
 }
 mirror!(
     CtUserPage = ct_user_page {
-        bytes: [u8; USER_PAGE_SIZE]
+        words: [u64; USER_PAGE_SIZE / 8]
     }
 );
 
-/// `struct ct_rule_cache_entry`: one element of the rule_cache map (BPF-internal).
+/// `struct ct_user_pages`: one element of the page_cache map, the page slots of one
+/// walk (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtUserPages {
+    pub slots: [CtUserPage; PAGE_SLOTS],
+}
+mirror!(
+    CtUserPages = ct_user_pages {
+        slots: [CtUserPage; PAGE_SLOTS] as [c::ct_user_page; PAGE_SLOTS],
+    }
+);
+
+/// `struct ct_rule_cache_entry`: one entry of a CPU's rule cache (BPF-internal).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtRuleCacheEntry {
@@ -291,6 +304,19 @@ mirror!(
         generation: u32,
         pad: u32,
         rule: CtRule as c::ct_rule,
+    }
+);
+
+/// `struct ct_rule_cache`: one element of the rule_cache map, one CPU's cache
+/// (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtRuleCache {
+    pub entries: [CtRuleCacheEntry; RULE_CACHE_SLOTS],
+}
+mirror!(
+    CtRuleCache = ct_rule_cache {
+        entries: [CtRuleCacheEntry; RULE_CACHE_SLOTS] as [c::ct_rule_cache_entry; RULE_CACHE_SLOTS],
     }
 );
 

@@ -226,13 +226,9 @@ impl Tracer {
             (
                 &mut maps.page_cache,
                 "page_cache",
-                per_cpu(layout::NEST_LEVELS * layout::PAGE_SLOTS),
+                per_cpu(layout::NEST_LEVELS),
             ),
-            (
-                &mut maps.rule_cache,
-                "rule_cache",
-                per_cpu(layout::RULE_CACHE_SLOTS),
-            ),
+            (&mut maps.rule_cache, "rule_cache", per_cpu(1)),
         ] {
             map.set_max_entries(entries.max(1))
                 .map_err(|source| Error::Configure { map: name, source })?;

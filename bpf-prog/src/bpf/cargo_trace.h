@@ -45,8 +45,8 @@ enum ct_limits {
 	CT_STACK_SLOTS = 4,
 	/*
 	 * The walk copies the user stack into a per-CPU cache of CT_PAGE_SLOTS
-	 * slots, one page each (the page_cache map has that many entries per
-	 * possible CPU): one bpf_probe_read_user costs ~90 ns on the machines
+	 * slots, one page each (an element of the page_cache map holds the
+	 * slots of one walk): one bpf_probe_read_user costs ~90 ns on the machines
 	 * measured, about as much as the rest of a frame, so one copy must
 	 * serve many frames. A copy runs from a 64-byte boundary CT_READ_BELOW
 	 * bytes or less under the address read to the end of its page: the
@@ -61,15 +61,15 @@ enum ct_limits {
 	 * preemptible, with interrupts on: a perf event program (or, where the
 	 * kernel preempts, another task's uprobe program) may walk while it
 	 * is paused mid-walk. Each walk claims a level of its own, with its
-	 * own scratch and page slots (the page_cache map has CT_PAGE_SLOTS
-	 * entries per level per possible CPU); only level 0 uses and fills
+	 * own scratch and page slots (the page_cache map has an element per
+	 * level per possible CPU); only level 0 uses and fills
 	 * the rule cache, so that no two walks ever write it at once.
 	 */
 	CT_NEST_LEVELS = 4,
 	/*
 	 * Rules found for (mappings generation, address), cached per CPU
-	 * across events (the rule_cache map has that many entries per possible
-	 * CPU): profiles see the same return addresses over and over, and a
+	 * across events (an element of the rule_cache map per possible CPU):
+	 * profiles see the same return addresses over and over, and a
 	 * hit replaces the mapping search, the page lookup and the binary
 	 * search of a frame. A set of mappings and its tables never change
 	 * once registered, so entries never go stale.
@@ -162,18 +162,29 @@ struct ct_row_chunk {
 	struct ct_row rows[CT_ROWS_PER_CHUNK];
 };
 
-/* One element of the page_cache map: the end of one page of user stack,
- * from an offset the walk keeps (walk_scratch.page_lo). */
+/* The end of one page of user stack, from an offset the walk keeps
+ * (walk_scratch.page_lo). */
 struct ct_user_page {
-	__u8 bytes[CT_USER_PAGE_SIZE];
+	__u64 words[CT_USER_PAGE_SIZE / 8];
 };
 
-/* One element of the rule_cache map. */
+/* One element of the page_cache map: the page slots of one walk (one
+ * nesting level of one CPU), all behind one lookup per walk. */
+struct ct_user_pages {
+	struct ct_user_page slots[CT_PAGE_SLOTS];
+};
+
 struct ct_rule_cache_entry {
 	__u64 addr;	  /* runtime address looked up */
 	__u32 generation; /* ct_proc.generation of the mappings it was found in; 0: empty */
 	__u32 pad;
 	struct ct_rule rule; /* the rule at addr (never CT_RULE_CFA_RSP_STEPS) */
+};
+
+/* One element of the rule_cache map: one CPU's cache, behind one lookup
+ * per walk. */
+struct ct_rule_cache {
+	struct ct_rule_cache_entry entries[CT_RULE_CACHE_SLOTS];
 };
 
 struct ct_page {

@@ -148,8 +148,6 @@ struct walk_scratch {
 	struct ct_stack kstack;	       /* the kernel stack, if the event has one */
 	__u64 page_tag[CT_PAGE_SLOTS]; /* user page number + 1 held by each slot; 0: none */
 	__u16 page_lo[CT_PAGE_SLOTS];  /* the slot holds bytes [page_lo, page end) of it, from 0 */
-	__u32 page_base;	       /* this walk's first slot in page_cache */
-	__u32 rule_cache_base;	       /* this CPU's first slot in rule_cache */
 	__u32 use_rule_cache;	       /* level 0 only: see CT_NEST_LEVELS */
 	struct ct_rule rule;	       /* the rule of the current step, when not from the cache */
 	__u64 pc;
@@ -182,21 +180,23 @@ struct {
 	__uint(max_entries, 1);
 } levels SEC(".maps");
 
-/* Pages of user stack read during the current walk: CT_PAGE_SLOTS slots per
- * level per CPU, sized by userspace to the number of possible CPUs. */
+/* Pages of user stack read during the current walk: an element per level
+ * per CPU (key cpu * CT_NEST_LEVELS + level), sized by userspace to the
+ * number of possible CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct ct_user_page);
-	__uint(max_entries, 64 * CT_NEST_LEVELS * CT_PAGE_SLOTS);
+	__type(value, struct ct_user_pages);
+	__uint(max_entries, 64 * CT_NEST_LEVELS);
 } page_cache SEC(".maps");
 
-/* See CT_RULE_CACHE_SLOTS; sized by userspace to the number of possible CPUs. */
+/* See CT_RULE_CACHE_SLOTS: an element per CPU, sized by userspace to the
+ * number of possible CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct ct_rule_cache_entry);
-	__uint(max_entries, 64 * CT_RULE_CACHE_SLOTS);
+	__type(value, struct ct_rule_cache);
+	__uint(max_entries, 64);
 } rule_cache SEC(".maps");
 
 /*
@@ -207,10 +207,16 @@ struct {
  */
 #define STEPS_PER_CALL 4
 
-/* What bpf_loop passes to each step (it must live on the BPF stack). */
+/*
+ * What bpf_loop passes to each step (it must live on the BPF stack): the
+ * walk's scratch, the process's mappings, and this walk's page slots and
+ * this CPU's rule cache, looked up once per walk rather than once a frame.
+ */
 struct walk_ctx {
 	struct walk_scratch *w;
 	struct ct_proc *proc;
+	struct ct_user_pages *pages;
+	struct ct_rule_cache *rules;
 };
 
 static __always_inline void count_error(__u32 error)
@@ -374,16 +380,15 @@ static __always_inline __s64 steps_moved(__u32 steps, __u32 row_offset)
  * search, no table search and no rules lookup.
  */
 static __always_inline struct ct_rule *rule_for(struct walk_scratch *w, struct ct_proc *proc,
-						__u64 lookup)
+						struct ct_rule_cache *cache, __u64 lookup)
 {
 	__u32 generation = w->generation;
 	struct ct_rule_cache_entry *entry = NULL;
 
 	if (w->use_rule_cache) {
 		__u32 slot = ((lookup ^ ((__u64)generation << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
-		__u32 key = w->rule_cache_base + (slot & (CT_RULE_CACHE_SLOTS - 1));
-		entry = bpf_map_lookup_elem(&rule_cache, &key);
-		if (entry && entry->addr == lookup && entry->generation == generation)
+		entry = &cache->entries[slot & (CT_RULE_CACHE_SLOTS - 1)];
+		if (entry->addr == lookup && entry->generation == generation)
 			return &entry->rule;
 	}
 
@@ -439,20 +444,18 @@ static __always_inline struct ct_rule *rule_for(struct walk_scratch *w, struct c
  * bytes it takes are mapped, readable and present, and it never leaves the
  * page of addr. Returns 0 on success.
  */
-static __always_inline int read_user(struct walk_scratch *w, __u64 addr, __u64 *value)
+static __always_inline int read_user(struct walk_scratch *w, struct ct_user_pages *pages,
+				     __u64 addr, __u64 *value)
 {
-	__u32 offset = addr & (CT_USER_PAGE_SIZE - 1);
-
-	if (offset > CT_USER_PAGE_SIZE - sizeof(__u64))
-		/* straddles two pages: rare enough to read directly */
+	if (addr & (sizeof(__u64) - 1))
+		/* misaligned (stack slots never are), maybe across two pages:
+		 * read directly. Aligned, the word is one of its page's. */
 		return bpf_probe_read_user(value, sizeof(*value), (void *)addr);
 
+	__u32 offset = addr & (CT_USER_PAGE_SIZE - 1);
 	__u64 page = addr / CT_USER_PAGE_SIZE;
 	__u32 slot = page & (CT_PAGE_SLOTS - 1);
-	__u32 key = w->page_base + slot;
-	struct ct_user_page *copy = bpf_map_lookup_elem(&page_cache, &key);
-	if (!copy)
-		return -1;
+	struct ct_user_page *copy = &pages->slots[slot];
 	if (w->page_tag[slot] != page + 1 || offset < w->page_lo[slot]) {
 		__u32 lo = offset & ~63U;
 		lo = lo > CT_READ_BELOW ? lo - CT_READ_BELOW : 0;
@@ -462,17 +465,20 @@ static __always_inline int read_user(struct walk_scratch *w, __u64 addr, __u64 *
 		asm volatile("" : "+r"(size));
 		if (size > CT_USER_PAGE_SIZE)
 			return -1;
-		if (bpf_probe_read_user(copy->bytes, size, (void *)(page * CT_USER_PAGE_SIZE + lo))) {
+		if (bpf_probe_read_user(copy->words, size, (void *)(page * CT_USER_PAGE_SIZE + lo))) {
 			w->page_tag[slot] = 0;
 			return -1;
 		}
 		w->page_tag[slot] = page + 1;
 		w->page_lo[slot] = lo;
 	}
-	__u32 at = offset - w->page_lo[slot];
-	if (at > CT_USER_PAGE_SIZE - sizeof(__u64))
+	/* a word index: page_lo is a multiple of 64 */
+	__u32 at = (offset - w->page_lo[slot]) / sizeof(__u64);
+	if (at >= CT_USER_PAGE_SIZE / sizeof(__u64))
 		return -1;
-	*value = *(__u64 *)&copy->bytes[at];
+	/* one load: through a byte array, clang would assemble the word from
+	 * eight byte loads (BPF has no unaligned access) */
+	*value = copy->words[at];
 	return 0;
 }
 
@@ -483,20 +489,23 @@ static __always_inline int stop(struct walk_scratch *w, __u16 error)
 }
 
 /* One step of docs/walk.md: from the frame at w->pc to its caller. */
-static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *proc)
+static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *proc,
+				     struct ct_user_pages *pages, struct ct_rule_cache *cache)
 {
 	__u64 lookup = w->exact ? w->pc : w->pc - 1;
-	struct ct_rule *rule = rule_for(w, proc, lookup);
+	struct ct_rule *rule = rule_for(w, proc, cache, lookup);
 	if (!rule)
 		return 1;
 
 	__u64 rsp = w->rsp, rbp = w->rbp;
 	__u64 cfa, ra;
 	__u32 exact = 0;
-	switch (rule->kind) {
-	case CT_RULE_CFA_RSP:
+	__u8 kind = rule->kind;
+	/* the kind of nearly every frame first, rather than at the end of a
+	 * search tree of the switch's cases */
+	if (kind == CT_RULE_CFA_RSP)
 		cfa = rsp + (__s64)rule->cfa_off;
-		break;
+	else switch (kind) {
 	case CT_RULE_CFA_RBP:
 		cfa = rbp + (__s64)rule->cfa_off;
 		break;
@@ -505,7 +514,7 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 		break;
 	case CT_RULE_CFA_DEREF: {
 		__u64 base = rule->cfa_reg == CT_REG_RBP ? rbp : rsp;
-		if (read_user(w, base + (__s64)rule->cfa_off, &cfa))
+		if (read_user(w, pages, base + (__s64)rule->cfa_off, &cfa))
 			return stop(w, CT_WALK_READ_FAULT);
 		cfa += (__s64)(__s32)rule->cfa_arg;
 		break;
@@ -524,9 +533,9 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 		goto push;
 	case CT_RULE_SIGNAL:
 		/* rip, rsp and rbp of the interrupted code, from the ucontext */
-		if (read_user(w, rsp + CT_SIGFRAME_RIP, &ra) ||
-		    read_user(w, rsp + CT_SIGFRAME_RSP, &cfa) ||
-		    read_user(w, rsp + CT_SIGFRAME_RBP, &rbp))
+		if (read_user(w, pages, rsp + CT_SIGFRAME_RIP, &ra) ||
+		    read_user(w, pages, rsp + CT_SIGFRAME_RSP, &cfa) ||
+		    read_user(w, pages, rsp + CT_SIGFRAME_RBP, &rbp))
 			return stop(w, CT_WALK_READ_FAULT);
 		exact = 1;
 		goto push;
@@ -540,13 +549,13 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 		return stop(w, CT_WALK_UNSUPPORTED);
 	}
 
-	if (read_user(w, cfa - 8, &ra))
+	if (read_user(w, pages, cfa - 8, &ra))
 		return stop(w, CT_WALK_READ_FAULT);
 	if (rule->rbp_kind == CT_RBP_AT_CFA) {
-		if (read_user(w, cfa + (__s64)rule->rbp_off, &rbp))
+		if (read_user(w, pages, cfa + (__s64)rule->rbp_off, &rbp))
 			return stop(w, CT_WALK_READ_FAULT);
 	} else if (rule->rbp_kind == CT_RBP_AT_RBP) {
-		if (read_user(w, rbp + (__s64)rule->rbp_off, &rbp))
+		if (read_user(w, pages, rbp + (__s64)rule->rbp_off, &rbp))
 			return stop(w, CT_WALK_READ_FAULT);
 	}
 	if (cfa <= rsp)
@@ -573,9 +582,13 @@ push:
 static int walk_steps(__u32 index, void *arg)
 {
 	struct walk_ctx *ctx = arg;
+	struct walk_scratch *w = ctx->w;
+	struct ct_proc *proc = ctx->proc;
+	struct ct_user_pages *pages = ctx->pages;
+	struct ct_rule_cache *cache = ctx->rules;
 
 	for (int i = 0; i < STEPS_PER_CALL; i++)
-		if (walk_step(ctx->w, ctx->proc))
+		if (walk_step(w, proc, pages, cache))
 			return 1;
 	return 0;
 }
@@ -663,16 +676,20 @@ static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level,
 	w->rdi = rdi;
 	w->error = CT_WALK_OK;
 	w->reason = 0;
-	__u32 cpu = bpf_get_smp_processor_id();
-	w->page_base = (cpu * CT_NEST_LEVELS + level) * CT_PAGE_SLOTS;
-	w->rule_cache_base = cpu * CT_RULE_CACHE_SLOTS;
 	w->use_rule_cache = level == 0;
 	for (int slot = 0; slot < CT_PAGE_SLOTS; slot++)
 		w->page_tag[slot] = 0;
 
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 pages_key = cpu * CT_NEST_LEVELS + level;
+	struct ct_user_pages *pages = bpf_map_lookup_elem(&page_cache, &pages_key);
+	struct ct_rule_cache *cache = bpf_map_lookup_elem(&rule_cache, &cpu);
 	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &tgid);
-	if (proc) {
-		struct walk_ctx ctx = { .w = w, .proc = proc };
+	if (!pages || !cache) {
+		/* never: both maps have an element per possible CPU */
+		w->error = CT_WALK_READ_FAULT;
+	} else if (proc) {
+		struct walk_ctx ctx = { .w = w, .proc = proc, .pages = pages, .rules = cache };
 		__u32 n = proc->nmappings;
 		w->nmappings = n < CT_MAX_MAPPINGS ? n : CT_MAX_MAPPINGS;
 		w->generation = proc->generation;

@@ -165,12 +165,16 @@ pub fn executable_mappings(pid: u32) -> Vec<MappedFile> {
         let data = fs::read(&path).expect("read mapped file");
         let elf = object::File::parse(&*data).expect("parse mapped ELF");
         // The load segment this file offset belongs to gives vaddr - offset.
+        // Two segments can share the page where the mapping starts (lld puts
+        // code right after read-only data, one page apart in memory): the
+        // mapping is the later one's.
         let segment = elf
             .segments()
-            .find(|segment| {
+            .filter(|segment| {
                 let (file_offset, size) = segment.file_range();
                 offset >= file_offset & !0xfff && offset < file_offset + size
             })
+            .max_by_key(|segment| segment.file_range().0)
             .expect("a load segment covers the mapping");
         let (file_offset, _) = segment.file_range();
         let vaddr_of_offset = segment
