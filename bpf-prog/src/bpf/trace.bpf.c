@@ -500,12 +500,10 @@ static __always_inline int walk_step(struct walk_scratch *w, struct ct_proc *pro
 	__u64 rsp = w->rsp, rbp = w->rbp;
 	__u64 cfa, ra;
 	__u32 exact = 0;
-	__u8 kind = rule->kind;
-	/* the kind of nearly every frame first, rather than at the end of a
-	 * search tree of the switch's cases */
-	if (kind == CT_RULE_CFA_RSP)
+	switch (rule->kind) {
+	case CT_RULE_CFA_RSP:
 		cfa = rsp + (__s64)rule->cfa_off;
-	else switch (kind) {
+		break;
 	case CT_RULE_CFA_RBP:
 		cfa = rbp + (__s64)rule->cfa_off;
 		break;
