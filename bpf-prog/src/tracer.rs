@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -414,6 +414,12 @@ impl Tracer {
             &1u8,
             MapFlags::ANY,
         )
+    }
+
+    /// The pid filter map (keys: the tgids traced, `u32`), for a process that
+    /// must find the traced processes after this one is gone.
+    pub fn pid_filter_fd(&self) -> BorrowedFd<'_> {
+        self.skel.maps.pid_filter.as_fd()
     }
 
     pub fn unfilter_pid(&self, pid: u32) -> Result<()> {

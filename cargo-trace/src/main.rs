@@ -9,6 +9,7 @@
 mod cargo;
 mod cli;
 mod elf_symbols;
+mod guard;
 mod launch;
 mod maps;
 mod report;

@@ -17,6 +17,7 @@ use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind};
 
 use crate::cli::Cli;
+use crate::guard::Guard;
 use crate::launch::{self, Exit};
 use crate::report::{self, Sample};
 use crate::signals;
@@ -62,6 +63,8 @@ pub fn run(cli: &Cli) -> Result<i32> {
             anyhow::Error::new(error)
         }
     })?;
+    // Before anything can be stopped: resumes what is, should cargo-trace die.
+    let guard = Guard::spawn(tracer.pid_filter_fd()).context("starting the guard process")?;
     let scratch = ScratchDir::create()?;
     let mut tables = ProcessTables::new(scratch.0.clone());
 
@@ -129,6 +132,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
         unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     }
     drop(new_images);
+    guard.dismiss();
     let elapsed = started.elapsed();
 
     let samples = read_samples(&tracer)?;

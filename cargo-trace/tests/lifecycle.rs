@@ -312,3 +312,101 @@ fn a_duration_ends_tracing_and_leaves_the_target_running() {
         run.stderr
     );
 }
+
+/// The state letter of process `pid` (`R`, `S`, `T`...), None once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].chars().next()
+}
+
+/// The children of process `pid` with their command names.
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let list =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    list.split_whitespace()
+        .filter_map(|child| child.parse().ok())
+        .filter_map(|child: u32| {
+            let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).ok()?;
+            Some((child, comm.trim().to_string()))
+        })
+        .collect()
+}
+
+/// Polls `condition` every 20 ms for up to 20 s.
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if condition() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// The program stops a traced child at its exec until the session has registered its
+/// mappings. If cargo-trace dies then (SIGKILL), its guard process must resume the
+/// child, which would otherwise stay stopped for good.
+#[test]
+fn a_child_stopped_for_registration_is_resumed_when_cargo_trace_is_killed() {
+    if !bpf_available("sigkill") {
+        return;
+    }
+    let mut child = Command::new(binary())
+        .args(["profile:hz:99", "--no-svg", "-c"])
+        .arg("sh -c 'echo ready; read line; /bin/echo child ran; echo done'")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let tracer = child.id();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let shell = children_of(tracer)
+        .into_iter()
+        .find(|(_, comm)| comm == "sh")
+        .expect("the shell is cargo-trace's child")
+        .0;
+
+    // Frozen, cargo-trace cannot resume the child the program is about to stop.
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(tracer as i32, libc::SIGSTOP) }, 0);
+    wait_until("cargo-trace is stopped", || {
+        process_state(tracer) == Some('T')
+    });
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut stopped_child = 0;
+    wait_until("the shell's child is stopped at its exec", || {
+        let found = children_of(shell)
+            .into_iter()
+            .find(|(pid, comm)| comm == "echo" && process_state(*pid) == Some('T'));
+        stopped_child = found.map_or(0, |(pid, _)| pid);
+        stopped_child != 0
+    });
+
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(tracer as i32, libc::SIGKILL) }, 0);
+    child.wait().unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
+        let _ = sender.send(rest);
+    });
+    match receiver.recv_timeout(Duration::from_secs(20)) {
+        Ok(rest) => assert_eq!(rest, "child ran\ndone\n"),
+        Err(_) => {
+            let state = process_state(stopped_child);
+            // Leave nothing behind.
+            // SAFETY: kill(2) on processes this test started.
+            unsafe {
+                libc::kill(stopped_child as i32, libc::SIGKILL);
+                libc::kill(shell as i32, libc::SIGKILL);
+            }
+            panic!("the child was left in state {state:?} after cargo-trace died");
+        }
+    }
+}
