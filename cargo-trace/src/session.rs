@@ -404,26 +404,25 @@ fn wait(
             // process is gone.
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
-        let refresh = last_refresh.elapsed() >= REFRESH_INTERVAL;
-        if refresh {
+        // Not at every wake-up: a child that execs reports itself (above), and one
+        // that only forked walks with its parent's mappings meanwhile; reading the
+        // whole filter map is a system call per process.
+        if last_refresh.elapsed() >= REFRESH_INTERVAL {
             last_refresh = Instant::now();
             // Frees the spill for the next bursts of new stacks; lookups read both maps,
             // so a failure here loses nothing.
             let _ = tracer.drain_spilled_stacks();
+            track_processes(tracer, tables);
         }
-        track_processes(tracer, tables, refresh);
     }
 }
 
 /// Registers the mappings of processes that joined the filter (children the
-/// program followed) or exec'd since; with `refresh`, re-reads every traced
-/// process's mappings (dlopen) and forgets those that exited.
-fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables, refresh: bool) {
+/// program followed) or exec'd since, re-reads every traced process's mappings
+/// (dlopen) and forgets those that exited.
+fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
     for pid in tracer.filtered_pids() {
         let known = tables.knows(pid);
-        if known && !refresh {
-            continue;
-        }
         if !process_exists(pid) {
             // Its counts stay; its filter and mappings entries are freed.
             let _ = tracer.unfilter_pid(pid);

@@ -990,7 +990,13 @@ struct {
 	__uint(max_entries, 4096);
 } loading SEC(".maps");
 
-/* Stops the current process until userspace has registered its mappings. */
+/*
+ * Stops the current process until userspace has registered its mappings.
+ * The stop is queued before the report is published: userspace may answer
+ * with SIGCONT as soon as it sees the report (this task can be preempted in
+ * between), and a SIGCONT discards a pending stop, whereas a stop queued
+ * after the SIGCONT would never be undone.
+ */
 static __always_inline void stop_for_mappings(__u32 tgid)
 {
 	__u32 *slot = bpf_ringbuf_reserve(&new_images, sizeof(*slot), 0);
@@ -998,8 +1004,8 @@ static __always_inline void stop_for_mappings(__u32 tgid)
 	if (!slot)
 		return; /* userspace finds it by polling, later */
 	*slot = tgid;
-	bpf_ringbuf_submit(slot, 0);
 	bpf_send_signal(CT_SIGSTOP);
+	bpf_ringbuf_submit(slot, 0);
 }
 
 SEC("raw_tp/sched_process_fork")
