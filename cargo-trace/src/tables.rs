@@ -38,6 +38,10 @@ pub struct ProcessTables {
     cache: Option<Cache>,
     /// By (device, inode) for files, by content for the vDSO.
     objects: HashMap<ObjectKey, LoadedObject>,
+    /// Load bias minus mapping start (see [`maps::load_bias`]) by file and file
+    /// offset: the same for every process that maps the file there, so a file is
+    /// read once rather than at every registration (twice per exec).
+    bias_offsets: HashMap<(ObjectKey, u64), Option<u64>>,
     /// The last mappings registered per pid, to skip unchanged refreshes.
     registered: HashMap<u32, Vec<ExecMapping>>,
     /// Every mapping seen per pid, for symbolization at the end.
@@ -58,6 +62,7 @@ impl ProcessTables {
         ProcessTables {
             cache: Cache::default_dir().map(Cache::new),
             objects: HashMap::new(),
+            bias_offsets: HashMap::new(),
             registered: HashMap::new(),
             symbol_mappings: HashMap::new(),
             scratch,
@@ -149,6 +154,17 @@ impl ProcessTables {
                 }
             },
             MappedObject::File(path) => {
+                let key = ObjectKey::File {
+                    dev: mapping.dev.clone(),
+                    inode: mapping.inode,
+                };
+                let at = |offset: &Option<u64>| offset.map(|o| mapping.start.wrapping_add(o));
+                if let (Some(object), Some(offset)) = (
+                    self.objects.get(&key),
+                    self.bias_offsets.get(&(key.clone(), mapping.offset)),
+                ) {
+                    return (object.clone(), at(offset));
+                }
                 // A deleted or replaced file is still readable through map_files.
                 let readable = if path.exists() {
                     path.clone()
@@ -158,11 +174,10 @@ impl ProcessTables {
                         mapping.start, mapping.end
                     ))
                 };
-                let bias = file_bias(&readable, mapping);
-                let key = ObjectKey::File {
-                    dev: mapping.dev.clone(),
-                    inode: mapping.inode,
-                };
+                let offset = file_bias_offset(&readable, mapping.offset);
+                self.bias_offsets
+                    .insert((key.clone(), mapping.offset), offset);
+                let bias = at(&offset);
                 if let Some(object) = self.objects.get(&key) {
                     return (object.clone(), bias);
                 }
@@ -237,15 +252,16 @@ impl ProcessTables {
     }
 }
 
-/// The load bias of the ELF file at `path` mapped as `mapping`.
-fn file_bias(path: &Path, mapping: &ExecMapping) -> Option<u64> {
+/// The load bias of the ELF file at `path` mapped at file offset `offset`, minus
+/// the mapping's start address (wrapping).
+fn file_bias_offset(path: &Path, offset: u64) -> Option<u64> {
     let file = File::open(path).ok()?;
     // SAFETY: the map is read-only and private; a file truncated under us makes
     // reads fault, which for executables being traced does not happen in practice
     // (the kernel refuses to write an executing image: ETXTBSY).
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*map).ok()?;
-    maps::load_bias(&elf, mapping.start, mapping.offset)
+    maps::load_bias(&elf, 0, offset)
 }
 
 fn read_process_memory(pid: u32, address: u64, len: u64) -> Result<Vec<u8>> {
