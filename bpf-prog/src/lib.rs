@@ -80,10 +80,13 @@
 //! rule is applied with reads of the user stack served from a per-walk cache
 //! of 4 KiB pages, each copied from just under the first address read in it
 //! to its end (one `bpf_probe_read_user` costs ~90 ns on the machines
-//! measured, as much as everything else in a frame). The walk's state and stack live in a
-//! per-CPU map, which also keeps the verifier's work to one pass over the
-//! loop body.
-//! `benches/uprobe.rs` measures the costs.
+//! measured, as much as everything else in a frame), and read a word at a
+//! time (an aligned load; misaligned addresses are read directly). The page
+//! slots of a walk and the rule cache of a CPU are each one map element,
+//! looked up once per walk. The walk's state and stack live in a per-CPU
+//! map, which also keeps the verifier's work to one pass over the loop body.
+//! `benches/uprobe.rs` measures the costs under a uprobe, `benches/walk.rs`
+//! the walk alone (BPF_PROG_TEST_RUN on the benchmark's own stack).
 //!
 //! # Layouts
 //!
