@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -53,7 +54,14 @@ pub struct ProcessTables {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum ObjectKey {
-    File { dev: String, inode: u64 },
+    /// A file by device and inode, and by size and change time: a file deleted
+    /// during the session can leave its inode number to the next file created
+    /// (ext4 reuses it at once), which must not get the deleted file's table.
+    File {
+        dev: String,
+        inode: u64,
+        version: Option<(u64, i64, i64)>,
+    },
     Vdso(Vec<u8>),
 }
 
@@ -154,9 +162,22 @@ impl ProcessTables {
                 }
             },
             MappedObject::File(path) => {
+                // The file mapped, whatever its path names now (another file, or
+                // none: it was deleted or replaced).
+                let mapped = PathBuf::from(format!(
+                    "/proc/{pid}/map_files/{:x}-{:x}",
+                    mapping.start, mapping.end
+                ));
+                let metadata = std::fs::metadata(&mapped)
+                    .ok()
+                    .or_else(|| std::fs::metadata(path).ok())
+                    .filter(|metadata| metadata.ino() == mapping.inode);
                 let key = ObjectKey::File {
                     dev: mapping.dev.clone(),
                     inode: mapping.inode,
+                    version: metadata
+                        .as_ref()
+                        .map(|m| (m.size(), m.ctime(), m.ctime_nsec())),
                 };
                 let at = |offset: &Option<u64>| offset.map(|o| mapping.start.wrapping_add(o));
                 if let (Some(object), Some(offset)) = (
@@ -166,14 +187,18 @@ impl ProcessTables {
                     return (object.clone(), at(offset));
                 }
                 // A deleted or replaced file is still readable through map_files.
-                let readable = if path.exists() {
-                    path.clone()
-                } else {
-                    PathBuf::from(format!(
-                        "/proc/{pid}/map_files/{:x}-{:x}",
-                        mapping.start, mapping.end
-                    ))
-                };
+                let same_file = std::fs::metadata(path).is_ok_and(|m| {
+                    metadata.as_ref().is_some_and(|mapped| {
+                        (m.ino(), m.size(), m.ctime(), m.ctime_nsec())
+                            == (
+                                mapped.ino(),
+                                mapped.size(),
+                                mapped.ctime(),
+                                mapped.ctime_nsec(),
+                            )
+                    })
+                });
+                let readable = if same_file { path.clone() } else { mapped };
                 let offset = file_bias_offset(&readable, mapping.offset);
                 self.bias_offsets
                     .insert((key.clone(), mapping.offset), offset);

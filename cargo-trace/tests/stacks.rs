@@ -696,3 +696,35 @@ fn stacks_through_vfork_return_through_rdi() {
         .sum();
     assert_eq!(returns, 4, "{:?}", folded.stacks);
 }
+
+/// A file deleted during the session can leave its inode number to the next file created
+/// (ext4 hands it out again at once): a binary that gets it must be unwound with its own
+/// table, not with the one loaded for the deleted file.
+#[test]
+fn a_binary_on_a_reused_inode_gets_its_own_table() {
+    if !bpf_available("reused inode") {
+        return;
+    }
+    let path = quoted(&fixtures::c_fixture("chains_c"));
+    let command = format!(
+        "sh -c 'cp /bin/true first; ./first; stat -c \"inode %i\" first; rm first; \
+         cp {path} second; stat -c \"inode %i\" second; ./second run'"
+    );
+    let run = trace("reused-inode", &["uprobe:libc:malloc"], &command, &[]);
+    assert!(run.status.success(), "{}", run.stderr);
+    let inodes: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|line| line.starts_with("inode "))
+        .collect();
+    assert_eq!(inodes.len(), 2, "{}", run.stdout);
+    if inodes[0] != inodes[1] {
+        eprintln!(
+            "SKIPPED reused inode: this file system gave the second file a new inode ({inodes:?})"
+        );
+        return;
+    }
+    let printed = expected::parse_site_counts(&run.stdout).expect("site lines");
+    check_sites(&run.folded(), &expected::chains_sites(Lang::C), &printed, 0);
+    run.assert_every_walk_complete();
+}
