@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -27,7 +28,8 @@ pub struct Coverage {
     pub without_table: Vec<(String, String)>,
 }
 
-/// An object as loaded once: its table (if it has one) and the file to symbolize it from.
+/// An object as loaded once: its table (if it has one) and the file to symbolize it from
+/// (`/proc/self/fd/N` of a descriptor the session holds, for files).
 #[derive(Clone, Debug)]
 struct LoadedObject {
     table: Option<TableId>,
@@ -47,6 +49,8 @@ pub struct ProcessTables {
     registered: HashMap<u32, Vec<ExecMapping>>,
     /// Every mapping seen per pid, for symbolization at the end.
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
+    /// Every object file loaded, open until the session ends (see `symbols`).
+    held_files: Vec<File>,
     /// Where copies of vDSO images go.
     scratch: PathBuf,
     pub coverage: Coverage,
@@ -71,6 +75,7 @@ impl ProcessTables {
             cache: Cache::default_dir().map(Cache::new),
             objects: HashMap::new(),
             bias_offsets: HashMap::new(),
+            held_files: Vec::new(),
             registered: HashMap::new(),
             symbol_mappings: HashMap::new(),
             scratch,
@@ -213,9 +218,19 @@ impl ProcessTables {
                         None
                     }
                 };
+                // Held open, the file can be symbolized at the end even if it is
+                // deleted or replaced by then.
+                let symbols = match File::open(&readable) {
+                    Ok(file) => {
+                        let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                        self.held_files.push(file);
+                        held
+                    }
+                    Err(_) => readable,
+                };
                 let object = LoadedObject {
                     table,
-                    symbols: Some(readable),
+                    symbols: Some(symbols),
                 };
                 self.objects.insert(key, object.clone());
                 (object, bias)

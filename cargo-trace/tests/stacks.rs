@@ -699,7 +699,8 @@ fn stacks_through_vfork_return_through_rdi() {
 
 /// A file deleted during the session can leave its inode number to the next file created
 /// (ext4 hands it out again at once): a binary that gets it must be unwound with its own
-/// table, not with the one loaded for the deleted file.
+/// table, not with the one loaded for the deleted file. That binary is deleted too before
+/// the session ends, and its frames must still be named.
 #[test]
 fn a_binary_on_a_reused_inode_gets_its_own_table() {
     if !bpf_available("reused inode") {
@@ -708,7 +709,7 @@ fn a_binary_on_a_reused_inode_gets_its_own_table() {
     let path = quoted(&fixtures::c_fixture("chains_c"));
     let command = format!(
         "sh -c 'cp /bin/true first; ./first; stat -c \"inode %i\" first; rm first; \
-         cp {path} second; stat -c \"inode %i\" second; ./second run'"
+         cp {path} second; stat -c \"inode %i\" second; ./second run; rm second'"
     );
     let run = trace("reused-inode", &["uprobe:libc:malloc"], &command, &[]);
     assert!(run.status.success(), "{}", run.stderr);
