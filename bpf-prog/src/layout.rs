@@ -82,7 +82,7 @@ pub mod sigframe {
 pub const MAPPING_NO_TABLE: u32 = 1;
 
 /// Number of entries of the walk_errors map (`CT_WALK_ERROR_COUNT`).
-pub const WALK_ERROR_COUNT: usize = 13;
+pub const WALK_ERROR_COUNT: usize = 14;
 /// Entries of walk_errors that are walk ends (`CT_WALK_STOP_COUNT`).
 pub const WALK_STOP_COUNT: usize = 8;
 

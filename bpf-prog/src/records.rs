@@ -37,6 +37,10 @@ pub enum WalkError {
     /// Walks were in progress at every nesting level of the CPU (programs interrupting
     /// each other): the event is counted without its user stack.
     TooNested = 12,
+    /// A kernel-mode event inside execve whose user stack could not be walked: the
+    /// image that called execve was gone already, or the new one was not registered
+    /// yet. Counted with its kernel stack only; not a walk failure (and not a walk).
+    InExec = 13,
 }
 
 impl WalkError {
@@ -58,6 +62,7 @@ impl WalkError {
         WalkError::HashCollision,
         WalkError::KernelStackLost,
         WalkError::TooNested,
+        WalkError::InExec,
     ];
 
     pub fn from_index(index: usize) -> Option<WalkError> {
@@ -86,6 +91,7 @@ impl WalkError {
             WalkError::HashCollision => "hash collision",
             WalkError::KernelStackLost => "kernel stack lost",
             WalkError::TooNested => "too nested",
+            WalkError::InExec => "in execve",
         }
     }
 }
@@ -242,6 +248,7 @@ mod tests {
                 "hash collision",
                 "kernel stack lost",
                 "too nested",
+                "in execve",
             ]
         );
         assert!(WalkError::BadReturnAddress.is_walk_end());

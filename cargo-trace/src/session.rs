@@ -492,7 +492,8 @@ fn summary(
     line.push_str(&format!(" in {:.2} s", elapsed.as_secs_f64()));
     let failures: BTreeMap<usize, String> = WalkError::ALL
         .iter()
-        .filter(|error| **error != WalkError::Ok && walk_errors[**error as usize] > 0)
+        .filter(|error| !matches!(error, WalkError::Ok | WalkError::InExec))
+        .filter(|error| walk_errors[**error as usize] > 0)
         .map(|error| {
             (
                 *error as usize,
@@ -505,6 +506,12 @@ fn summary(
     } else {
         line.push_str("; walk failures: ");
         line.push_str(&failures.into_values().collect::<Vec<_>>().join(", "));
+    }
+    let in_exec = walk_errors[WalkError::InExec as usize];
+    if in_exec > 0 {
+        line.push_str(&format!(
+            "; {in_exec} in execve with no user stack left to walk (kernel stack only)"
+        ));
     }
     line
 }

@@ -410,3 +410,67 @@ fn a_child_stopped_for_registration_is_resumed_when_cargo_trace_is_killed() {
         }
     }
 }
+
+/// A loop of exec'd children under a fast profile. It must finish: a child once stayed
+/// stopped for good when the session's SIGCONT overtook the program's SIGSTOP. And a
+/// sample taken inside execve once the calling image is gone, or before the new one is
+/// registered, has no user stack to walk: it is counted as such, with its kernel stack,
+/// never as a failed walk.
+#[test]
+fn an_exec_loop_under_a_fast_profile_finishes_with_execve_samples_kernel_only() {
+    if !bpf_available("exec loop") {
+        return;
+    }
+    let scratch = Scratch::new("exec-loop");
+    let folded_path = scratch.path("out.folded");
+    let mut child = Command::new(binary())
+        .args(["profile:hz:4999", "--no-svg", "-c"])
+        .arg("sh -c 'for i in $(seq 200); do /bin/true; done'")
+        .arg("--folded")
+        .arg(&folded_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the session did not finish: a child was left stopped?");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = reader.join().unwrap();
+    assert!(status.success(), "{stderr}");
+    let summary = stderr
+        .lines()
+        .find(|line| line.contains(" events, "))
+        .unwrap_or_else(|| panic!("no summary: {stderr}"));
+    let in_exec: u64 = summary
+        .split("; ")
+        .find_map(|part| {
+            part.strip_suffix(" in execve with no user stack left to walk (kernel stack only)")
+        })
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no sample inside execve in 200 execs at 4999 Hz: {summary}"));
+    assert!(in_exec > 0);
+    for failure in ["read fault", "no process"] {
+        assert!(!summary.contains(failure), "{summary}");
+    }
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    for line in folded.lines() {
+        assert!(
+            !(line.contains("execve") && line.contains("[truncated")),
+            "a sample inside execve with a failed walk: {line}"
+        );
+    }
+}

@@ -249,7 +249,10 @@ enum ct_walk_error {
 				      * stacks map was full */
 	CT_WALK_TOO_NESTED = 12,     /* CT_NEST_LEVELS walks in progress on the CPU:
 				      * counted without its stacks */
-	CT_WALK_ERROR_COUNT = 13,
+	CT_WALK_IN_EXEC = 13,	     /* inside execve with no user stack to walk (see
+				      * walk_user_stack): counted with its kernel stack
+				      * only, and not as a walk */
+	CT_WALK_ERROR_COUNT = 14,
 };
 
 /* A user stack, or a kernel stack (at most CT_KSTACK_DEPTH frames, error 0),

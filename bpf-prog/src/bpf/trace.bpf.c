@@ -134,6 +134,15 @@ struct {
 	__uint(max_entries, 4096);
 } pid_filter SEC(".maps");
 
+/* Processes that exec'd and have not stopped with their libraries mapped yet
+ * (see on_exec). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* tgid */
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+} loading SEC(".maps");
+
 /*
  * The walk's state, and the stack it builds. It lives in a per-CPU map
  * rather than on the BPF stack for two reasons: a ct_stack does not fit in
@@ -654,11 +663,27 @@ static __always_inline __u64 finish_stack(struct ct_stack *stack, __u64 hash, __
 	return stack_key(fmix64(hash_step(hash, tail)));
 }
 
+/* Whether the current task is inside execve (where the kernel has it). */
+static __always_inline bool current_in_execve(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (!bpf_core_field_exists(task->in_execve))
+		return false;
+	return BPF_CORE_READ_BITFIELD_PROBED(task, in_execve);
+}
+
 /*
  * Walks the user stack from the given registers into the scratch map and
- * finishes its hashes (w->hash, w->stack.check); NULL if there is no scratch.
+ * finishes its hashes (w->hash, w->stack.check). False when the event has
+ * no user stack after all: inside execve, a walk that fails found the image
+ * that called execve gone (its registers, but the new image's memory) or the
+ * new image not registered yet (registers at its entry point, where nothing
+ * of it has run; also just after execve, in the kernel still: no process
+ * but one that is loading). Such an event is counted as CT_WALK_IN_EXEC,
+ * with its kernel stack only, rather than as a walk that failed.
  */
-static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level, __u32 tgid,
+static __always_inline bool walk_user_stack(struct walk_scratch *w, __u32 level, __u32 tgid,
 					    __u64 rip, __u64 rsp, __u64 rbp, __u64 rdi)
 {
 	struct ct_stack *stack = &w->stack;
@@ -700,10 +725,17 @@ static __always_inline void walk_user_stack(struct walk_scratch *w, __u32 level,
 		w->error = CT_WALK_NO_PROC;
 	}
 
+	if (w->error != CT_WALK_OK &&
+	    (current_in_execve() ||
+	     (w->error == CT_WALK_NO_PROC && bpf_map_lookup_elem(&loading, &tgid)))) {
+		count_error(CT_WALK_IN_EXEC);
+		return false;
+	}
 	count_error(w->error);
 	stack->error = w->error;
 	stack->reason = w->reason;
 	w->hash = finish_stack(stack, w->hash, w->check);
+	return true;
 }
 
 /*
@@ -790,8 +822,7 @@ static __always_inline void record_at(__u32 level, void *kctx, __u32 tgid, __u64
 		return;
 	}
 	__u64 user = CT_STACK_NONE, kernel = CT_STACK_NONE, check = 0;
-	if (rip) {
-		walk_user_stack(w, level, tgid, rip, rsp, rbp, rdi);
+	if (rip && walk_user_stack(w, level, tgid, rip, rsp, rbp, rdi)) {
 		user = w->hash;
 		check = w->stack.check;
 	}
@@ -981,14 +1012,6 @@ struct {
 	__type(value, __u32); /* parent tgid */
 	__uint(max_entries, 16384);
 } parents SEC(".maps");
-
-/* Processes that exec'd and have not stopped with their libraries mapped yet. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32); /* tgid */
-	__type(value, __u8);
-	__uint(max_entries, 4096);
-} loading SEC(".maps");
 
 /*
  * Stops the current process until userspace has registered its mappings.
