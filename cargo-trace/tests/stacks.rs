@@ -537,6 +537,42 @@ fn stacks_cross_signal_frames() {
 /// (a malloc storm under `profile:hz:4999` puts thousands there), and each walk must keep
 /// its own scratch. Every malloc is counted once under its full chain, and no stack is
 /// mangled into a hash collision or a truncation.
+/// An event in rt_sigreturn has rip past the signal trampoline's last instruction (its
+/// syscall) and outside its unwind info: the walk starts from the syscall instead, and
+/// crosses the signal frame into the interrupted code.
+#[test]
+fn events_in_rt_sigreturn_walk_through_the_signal_frame() {
+    if !bpf_available("rt_sigreturn") {
+        return;
+    }
+    let path = fixtures::c_fixture("signals");
+    let run = trace(
+        "rt_sigreturn",
+        &["tracepoint:syscalls:sys_enter_rt_sigreturn"],
+        &format!("{} 20", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(folded.total(), 20, "one per signal: {}", run.stderr);
+    for (frames, _) in &folded.stacks {
+        assert!(!is_truncated(frames), "{frames:?}");
+        let user: Vec<&str> = leaf_first(frames)
+            .into_iter()
+            .filter(|f| !f.ends_with("_[k]"))
+            .collect();
+        assert_eq!(user[0], "__restore_rt", "{frames:?}");
+        let chain: Vec<&str> = user
+            .iter()
+            .copied()
+            .skip_while(|f| *f != "inner")
+            .take(3)
+            .collect();
+        assert_eq!(chain, ["inner", "outer", "main"], "{frames:?}");
+        assert_root(frames, Root::Process);
+    }
+}
+
 #[test]
 fn profile_samples_inside_uprobe_walks_leave_them_intact() {
     if !bpf_available("nested walks") {

@@ -26,6 +26,8 @@
 #include "cargo_trace.h"
 
 #define CT_SIGSTOP 19
+#define CT_NR_RT_SIGRETURN 15 /* x86-64 */
+#define CT_SYSCALL_INSN_LEN 2
 
 #define ENOMEM 12
 #define EEXIST 17
@@ -896,7 +898,12 @@ static __always_inline void record_from_kernel(void *ctx, __u32 tgid, __u32 prob
 		return;
 	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	record(kctx, tgid, regs->ip, regs->sp, regs->bp, regs->di, probe_id);
+	__u64 ip = regs->ip;
+	/* In rt_sigreturn, rip is past the signal trampoline's last instruction,
+	 * the syscall, and so outside its unwind info: walk from the syscall. */
+	if (regs->orig_ax == CT_NR_RT_SIGRETURN)
+		ip -= CT_SYSCALL_INSN_LEN;
+	record(kctx, tgid, ip, regs->sp, regs->bp, regs->di, probe_id);
 }
 
 /* uprobe and uretprobe: ctx holds the user registers (at a uretprobe, rip
