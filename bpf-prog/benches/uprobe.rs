@@ -20,7 +20,8 @@ use std::time::Instant;
 
 use bpf_prog::{Options, ProgramStats, StackRef, TableId, Tracer, WalkError};
 use common::{
-    build_c, executable_mappings, register_process_with, scratch_dir, tracer_or_skip, Target,
+    build_c, executable_mappings, register_process_with, scratch_dir, tracer_or_skip, Figure,
+    Target,
 };
 use libbpf_rs::{Link, UprobeOpts};
 
@@ -287,20 +288,4 @@ fn main() {
         short_bpf.min,
         long_bpf.min,
     );
-}
-
-/// Median and minimum of a set of measurements.
-struct Figure {
-    median: f64,
-    min: f64,
-}
-
-impl Figure {
-    fn of(mut values: Vec<f64>) -> Figure {
-        values.sort_by(f64::total_cmp);
-        Figure {
-            median: values[values.len() / 2],
-            min: values[0],
-        }
-    }
 }

@@ -20,7 +20,7 @@ mod common;
 use std::hint::black_box;
 
 use bpf_prog::{Options, ProgramStats, Programs, StackRef, Tracer, WalkError};
-use common::{register_process, tracer_or_skip};
+use common::{register_process, tracer_or_skip, Figure};
 use libbpf_rs::ProgramInput;
 
 /// Runs the program `runs` times from `depth` frames below the caller and
@@ -148,20 +148,4 @@ fn main() {
         (figures[1].median - figures[0].median) / frames_added,
         (figures[1].min - figures[0].min) / frames_added,
     );
-}
-
-/// Median and minimum of a set of measurements.
-struct Figure {
-    median: f64,
-    min: f64,
-}
-
-impl Figure {
-    fn of(mut values: Vec<f64>) -> Figure {
-        values.sort_by(f64::total_cmp);
-        Figure {
-            median: values[values.len() / 2],
-            min: values[0],
-        }
-    }
 }

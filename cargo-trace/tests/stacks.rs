@@ -533,10 +533,6 @@ fn stacks_cross_signal_frames() {
     assert_eq!(in_handler, 200);
 }
 
-/// A uprobe program runs with interrupts on: profile samples land in the middle of its walks
-/// (a malloc storm under `profile:hz:4999` puts thousands there), and each walk must keep
-/// its own scratch. Every malloc is counted once under its full chain, and no stack is
-/// mangled into a hash collision or a truncation.
 /// An event in rt_sigreturn has rip past the signal trampoline's last instruction (its
 /// syscall) and outside its unwind info: the walk starts from the syscall instead, and
 /// crosses the signal frame into the interrupted code.
@@ -573,6 +569,10 @@ fn events_in_rt_sigreturn_walk_through_the_signal_frame() {
     }
 }
 
+/// A uprobe program runs with interrupts on: profile samples land in the middle of its walks
+/// (a malloc storm under `profile:hz:4999` puts thousands there), and each walk must keep
+/// its own scratch. Every malloc is counted once under its full chain, and no stack is
+/// mangled into a hash collision or a truncation.
 #[test]
 fn profile_samples_inside_uprobe_walks_leave_them_intact() {
     if !bpf_available("nested walks") {

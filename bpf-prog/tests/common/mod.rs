@@ -1,6 +1,7 @@
-//! Shared by the BPF tests and the benchmark: loading the tracer (or saying
+//! Shared by the BPF tests and the benchmarks: loading the tracer (or saying
 //! why it cannot be), building C fixtures, registering a live process's
-//! mappings and tables, and naming the functions of a stack.
+//! mappings and tables, naming the functions of a stack, and summing up
+//! measurements.
 
 #![allow(dead_code)] // each test binary uses a different part
 
@@ -446,4 +447,20 @@ pub fn assert_complete(
         Some("_start"),
         "{names:?}"
     );
+}
+
+/// Median and minimum of a set of measurements.
+pub struct Figure {
+    pub median: f64,
+    pub min: f64,
+}
+
+impl Figure {
+    pub fn of(mut values: Vec<f64>) -> Figure {
+        values.sort_by(f64::total_cmp);
+        Figure {
+            median: values[values.len() / 2],
+            min: values[0],
+        }
+    }
 }
