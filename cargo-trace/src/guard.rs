@@ -101,7 +101,13 @@ fn guard_main(read: libc::c_int, write: libc::c_int, pid_filter: libc::c_int) ->
         }
         libc::dup2(read, GUARD_PIPE);
         libc::dup2(map, GUARD_PID_FILTER);
-        libc::close_range(GUARD_PID_FILTER as u32 + 1, u32::MAX, 0);
+        if libc::close_range(GUARD_PID_FILTER as u32 + 1, u32::MAX, 0) != 0 {
+            // A kernel before close_range (5.9): one by one, up to the limit.
+            let limit = libc::sysconf(libc::_SC_OPEN_MAX).clamp(0, 1 << 20) as libc::c_int;
+            for fd in GUARD_PID_FILTER + 1..limit {
+                libc::close(fd);
+            }
+        }
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if null >= 0 {
             for stream in 0..3 {
