@@ -41,7 +41,7 @@ const USER_ADDRESS_END: u64 = 1 << 56;
 pub fn executable_mappings(pid: u32) -> Result<Vec<ExecMapping>> {
     let path = format!("/proc/{pid}/maps");
     let mut file = File::open(&path).with_context(|| format!("reading {path}"))?;
-    if let Some(mappings) = query_executable(&file).with_context(|| format!("querying {path}"))? {
+    if let Some(mappings) = query_executable(&file) {
         return Ok(mappings);
     }
     let mut text = String::new();
@@ -80,8 +80,9 @@ const PROCMAP_QUERY_VMA_EXECUTABLE: u64 = 0x04;
 const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
 
 /// The executable mappings through PROCMAP_QUERY on an open `/proc/PID/maps`;
-/// None where the kernel does not have the query.
-fn query_executable(maps: &File) -> std::io::Result<Option<Vec<ExecMapping>>> {
+/// None where the query does not answer (a kernel without it, above all): the
+/// maps text is read instead.
+fn query_executable(maps: &File) -> Option<Vec<ExecMapping>> {
     let mut mappings = Vec::new();
     let mut name = vec![0u8; libc::PATH_MAX as usize];
     let mut address = 0;
@@ -100,10 +101,10 @@ fn query_executable(maps: &File) -> std::io::Result<Option<Vec<ExecMapping>>> {
             let error = std::io::Error::last_os_error();
             return match error.raw_os_error() {
                 // No executable mapping at or after `address`.
-                Some(libc::ENOENT) => Ok(Some(mappings)),
-                // A kernel without the query.
-                Some(libc::ENOTTY | libc::EINVAL) if mappings.is_empty() => Ok(None),
-                _ => Err(error),
+                Some(libc::ENOENT) => Some(mappings),
+                // A kernel without the query, a name longer than the buffer, or
+                // anything else the maps text may still answer.
+                _ => None,
             };
         }
         // The name's size counts its terminating NUL; 0 when the mapping has none.
@@ -124,7 +125,7 @@ fn query_executable(maps: &File) -> std::io::Result<Option<Vec<ExecMapping>>> {
         });
         address = query.vma_end;
     }
-    Ok(Some(mappings))
+    Some(mappings)
 }
 
 fn parse_maps(text: &str) -> Vec<ExecMapping> {
@@ -227,7 +228,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
     #[test]
     fn query_agrees_with_the_maps_text() {
         let file = File::open("/proc/self/maps").unwrap();
-        let Some(queried) = query_executable(&file).unwrap() else {
+        let Some(queried) = query_executable(&file) else {
             eprintln!("SKIPPED query_agrees_with_the_maps_text: no PROCMAP_QUERY in this kernel");
             return;
         };
