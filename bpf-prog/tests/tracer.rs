@@ -279,10 +279,7 @@ fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
     assert!(tracer.filtered_pids().contains(&pid));
     assert!(!tracer.has_mappings(pid), "exec drops the mappings");
     // The stop is delivered on the way back to user space.
-    let state = || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        stat.rsplit_once(") ").unwrap().1.chars().next()
-    };
+    let state = || cargo_trace_tests::process::process_state(pid);
     for _ in 0..100 {
         if state() == Some('T') {
             break;

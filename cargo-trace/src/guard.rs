@@ -185,34 +185,15 @@ fn next_key(map: libc::c_int, key: Option<&u32>, next: &mut u32) -> bool {
 
 /// Whether process `pid` is stopped by a signal (state `T` in /proc/PID/stat).
 fn is_stopped(pid: u32) -> bool {
-    // "/proc/" + up to 10 digits + "/stat" + NUL, built without allocating.
+    use std::io::Write;
+    // Formatted into a buffer on the stack: no allocation.
     let mut path = [0u8; 32];
-    let mut at = 0;
-    for &b in b"/proc/" {
-        path[at] = b;
-        at += 1;
-    }
-    let mut digits = [0u8; 10];
-    let (mut n, mut count) = (pid, 0);
-    loop {
-        digits[count] = b'0' + (n % 10) as u8;
-        count += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &digit in digits[..count].iter().rev() {
-        path[at] = digit;
-        at += 1;
-    }
-    for &b in b"/stat" {
-        path[at] = b;
-        at += 1;
+    if write!(&mut path[..], "/proc/{pid}/stat\0").is_err() {
+        return false;
     }
     let mut stat = [0u8; 512];
-    // SAFETY: path is NUL-terminated (zeroed past its end); read(2) writes at
-    // most stat.len() bytes into stat.
+    // SAFETY: path is NUL-terminated; read(2) writes at most stat.len() bytes
+    // into stat.
     let len = unsafe {
         let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
         if fd < 0 {

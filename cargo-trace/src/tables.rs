@@ -64,7 +64,7 @@ enum ObjectKey {
     File {
         dev: String,
         inode: u64,
-        version: Option<(u64, i64, i64)>,
+        version: Option<FileVersion>,
     },
     Vdso(Vec<u8>),
 }
@@ -173,16 +173,13 @@ impl ProcessTables {
                     "/proc/{pid}/map_files/{:x}-{:x}",
                     mapping.start, mapping.end
                 ));
-                let metadata = std::fs::metadata(&mapped)
-                    .ok()
-                    .or_else(|| std::fs::metadata(path).ok())
-                    .filter(|metadata| metadata.ino() == mapping.inode);
+                let version = file_version(&mapped)
+                    .or_else(|| file_version(path))
+                    .filter(|version| version.inode == mapping.inode);
                 let key = ObjectKey::File {
                     dev: mapping.dev.clone(),
                     inode: mapping.inode,
-                    version: metadata
-                        .as_ref()
-                        .map(|m| (m.size(), m.ctime(), m.ctime_nsec())),
+                    version,
                 };
                 let at = |offset: &Option<u64>| offset.map(|o| mapping.start.wrapping_add(o));
                 if let (Some(object), Some(offset)) = (
@@ -192,17 +189,7 @@ impl ProcessTables {
                     return (object.clone(), at(offset));
                 }
                 // A deleted or replaced file is still readable through map_files.
-                let same_file = std::fs::metadata(path).is_ok_and(|m| {
-                    metadata.as_ref().is_some_and(|mapped| {
-                        (m.ino(), m.size(), m.ctime(), m.ctime_nsec())
-                            == (
-                                mapped.ino(),
-                                mapped.size(),
-                                mapped.ctime(),
-                                mapped.ctime_nsec(),
-                            )
-                    })
-                });
+                let same_file = version.is_some() && file_version(path) == version;
                 let readable = if same_file { path.clone() } else { mapped };
                 let offset = file_bias_offset(&readable, mapping.offset);
                 self.bias_offsets
@@ -290,6 +277,25 @@ impl ProcessTables {
                 .push((name.to_string(), reason.to_string()));
         }
     }
+}
+
+/// What tells a file apart from others that had its inode number before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FileVersion {
+    inode: u64,
+    size: u64,
+    ctime: (i64, i64),
+}
+
+/// The version of the file at `path` (following links: map_files gives the file
+/// mapped), if it can be read.
+fn file_version(path: &Path) -> Option<FileVersion> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some(FileVersion {
+        inode: metadata.ino(),
+        size: metadata.size(),
+        ctime: (metadata.ctime(), metadata.ctime_nsec()),
+    })
 }
 
 /// The load bias of the ELF file at `path` mapped at file offset `offset`, minus

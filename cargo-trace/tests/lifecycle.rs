@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use cargo_trace_tests::expected;
 use cargo_trace_tests::fixtures::{self, Lang};
+use cargo_trace_tests::process::process_state;
 use common::{binary, bpf_available, quoted, run_args, trace, Folded, Scratch};
 
 fn assert_svg(path: &std::path::Path) {
@@ -311,12 +312,6 @@ fn a_duration_ends_tracing_and_leaves_the_target_running() {
         "sampling went on past the duration: {}",
         run.stderr
     );
-}
-
-/// The state letter of process `pid` (`R`, `S`, `T`...), None once it is gone.
-fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..].chars().next()
 }
 
 /// The children of process `pid` with their command names.

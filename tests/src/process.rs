@@ -52,6 +52,14 @@ pub enum InspectError {
     },
 }
 
+/// The state letter of process `pid` (`R`, `S`, `T` for stopped...), None once it is
+/// gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ...": comm may hold any byte, so the state follows the last ')'.
+    stat[stat.rfind(')')? + 2..].chars().next()
+}
+
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapsEntry {
@@ -130,7 +138,8 @@ pub fn load_bias(segments: &[LoadSegment], map_start: u64, map_offset: u64) -> O
     )
 }
 
-fn load_segments(file: &object::File<'_>) -> Vec<LoadSegment> {
+/// The loadable segments of an ELF file, for [`load_bias`].
+pub fn load_segments(file: &object::File<'_>) -> Vec<LoadSegment> {
     file.segments()
         .map(|s| {
             let (file_offset, file_size) = s.file_range();

@@ -13,7 +13,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
 use bpf_prog::{Mapping, Options, Stack, TableId, Tracer, WalkError};
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use cargo_trace_tests::process;
+use object::{Object, ObjectSymbol, SymbolKind};
 
 /// Loads the tracer, or prints why BPF is unavailable here and returns None.
 /// Any other failure (a verifier rejection above all) panics with the log.
@@ -152,44 +153,23 @@ pub struct MappedFile {
 /// The executable file mappings of `pid`, with load biases from the ELF headers.
 pub fn executable_mappings(pid: u32) -> Vec<MappedFile> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
-    let mut mappings = Vec::new();
-    for line in maps.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 6 || !fields[1].contains('x') || !fields[5].starts_with('/') {
-            continue;
-        }
-        let (start, end) = fields[0].split_once('-').expect("range");
-        let start = u64::from_str_radix(start, 16).expect("start");
-        let end = u64::from_str_radix(end, 16).expect("end");
-        let offset = u64::from_str_radix(fields[2], 16).expect("offset");
-        let path = PathBuf::from(fields[5]);
-        let data = fs::read(&path).expect("read mapped file");
-        let elf = object::File::parse(&*data).expect("parse mapped ELF");
-        // The load segment this file offset belongs to gives vaddr - offset.
-        // Two segments can share the page where the mapping starts (lld puts
-        // code right after read-only data, one page apart in memory): the
-        // mapping is the later one's.
-        let segment = elf
-            .segments()
-            .filter(|segment| {
-                let (file_offset, size) = segment.file_range();
-                offset >= file_offset & !0xfff && offset < file_offset + size
-            })
-            .max_by_key(|segment| segment.file_range().0)
-            .expect("a load segment covers the mapping");
-        let (file_offset, _) = segment.file_range();
-        let vaddr_of_offset = segment
-            .address()
-            .wrapping_sub(file_offset)
-            .wrapping_add(offset);
-        mappings.push(MappedFile {
-            start,
-            end,
-            bias: start.wrapping_sub(vaddr_of_offset),
-            path,
-        });
-    }
-    mappings
+    process::parse_maps(&maps)
+        .into_iter()
+        .filter(|entry| entry.is_executable() && entry.name.starts_with('/'))
+        .map(|entry| {
+            let data = fs::read(&entry.name).expect("read mapped file");
+            let elf = object::File::parse(&*data).expect("parse mapped ELF");
+            let segments = process::load_segments(&elf);
+            let bias = process::load_bias(&segments, entry.start, entry.offset)
+                .expect("an executable segment covers the mapping");
+            MappedFile {
+                start: entry.start,
+                end: entry.end,
+                bias,
+                path: PathBuf::from(entry.name),
+            }
+        })
+        .collect()
 }
 
 /// Compiles the unwind table of every executable mapping of `pid` (except
