@@ -3,20 +3,24 @@
 //!
 //! Flow: [`cli`] → (optionally [`cargo`] builds the target) → [`launch`] stops
 //! it at its entry point → [`session`] compiles and loads unwind tables for
-//! every executable mapping ([`maps`]), attaches the probes, lets the target
-//! run and reads the kernel's aggregates → [`symbolize`] → [`report`].
+//! every executable mapping ([`tables`], [`maps`]), attaches the probes, follows
+//! the children ([`children`]), lets the target run and reads the kernel's
+//! aggregates → [`symbolize`] into a [`profile::Profile`] → [`writers`].
+//! docs/architecture.md has the whole picture.
 
 mod cargo;
+mod children;
 mod cli;
 mod elf_symbols;
 mod guard;
 mod launch;
 mod maps;
-mod report;
+mod profile;
 mod session;
 mod signals;
 mod symbolize;
 mod tables;
+mod writers;
 
 use std::process::ExitCode;
 

@@ -1,192 +1,48 @@
-//! One tracing session: probes, target, tables, attach, run, report.
+//! One tracing session, in three phases that are three types:
 //!
-//! Order matters: the probes are parsed and checked before anything starts, the
-//! BPF object is loaded (and verified) before the target is launched, and the
-//! target is held at its entry point until every table is loaded and every
-//! probe attached, so nothing of `main` runs unobserved.
+//! - [`Prepared`]: the probes are parsed and checked, the BPF programs loaded (the
+//!   verifier ran), the target started and held at its entry point (or found, with
+//!   `-p`), its tables registered and the probes attached. Nothing of `main` has run.
+//! - [`Running`]: the target runs at full speed; new mappings (dlopen, children's
+//!   execs) are registered as they appear.
+//! - [`Finished`]: tracing stopped; links, child stops and the guard are torn down
+//!   (by `Drop`, whatever path leaves the phase). What the kernel counted becomes a
+//!   [`Profile`], which the writers turn into files.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bpf_prog::{Options, Programs, StackRef, Tracer, WalkError};
 use libbpf_rs::Link;
-use probes::{ProbeSpec, ProgramKind};
+use probes::{ProbeSpec, ProgramKind, Rate};
 
+use crate::children::Children;
 use crate::cli::Cli;
 use crate::guard::Guard;
 use crate::launch::{self, Exit};
-use crate::report::{self, Sample};
+use crate::profile::{Metadata, Profile, ProfileBuilder, RawSample, Summary, ValueType};
 use crate::signals;
 use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
+use crate::writers::{self, Weighting};
 
 /// How often the target's mappings are re-read (libraries opened with dlopen).
 const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the wait loop looks at the target.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// A probe as the user wrote it and as parsed.
-struct Probe {
-    text: String,
-    spec: ProbeSpec,
-}
-
-/// The process being traced.
-enum Target {
-    Launched(launch::Running),
-    Attached(u32),
-}
-
+/// Runs the whole session for `cli` and returns the exit code to leave with.
 pub fn run(cli: &Cli) -> Result<i32> {
-    let probes = parse_probes(&cli.probes)?;
-    let argv = match cli.pid {
-        Some(_) => None,
-        None => Some(command_line(cli)?),
-    };
-
-    let follow = !cli.no_follow_forks;
-    let options = Options {
-        // Uprobes that fire in every process mapping the file, for the children,
-        // filtered to the traced ones in the program.
-        filter_uprobes: follow,
-        programs: programs_for(&probes),
-        ..Options::default()
-    };
-    let mut tracer = Tracer::load(&options).map_err(|error| {
-        if error.is_permission_denied() {
-            anyhow::anyhow!("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): {error}")
-        } else {
-            anyhow::Error::new(error)
-        }
-    })?;
-    // Before anything can be stopped: resumes what is, should cargo-trace die.
-    let guard = Guard::spawn(tracer.pid_filter_fd()).context("starting the guard process")?;
-    let scratch = ScratchDir::create()?;
-    let mut tables = ProcessTables::new(scratch.0.clone());
-
-    // Launched: stopped at its entry point until the probes are live.
-    let (pid, stopped) = match (&argv, cli.pid) {
-        (Some(argv), _) => {
-            let stopped = launch::start(argv)?;
-            (stopped.pid(), Some(stopped))
-        }
-        (None, Some(pid)) => {
-            if !process_exists(pid) {
-                bail!("no process {pid}");
-            }
-            (pid, None)
-        }
-        (None, None) => unreachable!("either a command or a pid"),
-    };
-    signals::install(stopped.as_ref().map(|s| s.pid()))?;
-
-    tables.sync(&mut tracer, pid)?;
-    tracer
-        .filter_pid(pid)
-        .context("adding the target to the event filter")?;
-    let mut links = attach_all(&tracer, &probes, pid, follow)?;
-    // Processes the program stops at their start, for their mappings to be registered.
-    let started_images = Rc::new(RefCell::new(Vec::new()));
-    let new_images = if follow {
-        links.extend(
-            tracer
-                .follow_forks()
-                .context("following the target's children")?,
-        );
-        links.extend(stop_children_at_start(&tracer, pid, stopped.is_none())?);
-        let sink = Rc::clone(&started_images);
-        Some(tracer.new_images(move |pid| sink.borrow_mut().push(pid))?)
-    } else {
-        None
-    };
-
-    // Statistics cost a clock read per run: only when asked for.
-    let stats_guard = if cli.bpf_stats {
-        Some(bpf_prog::enable_run_time_stats().context("enabling BPF run-time statistics")?)
-    } else {
-        None
-    };
-    let started = Instant::now();
-    let target = match stopped {
-        Some(stopped) => Target::Launched(stopped.resume()?),
-        None => Target::Attached(pid),
-    };
-    let deadline = cli.duration.map(|duration| started + duration);
-    let children = Children {
-        new_images: new_images.as_ref(),
-        started: &started_images,
-    };
-    let exit = wait(&target, &mut tracer, &mut tables, &children, deadline)?;
-    // No child stops at its start once the links are gone; one that stopped
-    // since the last poll must not stay stopped.
-    drop(links);
-    if let Some(ring) = &new_images {
-        let _ = ring.consume();
+    let running = Prepared::new(cli)?.start(cli.bpf_stats)?;
+    let mut finished = running.wait(cli.duration)?;
+    let profile = finished.profile()?;
+    write_outputs(cli, &profile, finished.argv.as_deref())?;
+    eprintln!("{}", writers::summary::line(&profile));
+    for note in writers::summary::notes(&profile) {
+        eprintln!("{note}");
     }
-    for pid in started_images.borrow_mut().drain(..) {
-        // SAFETY: kill(2) with a pid the program reported.
-        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-    }
-    drop(new_images);
-    guard.dismiss();
-    let elapsed = started.elapsed();
-
-    let samples = read_samples(&tracer)?;
-    let mut symbolizer = Symbolizer::new();
-    // A child that exited before its mappings were read ran with its parent's
-    // (fork copies them): the target's are the best guess for it.
-    symbolizer.set_fallback(pid);
-    symbolizer.set_parents(tracer.parents());
-    for (pid, mappings) in tables.take_symbol_mappings() {
-        symbolizer.add_process(pid, mappings);
-    }
-    let names: Vec<String> = probes.iter().map(|p| p.text.clone()).collect();
-    let folded = report::fold(&samples, &names, &mut symbolizer, cli.line_numbers);
-
-    if let Some(path) = &cli.folded {
-        folded.write_folded(path)?;
-    }
-    if !cli.no_svg {
-        let title = cli
-            .title
-            .clone()
-            .unwrap_or_else(|| default_title(&names, &argv, pid));
-        folded.write_svg(&cli.output, &title, count_name(&probes))?;
-    }
-
-    let walk_errors = tracer.walk_errors().context("reading the walk counters")?;
-    eprintln!(
-        "{}",
-        summary(
-            folded.total(),
-            folded.lines.len(),
-            processes(&samples),
-            &walk_errors,
-            elapsed
-        )
-    );
-    for (name, reason) in &tables.coverage.without_table {
-        if !name.starts_with('[') {
-            eprintln!("cargo-trace: note: no unwind table for {name}: {reason}");
-        }
-    }
-    if stats_guard.is_some() {
-        let stats = tracer.program_stats().context("reading BPF statistics")?;
-        let mut programs: Vec<_> = stats.iter().filter(|(_, s)| s.run_count > 0).collect();
-        programs.sort_by_key(|(name, _)| *name);
-        for (name, s) in programs {
-            eprintln!(
-                "cargo-trace: bpf {name}: {} runs, {} ns per run",
-                s.run_count,
-                s.run_time_ns / s.run_count
-            );
-        }
-    }
-    drop(stats_guard);
+    finished.report_program_stats()?;
     let mut written = Vec::new();
     if !cli.no_svg {
         written.push(cli.output.display().to_string());
@@ -197,35 +53,370 @@ pub fn run(cli: &Cli) -> Result<i32> {
     if !written.is_empty() {
         eprintln!("cargo-trace: wrote {}", written.join(", "));
     }
-    drop(scratch);
+    Ok(finished.announce_exit())
+}
 
-    Ok(match exit {
-        Some(exit) => {
-            if let Exit::Signal(signal) = exit {
-                eprintln!(
-                    "cargo-trace: the target was killed by {}",
-                    signal_name(signal)
-                );
+/// A probe as the user wrote it and as parsed.
+struct Probe {
+    text: String,
+    spec: ProbeSpec,
+}
+
+/// The process being traced, and its children if they are followed.
+enum Target {
+    Launched(launch::Running),
+    Attached(u32),
+}
+
+/// What every phase holds: the loaded programs, the registered tables and what they
+/// are attached to. Dropping it detaches everything and resumes any child held stopped.
+struct Traced {
+    probes: Vec<Probe>,
+    /// The command launched; `None` with `-p`.
+    argv: Option<Vec<String>>,
+    pid: u32,
+    /// Links and children before the tracer: they reference its programs.
+    links: Vec<Link>,
+    children: Option<Children>,
+    tables: ProcessTables,
+    tracer: Tracer,
+    /// Resumes the processes held stopped, should cargo-trace die without doing so.
+    guard: Guard,
+    scratch: ScratchDir,
+}
+
+/// Phase 1: everything attached, the target held at its entry point.
+pub struct Prepared {
+    traced: Traced,
+    /// The launched target, stopped under ptrace; `None` with `-p`.
+    stopped: Option<launch::Stopped>,
+}
+
+impl Prepared {
+    pub fn new(cli: &Cli) -> Result<Prepared> {
+        let probes = parse_probes(&cli.probes)?;
+        let argv = match cli.pid {
+            Some(_) => None,
+            None => Some(command_line(cli)?),
+        };
+        let follow = !cli.no_follow_forks;
+        let options = Options {
+            // Uprobes that fire in every process mapping the file, for the children,
+            // filtered to the traced ones in the program.
+            filter_uprobes: follow,
+            programs: programs_for(&probes),
+            ..Options::default()
+        };
+        let mut tracer = Tracer::load(&options).map_err(|error| {
+            let needs_root = error.is_permission_denied();
+            let error = anyhow::Error::new(error);
+            if needs_root {
+                error.context("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON)")
+            } else {
+                error
             }
-            exit.code()
-        }
-        None => {
-            if let Target::Launched(running) = &target {
-                eprintln!(
-                    "cargo-trace: stopped tracing after the duration; process {} runs on",
-                    running.pid()
-                );
+        })?;
+        // Before anything can be stopped: resumes what is, should cargo-trace die.
+        let guard = Guard::spawn(tracer.pid_filter_fd()).context("starting the guard process")?;
+        let scratch = ScratchDir::create()?;
+        let mut tables = ProcessTables::new(scratch.0.clone());
+
+        let (pid, stopped) = match (&argv, cli.pid) {
+            (Some(argv), _) => {
+                let stopped = launch::start(argv)?;
+                (stopped.pid(), Some(stopped))
             }
-            0
+            (None, Some(pid)) => {
+                if !process_exists(pid) {
+                    bail!("no process {pid}");
+                }
+                (pid, None)
+            }
+            (None, None) => unreachable!("either a command or a pid"),
+        };
+        signals::install(stopped.as_ref().map(|s| s.pid()))?;
+
+        tables.sync(&mut tracer, pid)?;
+        tracer
+            .filter_pid(pid)
+            .context("adding the target to the event filter")?;
+        let links = attach_all(&tracer, &probes, pid, follow)?;
+        let children = if follow {
+            Some(Children::follow(&tracer, pid, stopped.is_none())?)
+        } else {
+            None
+        };
+        Ok(Prepared {
+            traced: Traced {
+                probes,
+                argv,
+                pid,
+                links,
+                children,
+                tables,
+                tracer,
+                guard,
+                scratch,
+            },
+            stopped,
+        })
+    }
+
+    /// Lets the target run. `bpf_stats`: count the programs' run time (a clock read per
+    /// run, so only when asked for).
+    pub fn start(self, bpf_stats: bool) -> Result<Running> {
+        let stats = if bpf_stats {
+            Some(bpf_prog::enable_run_time_stats().context("enabling BPF run-time statistics")?)
+        } else {
+            None
+        };
+        let target = match self.stopped {
+            Some(stopped) => Target::Launched(stopped.resume()?),
+            None => Target::Attached(self.traced.pid),
+        };
+        Ok(Running {
+            traced: self.traced,
+            target,
+            started: Instant::now(),
+            stats,
+        })
+    }
+}
+
+/// Phase 2: the target runs.
+pub struct Running {
+    traced: Traced,
+    target: Target,
+    started: Instant,
+    stats: Option<std::os::fd::OwnedFd>,
+}
+
+impl Running {
+    /// Runs until the target exits (launch mode) or disappears or a stop is asked for
+    /// (attach mode), or `duration` passes, registering new mappings as they appear.
+    pub fn wait(mut self, duration: Option<Duration>) -> Result<Finished> {
+        let deadline = duration.map(|duration| self.started + duration);
+        let exit = self.wait_for_end(deadline)?;
+        let elapsed = self.started.elapsed();
+        let Running {
+            traced,
+            target,
+            stats,
+            ..
+        } = self;
+        let Traced {
+            probes,
+            argv,
+            pid,
+            links,
+            children,
+            tables,
+            tracer,
+            guard,
+            scratch,
+        } = traced;
+        // Teardown in order: no probe fires and no child stops any more, every child
+        // held stopped is resumed; only then is the guard told it has nothing to do.
+        drop(links);
+        drop(children);
+        guard.dismiss();
+        Ok(Finished {
+            probes,
+            argv,
+            pid,
+            tables,
+            tracer,
+            target,
+            exit,
+            elapsed,
+            stats,
+            _scratch: scratch,
+        })
+    }
+
+    /// `None`: the target is still running.
+    fn wait_for_end(&mut self, deadline: Option<Instant>) -> Result<Option<Exit>> {
+        let traced = &mut self.traced;
+        let mut last_refresh = Instant::now();
+        loop {
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Ok(None);
+            }
+            match &self.target {
+                Target::Launched(running) => {
+                    if let Some(exit) = running.try_wait()? {
+                        return Ok(Some(exit));
+                    }
+                }
+                Target::Attached(pid) => {
+                    if signals::stop_requested() || !process_exists(*pid) {
+                        return Ok(None);
+                    }
+                }
+            }
+            match &traced.children {
+                // Wakes up as soon as a child stops at its start.
+                Some(children) => {
+                    children.poll(POLL_INTERVAL);
+                    children.register_started(&mut traced.tracer, &mut traced.tables);
+                }
+                None => std::thread::sleep(POLL_INTERVAL),
+            }
+            // Not at every wake-up: a child that execs reports itself (above), and one
+            // that only forked walks with its parent's mappings meanwhile; reading the
+            // whole filter map is a system call per process.
+            if last_refresh.elapsed() >= REFRESH_INTERVAL {
+                last_refresh = Instant::now();
+                // Frees the spill for the next bursts of new stacks; lookups read both
+                // maps, so a failure here loses nothing.
+                let _ = traced.tracer.drain_spilled_stacks();
+                track_processes(&mut traced.tracer, &mut traced.tables);
+            }
         }
-    })
+    }
+}
+
+/// Phase 3: tracing stopped, everything detached; the counts wait to be read.
+pub struct Finished {
+    probes: Vec<Probe>,
+    argv: Option<Vec<String>>,
+    pid: u32,
+    tables: ProcessTables,
+    tracer: Tracer,
+    target: Target,
+    /// `None`: the target still runs (attached, or stopped after a duration).
+    exit: Option<Exit>,
+    elapsed: Duration,
+    stats: Option<std::os::fd::OwnedFd>,
+    /// Holds the vDSO copies the symbolizer reads.
+    _scratch: ScratchDir,
+}
+
+impl Finished {
+    /// The kernel's counts, symbolized.
+    pub fn profile(&mut self) -> Result<Profile> {
+        let (value_types, period) = value_types(&self.probes);
+        let raw = raw_samples(&self.tracer, &self.probes)?;
+        let mut symbolizer = Symbolizer::new();
+        // A child that exited before its mappings were read ran with its parent's (fork
+        // copies them): the target's are the best guess for it.
+        symbolizer.set_fallback(self.pid);
+        symbolizer.set_parents(self.tracer.parents());
+        for (pid, mappings) in self.tables.take_symbol_mappings() {
+            symbolizer.add_process(pid, mappings);
+        }
+        let mut builder = ProfileBuilder::new(&mut symbolizer, value_types);
+        for sample in &raw {
+            builder.add(sample);
+        }
+        let walk_errors = self
+            .tracer
+            .walk_errors()
+            .context("reading the walk counters")?;
+        let summary = Summary {
+            failures: WalkError::ALL
+                .iter()
+                .filter(|error| !matches!(error, WalkError::Ok | WalkError::InExec))
+                .filter(|error| walk_errors[**error as usize] > 0)
+                .map(|error| (error.name().to_string(), walk_errors[*error as usize]))
+                .collect(),
+            in_exec: walk_errors[WalkError::InExec as usize],
+            without_table: self.tables.coverage.without_table.clone(),
+        };
+        let metadata = Metadata {
+            command: self.argv.clone(),
+            pid: self.pid,
+            duration: self.elapsed,
+            period,
+        };
+        let probes = self.probes.iter().map(|p| p.text.clone()).collect();
+        Ok(builder.finish(probes, summary, metadata))
+    }
+
+    /// With `--bpf-stats`: each program's runs and nanoseconds per run.
+    fn report_program_stats(&self) -> Result<()> {
+        if self.stats.is_none() {
+            return Ok(());
+        }
+        let stats = self
+            .tracer
+            .program_stats()
+            .context("reading BPF statistics")?;
+        let mut programs: Vec<_> = stats.iter().filter(|(_, s)| s.run_count > 0).collect();
+        programs.sort_by_key(|(name, _)| *name);
+        for (name, s) in programs {
+            eprintln!(
+                "cargo-trace: bpf {name}: {} runs, {} ns per run",
+                s.run_count,
+                s.run_time_ns / s.run_count
+            );
+        }
+        Ok(())
+    }
+
+    /// Says how the target ended when that is news, and returns the exit code to pass
+    /// on: the target's (128 + signal if it was killed), 0 when it still runs.
+    fn announce_exit(&self) -> i32 {
+        match self.exit {
+            Some(exit) => {
+                if let Exit::Signal(signal) = exit {
+                    eprintln!(
+                        "cargo-trace: the target was killed by {}",
+                        signal_name(signal)
+                    );
+                }
+                exit.code()
+            }
+            None => {
+                if let Target::Launched(running) = &self.target {
+                    eprintln!(
+                        "cargo-trace: stopped tracing after the duration; process {} runs on",
+                        running.pid()
+                    );
+                }
+                0
+            }
+        }
+    }
+}
+
+/// Writes the flamegraph and the folded stacks the command line asks for.
+fn write_outputs(cli: &Cli, profile: &Profile, argv: Option<&[String]>) -> Result<()> {
+    let weighting = Weighting {
+        value: 0,
+        line_numbers: cli.line_numbers,
+    };
+    if let Some(path) = &cli.folded {
+        write_file(path, |out| writers::folded::write(profile, weighting, out))
+            .with_context(|| format!("writing folded stacks to {}", path.display()))?;
+    }
+    if !cli.no_svg {
+        let title = cli
+            .title
+            .clone()
+            .unwrap_or_else(|| default_title(&profile.probes, argv, profile.metadata.pid));
+        write_file(&cli.output, |out| {
+            writers::svg::write(profile, weighting, &title, out)
+        })
+        .with_context(|| format!("writing the flamegraph to {}", cli.output.display()))?;
+    }
+    Ok(())
+}
+
+fn write_file(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    write(&mut out)?;
+    std::io::Write::flush(&mut out)
 }
 
 fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
     texts
         .iter()
         .map(|text| {
-            let spec = probes::parse(text).map_err(|error| anyhow::anyhow!("{error}"))?;
+            let spec = probes::parse(text)?;
             // Fail before launching anything when this kernel cannot run the probe.
             match &spec {
                 ProbeSpec::Kprobe(_) => probes::kprobe_support()?,
@@ -290,131 +481,10 @@ fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Resu
         };
         let fire_in = (!follow).then_some(pid);
         let attached =
-            probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)
-                .map_err(|error| anyhow::anyhow!("{error}"))?;
+            probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)?;
         links.extend(attached);
     }
     Ok(links)
-}
-
-/// How the session learns of the target's children that exec'd.
-struct Children<'a> {
-    /// Reports processes stopped at their start; `None` when not following.
-    new_images: Option<&'a libbpf_rs::RingBuffer<'static>>,
-    /// What it reported, not yet registered.
-    started: &'a RefCell<Vec<u32>>,
-}
-
-/// Attaches the program that stops an exec'd child once ld.so has mapped its libraries,
-/// in every process (the program picks the followed ones): at ld.so's `_dl_debug_state`
-/// when the link map turns consistent (before relocation ends and before any library
-/// constructor runs), and, failing that, at libc's `__libc_start_main` (before `main`).
-/// Children that use neither the target's ld.so nor its libc are registered by polling.
-/// `attached` (`-p`): the attached process itself is never stopped, so the ld.so probe,
-/// which stops any traced process after a dlopen, is left out.
-fn stop_children_at_start(tracer: &Tracer, pid: u32, attached: bool) -> Result<Vec<Link>> {
-    const LD_SO: &str = "uprobe:ld-linux-x86-64.so.2:_dl_debug_state";
-    const START_MAIN: &str = "uprobe:libc:__libc_start_main";
-    let hooks: &[&str] = if attached {
-        &[START_MAIN]
-    } else {
-        &[LD_SO, START_MAIN]
-    };
-    let mut links = Vec::new();
-    for &probe in hooks {
-        let spec = match probes::parse(probe) {
-            Ok(ProbeSpec::Uprobe(spec)) => spec,
-            _ => unreachable!("a valid uprobe spec"),
-        };
-        // A static target has neither: polling alone then.
-        let Ok(targets) = probes::resolve_uprobe(&spec, Some(pid)) else {
-            continue;
-        };
-        for target in &targets {
-            // On ld.so, the program finds `_r_debug` from the probed address.
-            let cookie = if probe == LD_SO {
-                match r_debug_offset(&target.path, target.address) {
-                    Some(offset) => offset,
-                    None => continue,
-                }
-            } else {
-                bpf_prog::START_MAIN_COOKIE
-            };
-            let link =
-                probes::attach_uprobe(tracer.start_main_program(), target, None, false, cookie)
-                    .map_err(|error| anyhow::anyhow!("{error}"))?;
-            links.push(link);
-        }
-    }
-    Ok(links)
-}
-
-/// `_r_debug`'s address in ld.so `path` minus `debug_state`'s (`_dl_debug_state`), as the
-/// two's complement the program adds to the probed pc.
-fn r_debug_offset(path: &std::path::Path, debug_state: u64) -> Option<u64> {
-    use object::{Object, ObjectSymbol};
-    let data = std::fs::read(path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    let r_debug = file
-        .dynamic_symbols()
-        .chain(file.symbols())
-        .find(|symbol| symbol.name() == Ok("_r_debug"))?
-        .address();
-    Some(r_debug.wrapping_sub(debug_state))
-}
-
-/// Runs until the target exits (launch mode) or disappears or a stop is asked
-/// for (attach mode), or the deadline passes, refreshing its mappings as it goes.
-/// `None`: the target is still running.
-fn wait(
-    target: &Target,
-    tracer: &mut Tracer,
-    tables: &mut ProcessTables,
-    children: &Children<'_>,
-    deadline: Option<Instant>,
-) -> Result<Option<Exit>> {
-    let mut last_refresh = Instant::now();
-    loop {
-        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            return Ok(None);
-        }
-        match target {
-            Target::Launched(running) => {
-                if let Some(exit) = running.try_wait()? {
-                    return Ok(Some(exit));
-                }
-            }
-            Target::Attached(pid) => {
-                if signals::stop_requested() || !process_exists(*pid) {
-                    return Ok(None);
-                }
-            }
-        }
-        match children.new_images {
-            // Wakes up as soon as a child stops at its start.
-            Some(ring) => {
-                let _ = ring.poll(POLL_INTERVAL);
-            }
-            None => std::thread::sleep(POLL_INTERVAL),
-        }
-        for pid in children.started.borrow_mut().drain(..) {
-            tables.forget(pid);
-            let _ = tables.sync(tracer, pid);
-            // SAFETY: kill(2) with a pid the program reported; at worst the
-            // process is gone.
-            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-        }
-        // Not at every wake-up: a child that execs reports itself (above), and one
-        // that only forked walks with its parent's mappings meanwhile; reading the
-        // whole filter map is a system call per process.
-        if last_refresh.elapsed() >= REFRESH_INTERVAL {
-            last_refresh = Instant::now();
-            // Frees the spill for the next bursts of new stacks; lookups read both maps,
-            // so a failure here loses nothing.
-            let _ = tracer.drain_spilled_stacks();
-            track_processes(tracer, tables);
-        }
-    }
 }
 
 /// Registers the mappings of processes that joined the filter (children the
@@ -442,8 +512,41 @@ fn process_exists(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
 }
 
-/// Every counter with its stacks, as [`report::fold`] takes them.
-fn read_samples(tracer: &Tracer) -> Result<Vec<Sample>> {
+/// What the samples of a session weigh: probes that sample on a clock count samples and
+/// the CPU time they stand for; any other probe counts events.
+fn value_types(probes: &[Probe]) -> (Vec<ValueType>, Option<(ValueType, i64)>) {
+    let periods: Vec<Option<i64>> = probes.iter().map(|p| clock_period_ns(&p.spec)).collect();
+    if periods.iter().all(Option::is_some) {
+        let cpu = ValueType::new("cpu", "nanoseconds");
+        let period = periods.iter().flatten().copied().max().unwrap_or(0);
+        (
+            vec![ValueType::new("samples", "count"), cpu.clone()],
+            Some((cpu, period)),
+        )
+    } else {
+        (vec![ValueType::new("events", "count")], None)
+    }
+}
+
+/// Nanoseconds of CPU time one sample of a `profile` probe stands for.
+fn clock_period_ns(spec: &ProbeSpec) -> Option<i64> {
+    let ProbeSpec::Profile(rate) = spec else {
+        return None;
+    };
+    let ns = match *rate {
+        Rate::Hz(hz) => 1_000_000_000 / hz.max(1),
+        Rate::Seconds(n) => n.saturating_mul(1_000_000_000),
+        Rate::Millis(n) => n.saturating_mul(1_000_000),
+        Rate::Micros(n) => n.saturating_mul(1_000),
+    };
+    i64::try_from(ns).ok()
+}
+
+/// Every counter with its stacks, as the profile builder takes them: the events, and
+/// for clock samples the CPU time they stand for.
+fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
+    let periods: Vec<Option<i64>> = probes.iter().map(|p| clock_period_ns(&p.spec)).collect();
+    let sampling = periods.iter().all(Option::is_some);
     let counts = tracer.counts().context("reading the event counts")?;
     let mut samples = Vec::with_capacity(counts.len());
     for (key, count) in counts {
@@ -465,78 +568,27 @@ fn read_samples(tracer: &Tracer) -> Result<Vec<Sample>> {
             Some(id) => tracer.kernel_stack(id).unwrap_or_default(),
             None => Vec::new(),
         };
-        samples.push(Sample {
-            probe: key.probe_id as usize,
+        let probe = key.probe_id as usize;
+        let events = i64::try_from(count.events).unwrap_or(i64::MAX);
+        let values = if sampling {
+            let period = periods.get(probe).copied().flatten().unwrap_or(0);
+            vec![events, events.saturating_mul(period)]
+        } else {
+            vec![events]
+        };
+        samples.push(RawSample {
+            probe,
             pid: key.pid,
             user,
             truncated,
             kernel,
-            count: count.events,
+            values,
         });
     }
     Ok(samples)
 }
 
-/// The closing line: events, distinct stacks, and every failure that happened.
-fn summary(
-    events: u64,
-    distinct: usize,
-    processes: usize,
-    walk_errors: &[u64; WalkError::COUNT],
-    elapsed: Duration,
-) -> String {
-    let mut line = format!("cargo-trace: {events} events, {distinct} distinct stacks");
-    if processes > 1 {
-        line.push_str(&format!(" from {processes} processes"));
-    }
-    line.push_str(&format!(" in {:.2} s", elapsed.as_secs_f64()));
-    let failures: BTreeMap<usize, String> = WalkError::ALL
-        .iter()
-        .filter(|error| !matches!(error, WalkError::Ok | WalkError::InExec))
-        .filter(|error| walk_errors[**error as usize] > 0)
-        .map(|error| {
-            (
-                *error as usize,
-                format!("{} {}", error.name(), walk_errors[*error as usize]),
-            )
-        })
-        .collect();
-    if failures.is_empty() {
-        line.push_str("; every stack walk reached the end of the stack");
-    } else {
-        line.push_str("; walk failures: ");
-        line.push_str(&failures.into_values().collect::<Vec<_>>().join(", "));
-    }
-    let in_exec = walk_errors[WalkError::InExec as usize];
-    if in_exec > 0 {
-        line.push_str(&format!(
-            "; {in_exec} in execve with no user stack left to walk (kernel stack only)"
-        ));
-    }
-    line
-}
-
-/// How many processes had events.
-fn processes(samples: &[Sample]) -> usize {
-    let pids: std::collections::BTreeSet<u32> = samples.iter().map(|s| s.pid).collect();
-    pids.len()
-}
-
-fn count_name(probes: &[Probe]) -> &'static str {
-    let sampling = probes.iter().all(|p| {
-        matches!(
-            p.spec,
-            ProbeSpec::Profile(_) | ProbeSpec::Interval(_) | ProbeSpec::Software { .. }
-        )
-    });
-    if sampling {
-        "samples"
-    } else {
-        "events"
-    }
-}
-
-fn default_title(probes: &[String], argv: &Option<Vec<String>>, pid: u32) -> String {
+fn default_title(probes: &[String], argv: Option<&[String]>, pid: u32) -> String {
     let target = match argv {
         Some(argv) => shell_words::join(argv),
         None => format!("process {pid}"),

@@ -8,6 +8,7 @@ use object::Object;
 
 use crate::elf_symbols::{ElfSymbols, SymbolHit};
 use crate::maps::{ExecMapping, MappedObject};
+use crate::profile::{Mapping, MappingSource};
 
 /// One frame of a symbolized stack (an address may expand into several, inlined ones).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -37,18 +38,26 @@ pub struct SymbolMapping {
     pub path: Option<PathBuf>,
     /// Short name for unsymbolized frames (`libc.so.6`, `[vdso]`).
     pub label: String,
+    /// The object as the process mapped it: its path, `[vdso]`, or `[anon]`.
+    pub name: String,
+    /// File offset of `start`.
+    pub file_offset: u64,
 }
 
 impl SymbolMapping {
     pub fn new(mapping: &ExecMapping, bias: u64, path: Option<PathBuf>) -> Self {
-        let label = match &mapping.object {
-            MappedObject::File(file) => file
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            MappedObject::Vdso => "[vdso]".to_string(),
-            MappedObject::Anonymous(name) if name.is_empty() => "[anon]".to_string(),
-            MappedObject::Anonymous(name) => name.clone(),
+        let (label, name) = match &mapping.object {
+            MappedObject::File(file) => (
+                file.file_name()
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                file.display().to_string(),
+            ),
+            MappedObject::Vdso => ("[vdso]".to_string(), "[vdso]".to_string()),
+            MappedObject::Anonymous(name) if name.is_empty() => {
+                ("[anon]".to_string(), "[anon]".to_string())
+            }
+            MappedObject::Anonymous(name) => (name.clone(), name.clone()),
         };
         SymbolMapping {
             start: mapping.start,
@@ -56,6 +65,8 @@ impl SymbolMapping {
             bias,
             path,
             label,
+            name,
+            file_offset: mapping.offset,
         }
     }
 }
@@ -123,6 +134,21 @@ impl Symbolizer {
             // handler's return address) or an interrupted pc. Take it as exact.
         }
         self.lookup(pid, pc).unwrap_or_else(|unknown| vec![unknown])
+    }
+
+    /// The mapping holding user address `address` of `pid`, for a profile's mappings.
+    pub fn mapping_source(&self, pid: u32, address: u64) -> Option<MappingSource> {
+        let mapping = self.mapping_of(pid, address)?;
+        Some(MappingSource {
+            mapping: Mapping {
+                start: mapping.start,
+                end: mapping.end,
+                file_offset: mapping.file_offset,
+                path: mapping.name.clone(),
+                build_id: None,
+            },
+            object: mapping.path.clone(),
+        })
     }
 
     /// The mapping holding `address` in `pid`: among its own mappings, else its parent's

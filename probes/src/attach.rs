@@ -55,7 +55,7 @@ pub enum AttachError {
     NoRawTracepoint { name: String },
     #[error("tracefs is not available: {reason}; mount it with: mount -t tracefs nodev /sys/kernel/tracing")]
     Tracefs { reason: String },
-    #[error("cannot open a {event} perf event on CPU {cpu}: {source}{hint}")]
+    #[error("cannot open a {event} perf event on CPU {cpu}{hint}")]
     PerfEventOpen {
         event: String,
         cpu: i32,
@@ -65,7 +65,7 @@ pub enum AttachError {
     },
     #[error("cannot read the online CPUs from /sys/devices/system/cpu/online: {reason}")]
     OnlineCpus { reason: String },
-    #[error("attaching {probe} failed: {source:#}{}", libbpf_hint(source))]
+    #[error("attaching {probe} failed{}", libbpf_hint(source))]
     Libbpf {
         probe: String,
         #[source]

@@ -55,14 +55,14 @@ pub enum ResolveError {
     ProgramNotFound { name: String },
     #[error("{}", match source.kind() {
         io::ErrorKind::NotFound => format!("no process {pid}"),
-        _ => format!("process {pid} cannot be inspected (/proc/{pid}: {source})"),
+        _ => format!("process {pid} cannot be inspected through /proc/{pid}"),
     })]
     NoProcess {
         pid: u32,
         #[source]
         source: io::Error,
     },
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Io {
         path: PathBuf,
         #[source]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file could not be opened, mapped or read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         #[source]
@@ -20,7 +20,7 @@ pub enum Error {
 
     /// The bytes are not an ELF file, or its headers are inconsistent (truncated file,
     /// section table out of bounds, bad compressed section, …).
-    #[error("not a valid ELF file: {0}")]
+    #[error("not a valid ELF file")]
     Elf(#[from] object::Error),
 
     /// A compressed section whose header claims an implausible uncompressed size.
@@ -42,7 +42,7 @@ pub enum Error {
     /// A CFI section whose structure cannot be parsed (entry lengths, CIE pointers). Errors
     /// inside one well-delimited FDE are not fatal: its rows become
     /// `Unsupported(BadCfi)`.
-    #[error("corrupt {section} ({}): {source}", match after {
+    #[error("corrupt {section} ({})", match after {
         Some(offset) => format!("in the entry after offset {offset:#x}"),
         None => "in its first entry".to_string(),
     })]

@@ -1,0 +1,215 @@
+//! Writers: each turns a [`Profile`](crate::profile::Profile) into one output format.
+//!
+//! A writer knows its format and nothing of the session: it reads the profile and writes
+//! bytes to any [`std::io::Write`]. Where the bytes go (which file, created how) is the
+//! caller's business.
+
+pub mod folded;
+pub mod summary;
+pub mod svg;
+
+/// Which of a sample's values a writer weighs stacks by, and how frames are named.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Weighting {
+    /// Index into the profile's value types.
+    pub value: usize,
+    /// Name frames `function (file:line)`: each source line of a function is its own frame.
+    pub line_numbers: bool,
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Golden files: each writer's output for one hand-made profile, compared byte for
+    //! byte with `cargo-trace/tests/data/`. `UPDATE_GOLDEN=1` rewrites them (check the
+    //! diff before committing it).
+
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::profile::{Location, Mapping, Metadata, Profile, Sample, Summary, ValueType};
+    use crate::symbolize::Frame;
+
+    fn frame(function: &str, file: Option<&str>, line: Option<u32>) -> Frame {
+        Frame {
+            function: function.to_string(),
+            file: file.map(str::to_string),
+            line,
+        }
+    }
+
+    /// Two probes; a stack through an inlined function, one truncated, one with kernel
+    /// frames, one with no stack, one that weighs nothing, a name with a `;`.
+    pub(crate) fn example() -> Profile {
+        let user = |address, mapping, frames| Location {
+            address,
+            mapping: Some(mapping),
+            frames,
+            kernel: false,
+        };
+        let locations = vec![
+            // 0: leaf, with an inlined callee (innermost first)
+            user(
+                0x5555_5555_1234,
+                0,
+                vec![
+                    frame("demo::inlined_helper", Some("src/main.rs"), Some(12)),
+                    frame("demo::work", Some("src/main.rs"), Some(30)),
+                ],
+            ),
+            // 1: main
+            user(
+                0x5555_5555_2000,
+                0,
+                vec![frame("demo::main", Some("src/main.rs"), Some(40))],
+            ),
+            // 2: in libc
+            user(
+                0x7fff_f7e0_0100,
+                1,
+                vec![frame("__libc_start_call_main", None, None)],
+            ),
+            // 3: a name with a semicolon
+            user(
+                0x5555_5555_3000,
+                0,
+                vec![frame("<[u8; 4] as demo::Fill>::fill", None, None)],
+            ),
+            // 4: kernel
+            Location {
+                address: 0xffff_ffff_8100_0000,
+                mapping: None,
+                frames: vec![frame("do_syscall_64", None, None)],
+                kernel: true,
+            },
+        ];
+        let sample = |probe, stack: &[usize], truncated: Option<&str>, values: &[i64]| Sample {
+            probe,
+            pid: 42,
+            stack: stack.to_vec(),
+            truncated: truncated.map(str::to_string),
+            values: values.to_vec(),
+        };
+        Profile {
+            value_types: vec![
+                ValueType::new("events", "count"),
+                ValueType::new("bytes", "bytes"),
+            ],
+            probes: vec!["uprobe:libc:malloc".into(), "profile:hz:99".into()],
+            samples: vec![
+                sample(0, &[0, 1, 2], None, &[5, 500]),
+                sample(0, &[3, 1], Some("read fault"), &[2, 64]),
+                sample(1, &[4, 0, 1, 2], None, &[3, 0]),
+                sample(1, &[], None, &[1, 0]),
+                sample(0, &[1, 2], None, &[0, 7]),
+            ],
+            locations,
+            mappings: vec![
+                Mapping {
+                    start: 0x5555_5555_0000,
+                    end: 0x5555_5556_0000,
+                    file_offset: 0x1000,
+                    path: "/work/demo".into(),
+                    build_id: Some("0123abcd".into()),
+                },
+                Mapping {
+                    start: 0x7fff_f7e0_0000,
+                    end: 0x7fff_f7f8_0000,
+                    file_offset: 0x28000,
+                    path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                    build_id: None,
+                },
+            ],
+            summary: Summary {
+                failures: [("read fault".to_string(), 2)].into_iter().collect(),
+                in_exec: 0,
+                without_table: vec![],
+            },
+            metadata: Metadata {
+                command: Some(vec!["./demo".into(), "arg".into()]),
+                pid: 42,
+                duration: Duration::from_millis(1500),
+                period: None,
+            },
+        }
+    }
+
+    /// Compares `actual` with the golden file `name`, or rewrites it with `UPDATE_GOLDEN=1`.
+    pub(crate) fn golden(name: &str, actual: &[u8]) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+        assert!(
+            expected == actual,
+            "{} differs from the writer's output:\n{}",
+            path.display(),
+            String::from_utf8_lossy(actual)
+        );
+    }
+
+    fn written(write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>) -> Vec<u8> {
+        let mut out = Vec::new();
+        write(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn folded_by_events_and_by_bytes() {
+        let profile = example();
+        let events = Weighting::default();
+        golden(
+            "example.folded",
+            &written(|out| folded::write(&profile, events, out)),
+        );
+        let bytes = Weighting {
+            value: 1,
+            line_numbers: true,
+        };
+        golden(
+            "example-bytes-lines.folded",
+            &written(|out| folded::write(&profile, bytes, out)),
+        );
+    }
+
+    #[test]
+    fn svg() {
+        let profile = example();
+        let svg = written(|out| svg::write(&profile, Weighting::default(), "example", out));
+        golden("example.svg", &svg);
+        let text = String::from_utf8(svg).unwrap();
+        assert!(text.contains("demo::inlined_helper") && text.contains("(11 events, 100%)"));
+    }
+
+    #[test]
+    fn svg_of_nothing_says_so() {
+        let mut profile = example();
+        profile.samples.clear();
+        let svg = written(|out| svg::write(&profile, Weighting::default(), "t", out));
+        assert!(String::from_utf8(svg).unwrap().contains("no events"));
+    }
+
+    #[test]
+    fn summary_line() {
+        let profile = example();
+        assert_eq!(
+            summary::line(&profile),
+            "cargo-trace: 11 events, 5 distinct stacks in 1.50 s; walk failures: read fault 2"
+        );
+        let mut complete = profile;
+        complete.summary.failures.clear();
+        complete.summary.in_exec = 3;
+        complete.samples[1].pid = 7;
+        assert_eq!(
+            summary::line(&complete),
+            "cargo-trace: 11 events, 5 distinct stacks from 2 processes in 1.50 s; \
+             every stack walk reached the end of the stack; \
+             3 in execve with no user stack left to walk (kernel stack only)"
+        );
+    }
+}

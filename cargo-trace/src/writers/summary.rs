@@ -1,0 +1,56 @@
+//! The closing line of a run: events, distinct stacks, processes, time, and every way
+//! an event lost information.
+
+use std::fmt::Write as _;
+
+use crate::profile::Profile;
+
+/// `cargo-trace: N events, M distinct stacks[ from P processes] in T s; ...`: the total
+/// of the first value type (events or samples), the distinct stacks (probe, process and frames), and either
+/// that every walk reached the end of the stack or each failure with its count.
+pub fn line(profile: &Profile) -> String {
+    let events = if profile.value_types.is_empty() {
+        0
+    } else {
+        profile.total(0)
+    };
+    let mut line = format!(
+        "cargo-trace: {events} events, {} distinct stacks",
+        profile.samples.len()
+    );
+    let processes = profile.processes();
+    if processes > 1 {
+        let _ = write!(line, " from {processes} processes");
+    }
+    let _ = write!(line, " in {:.2} s", profile.metadata.duration.as_secs_f64());
+    let failures = &profile.summary.failures;
+    if failures.is_empty() {
+        line.push_str("; every stack walk reached the end of the stack");
+    } else {
+        line.push_str("; walk failures: ");
+        let listed: Vec<String> = failures
+            .iter()
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect();
+        line.push_str(&listed.join(", "));
+    }
+    let in_exec = profile.summary.in_exec;
+    if in_exec > 0 {
+        let _ = write!(
+            line,
+            "; {in_exec} in execve with no user stack left to walk (kernel stack only)"
+        );
+    }
+    line
+}
+
+/// One note per object without an unwind table (not for `[anon]`-like pseudo objects).
+pub fn notes(profile: &Profile) -> Vec<String> {
+    profile
+        .summary
+        .without_table
+        .iter()
+        .filter(|(name, _)| !name.starts_with('['))
+        .map(|(name, reason)| format!("cargo-trace: note: no unwind table for {name}: {reason}"))
+        .collect()
+}
