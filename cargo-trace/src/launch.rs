@@ -101,6 +101,11 @@ impl Stopped {
         self.pid.as_raw() as u32
     }
 
+    /// The entry point, where the target is held (by a breakpoint cargo-trace planted).
+    pub fn entry(&self) -> u64 {
+        self.entry
+    }
+
     /// Undo the breakpoint, rewind to the entry point and let the target run untraced.
     pub fn resume(self) -> Result<Running> {
         ptrace::write(self.pid, self.entry as ptrace::AddressType, self.saved_word)

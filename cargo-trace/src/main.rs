@@ -3,7 +3,7 @@
 //!
 //! Flow: [`cli`] → (optionally [`cargo`] builds the target) → [`launch`] stops
 //! it at its entry point → [`session`] compiles and loads unwind tables for
-//! every executable mapping ([`tables`], [`maps`]), attaches the probes, follows
+//! every executable mapping ([`tables`]), attaches the probes, follows
 //! the children ([`children`]), lets the target run and reads the kernel's
 //! aggregates → [`symbolize`] into a [`profile::Profile`] → [`writers`].
 //! docs/architecture.md has the whole picture.
@@ -14,7 +14,6 @@ mod cli;
 mod elf_symbols;
 mod guard;
 mod launch;
-mod maps;
 mod profile;
 mod session;
 mod signals;

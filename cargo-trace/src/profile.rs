@@ -93,6 +93,10 @@ pub struct Summary {
     pub in_exec: u64,
     /// Objects without an unwind table, by name, with the reason.
     pub without_table: Vec<(String, String)>,
+    /// Events left out because they are cargo-trace's own doing, not the target's:
+    /// samples of the launched target returning from the breakpoint that held it at
+    /// its entry point.
+    pub not_the_targets: u64,
 }
 
 /// Where the profile came from.
@@ -320,17 +324,10 @@ fn is_bpf_machinery(name: &str) -> bool {
 
 /// The hex GNU build id of the ELF file at `path`.
 fn build_id_of(path: &std::path::Path) -> Option<String> {
-    use object::Object;
-    use std::fmt::Write as _;
     let file = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private map of a file we only read.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    let elf = object::File::parse(&*map).ok()?;
-    let id = elf.build_id().ok()??;
-    Some(id.iter().fold(String::new(), |mut hex, byte| {
-        let _ = write!(hex, "{byte:02x}");
-        hex
-    }))
+    process_image::build_id(&object::File::parse(&*map).ok()?)
 }
 
 #[cfg(test)]

@@ -75,6 +75,8 @@ struct Traced {
     /// The command launched; `None` with `-p`.
     argv: Option<Vec<String>>,
     pid: u32,
+    /// The launched target's entry point, where it was held by a breakpoint.
+    entry: Option<u64>,
     /// Links and children before the tracer: they reference its programs.
     links: Vec<Link>,
     children: Option<Children>,
@@ -151,6 +153,7 @@ impl Prepared {
                 probes,
                 argv,
                 pid,
+                entry: stopped.as_ref().map(launch::Stopped::entry),
                 links,
                 children,
                 tables,
@@ -208,6 +211,7 @@ impl Running {
             probes,
             argv,
             pid,
+            entry,
             links,
             children,
             tables,
@@ -224,6 +228,7 @@ impl Running {
             probes,
             argv,
             pid,
+            entry,
             tables,
             tracer,
             target,
@@ -281,6 +286,7 @@ pub struct Finished {
     probes: Vec<Probe>,
     argv: Option<Vec<String>>,
     pid: u32,
+    entry: Option<u64>,
     tables: ProcessTables,
     tracer: Tracer,
     target: Target,
@@ -305,6 +311,27 @@ impl Finished {
         for (pid, mappings) in self.tables.take_symbol_mappings() {
             symbolizer.add_process(pid, mappings);
         }
+        let mut not_the_targets = 0;
+        let held_at_entry = |sample: &RawSample, symbolizer: &mut Symbolizer| {
+            self.entry.is_some_and(|entry| {
+                sample.pid == self.pid
+                    && sample.user == [entry]
+                    && sample
+                        .kernel
+                        .iter()
+                        .any(|&pc| symbolizer.kernel(pc).function.ends_with("exc_int3"))
+            })
+        };
+        let raw: Vec<RawSample> = raw
+            .into_iter()
+            .filter(|sample| {
+                let own = held_at_entry(sample, &mut symbolizer);
+                if own {
+                    not_the_targets += sample.values[0];
+                }
+                !own
+            })
+            .collect();
         let mut builder = ProfileBuilder::new(&mut symbolizer, value_types);
         for sample in &raw {
             builder.add(sample);
@@ -322,6 +349,7 @@ impl Finished {
                 .collect(),
             in_exec: walk_errors[WalkError::InExec as usize],
             without_table: self.tables.coverage.without_table.clone(),
+            not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
         };
         let metadata = Metadata {
             command: self.argv.clone(),

@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use object::Object;
+use process_image::demangle;
 
 use crate::elf_symbols::{ElfSymbols, SymbolHit};
-use crate::maps::{ExecMapping, MappedObject};
 use crate::profile::{Mapping, MappingSource};
+use process_image::{MappedObject, MapsEntry};
 
 /// One frame of a symbolized stack (an address may expand into several, inlined ones).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -45,8 +46,8 @@ pub struct SymbolMapping {
 }
 
 impl SymbolMapping {
-    pub fn new(mapping: &ExecMapping, bias: u64, path: Option<PathBuf>) -> Self {
-        let (label, name) = match &mapping.object {
+    pub fn new(mapping: &MapsEntry, bias: u64, path: Option<PathBuf>) -> Self {
+        let (label, name) = match mapping.object() {
             MappedObject::File(file) => (
                 file.file_name()
                     .map(|name| name.to_string_lossy().into_owned())
@@ -57,7 +58,7 @@ impl SymbolMapping {
             MappedObject::Anonymous(name) if name.is_empty() => {
                 ("[anon]".to_string(), "[anon]".to_string())
             }
-            MappedObject::Anonymous(name) => (name.clone(), name.clone()),
+            MappedObject::Anonymous(name) => (name.clone(), name),
         };
         SymbolMapping {
             start: mapping.start,
@@ -283,7 +284,7 @@ fn dwarf_frames(loader: &addr2line::Loader, address: u64) -> Vec<Frame> {
             continue;
         };
         let name = match function.raw_name() {
-            Ok(raw) => demangle_with(&raw, function.language),
+            Ok(raw) => demangle(&raw),
             Err(_) => continue,
         };
         let (file, line) = frame
@@ -300,15 +301,6 @@ fn dwarf_frames(loader: &addr2line::Loader, address: u64) -> Vec<Frame> {
     // addr2line yields the innermost inline frame first.
     frames.reverse();
     frames
-}
-
-fn demangle_with(raw: &str, language: Option<gimli::DwLang>) -> String {
-    addr2line::demangle_auto(raw.into(), language).into_owned()
-}
-
-/// Demangle a symbol-table name (Rust legacy/v0 without hash, or C++).
-pub fn demangle(name: &str) -> String {
-    demangle_with(name, None)
 }
 
 fn shorten_path(path: &str) -> String {
@@ -366,16 +358,16 @@ mod tests {
     #[test]
     fn symbolizes_a_function_of_this_binary() {
         let pid = std::process::id();
-        let maps = crate::maps::executable_mappings(pid).unwrap();
+        let maps = process_image::executable_mappings(pid).unwrap();
         let exe = std::env::current_exe().unwrap();
         let bytes = std::fs::read(&exe).unwrap();
         let elf = object::File::parse(&*bytes).unwrap();
         let mut symbolizer = Symbolizer::new();
         let mappings = maps
             .iter()
-            .filter(|m| m.object == MappedObject::File(exe.clone()))
+            .filter(|m| m.object() == MappedObject::File(exe.clone()))
             .map(|m| {
-                let bias = crate::maps::load_bias(&elf, m.start, m.offset).unwrap();
+                let bias = process_image::load_bias_of(&elf, m.start, m.offset).unwrap();
                 SymbolMapping::new(m, bias, Some(exe.clone()))
             })
             .collect();

@@ -13,8 +13,8 @@ use anyhow::{Context, Result};
 use bpf_prog::{Mapping, TableId, Tracer};
 use unwind_tables::cache::{Cache, Outcome};
 
-use crate::maps::{self, ExecMapping, MappedObject};
 use crate::symbolize::SymbolMapping;
+use process_image::{MappedObject, MapsEntry};
 
 /// What the process's objects are, as far as the unwinder is concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,12 +41,12 @@ pub struct ProcessTables {
     cache: Option<Cache>,
     /// By (device, inode) for files, by content for the vDSO.
     objects: HashMap<ObjectKey, LoadedObject>,
-    /// Load bias minus mapping start (see [`maps::load_bias`]) by file and file
+    /// Load bias minus mapping start (see [`process_image::load_bias`]) by file and file
     /// offset: the same for every process that maps the file there, so a file is
     /// read once rather than at every registration (twice per exec).
     bias_offsets: HashMap<(ObjectKey, u64), Option<u64>>,
     /// The last mappings registered per pid, to skip unchanged refreshes.
-    registered: HashMap<u32, Vec<ExecMapping>>,
+    registered: HashMap<u32, Vec<MapsEntry>>,
     /// Every mapping seen per pid, for symbolization at the end.
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
     /// Every object file loaded, open until the session ends (see `symbols`).
@@ -86,14 +86,15 @@ impl ProcessTables {
     /// Reads `pid`'s executable mappings and, if they changed since the last call,
     /// loads tables for new objects and registers the mappings with the tracer.
     pub fn sync(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
-        let mut mappings = maps::executable_mappings(pid)?;
+        let mut mappings = process_image::executable_mappings(pid)
+            .with_context(|| format!("reading the mappings of process {pid}"))?;
         if self.registered.get(&pid) == Some(&mappings) {
             return Ok(());
         }
         // The program holds a bounded number of mappings; anonymous code has no table
         // anyway, so it is the first to go when a process has too many.
         if mappings.len() > bpf_prog::MAX_MAPPINGS {
-            mappings.retain(|m| !matches!(m.object, MappedObject::Anonymous(_)));
+            mappings.retain(|m| !matches!(m.object(), MappedObject::Anonymous(_)));
             mappings.truncate(bpf_prog::MAX_MAPPINGS);
         }
         let mut registered = Vec::with_capacity(mappings.len());
@@ -147,13 +148,13 @@ impl ProcessTables {
         &mut self,
         tracer: &mut Tracer,
         pid: u32,
-        mapping: &ExecMapping,
+        mapping: &MapsEntry,
     ) -> (LoadedObject, Option<u64>) {
         let none = LoadedObject {
             table: None,
             symbols: None,
         };
-        match &mapping.object {
+        match &mapping.object() {
             MappedObject::Anonymous(name) => {
                 let label = if name.is_empty() { "[anon]" } else { name };
                 self.note_without_table(label, "anonymous memory (JIT code has no .eh_frame)");
@@ -247,12 +248,12 @@ impl ProcessTables {
         &mut self,
         tracer: &mut Tracer,
         pid: u32,
-        mapping: &ExecMapping,
+        mapping: &MapsEntry,
     ) -> Result<(LoadedObject, Option<u64>)> {
         let image = read_process_memory(pid, mapping.start, mapping.end - mapping.start)
             .context("reading the vDSO image")?;
         let elf = object::File::parse(&*image).context("parsing the vDSO image")?;
-        let bias = maps::load_bias(&elf, mapping.start, 0);
+        let bias = process_image::load_bias_of(&elf, mapping.start, 0);
         let key = ObjectKey::Vdso(image.clone());
         if let Some(object) = self.objects.get(&key) {
             return Ok((object.clone(), bias));
@@ -307,7 +308,7 @@ fn file_bias_offset(path: &Path, offset: u64) -> Option<u64> {
     // (the kernel refuses to write an executing image: ETXTBSY).
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*map).ok()?;
-    maps::load_bias(&elf, 0, offset)
+    process_image::load_bias_of(&elf, 0, offset)
 }
 
 fn read_process_memory(pid: u32, address: u64, len: u64) -> Result<Vec<u8>> {

@@ -64,16 +64,12 @@ pub(crate) fn compile(
 /// the kernel's own answer to what resolution computes from the ELF file.
 pub(crate) fn mapped_file_offset(pid: u32, address: u64) -> (PathBuf, u64) {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    for line in maps.lines() {
-        let fields: Vec<&str> = line.splitn(6, ' ').collect();
-        let (range, offset) = (fields[0], fields[2]);
-        let (start, end) = range.split_once('-').unwrap();
-        let start = u64::from_str_radix(start, 16).unwrap();
-        let end = u64::from_str_radix(end, 16).unwrap();
-        if (start..end).contains(&address) {
-            let offset = u64::from_str_radix(offset, 16).unwrap();
-            let path = fields.get(5).map(|p| p.trim_start()).unwrap_or("");
-            return (PathBuf::from(path), address - start + offset);
+    for entry in process_image::parse_maps(&maps) {
+        if (entry.start..entry.end).contains(&address) {
+            return (
+                PathBuf::from(entry.name),
+                address - entry.start + entry.offset,
+            );
         }
     }
     panic!("{address:#x} is not mapped in process {pid}");

@@ -8,12 +8,11 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use nix::sys::ptrace;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use object::{Object, ObjectSegment};
 use unwind_tables::walk::{AddressSpace, Mapping, Memory, Registers};
 use unwind_tables::{CompactTable, CompiledObject};
 
@@ -52,110 +51,9 @@ pub enum InspectError {
     },
 }
 
-/// The state letter of process `pid` (`R`, `S`, `T` for stopped...), None once it is
-/// gone.
-pub fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ...": comm may hold any byte, so the state follows the last ')'.
-    stat[stat.rfind(')')? + 2..].chars().next()
-}
-
-/// One line of `/proc/PID/maps`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MapsEntry {
-    pub start: u64,
-    pub end: u64,
-    pub perms: String,
-    /// File offset of `start`.
-    pub offset: u64,
-    pub inode: u64,
-    /// A path, a pseudo-name like `[vdso]`, or empty for anonymous memory.
-    pub name: String,
-}
-
-impl MapsEntry {
-    pub fn is_executable(&self) -> bool {
-        self.perms.contains('x')
-    }
-}
-
-/// Parses `/proc/PID/maps` text; lines that do not parse are skipped.
-pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
-    text.lines()
-        .filter_map(|line| {
-            // start-end perms offset dev inode [name]; the name may contain spaces.
-            let mut fields = line.splitn(6, ' ');
-            let (start, end) = fields.next()?.split_once('-')?;
-            let perms = fields.next()?.to_string();
-            let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-            let _dev = fields.next()?;
-            let inode = fields.next()?.parse().ok()?;
-            Some(MapsEntry {
-                start: u64::from_str_radix(start, 16).ok()?,
-                end: u64::from_str_radix(end, 16).ok()?,
-                perms,
-                offset,
-                inode,
-                name: fields.next().unwrap_or("").trim_start().to_string(),
-            })
-        })
-        .collect()
-}
-
-/// A loadable segment of an ELF file, as the bias computation needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LoadSegment {
-    pub file_offset: u64,
-    pub file_size: u64,
-    pub vaddr: u64,
-    /// `PF_X` is set.
-    pub executable: bool,
-}
-
-/// The load bias (runtime address − ELF virtual address) of the object whose
-/// executable mapping starts at `map_start` from file offset `map_offset`.
-///
-/// The mapping holds the page-aligned start of the executable segment whose
-/// file range contains `map_offset` (only an executable one: lld packs the
-/// read-only segment and the text into one file page, each with its own
-/// vaddr − offset delta): the segment's bytes at file offset `o` are at ELF
-/// address `vaddr + (o - file_offset)` and at runtime address
-/// `map_start + (o - map_offset)`. The mapping's offset is rounded down to a
-/// page while the segment's may not be, so containment is tested from the
-/// segment's page-aligned offset; the ELF rules make `vaddr ≡ file_offset`
-/// modulo the page size, so the bias comes out page-aligned.
-pub fn load_bias(segments: &[LoadSegment], map_start: u64, map_offset: u64) -> Option<u64> {
-    const PAGE: u64 = 4096;
-    let segment = segments.iter().filter(|s| s.executable).find(|s| {
-        let first = s.file_offset & !(PAGE - 1);
-        first <= map_offset && map_offset < s.file_offset + s.file_size.max(1)
-    })?;
-    Some(
-        map_start
-            .wrapping_sub(map_offset)
-            .wrapping_add(segment.file_offset)
-            .wrapping_sub(segment.vaddr),
-    )
-}
-
-/// The loadable segments of an ELF file, for [`load_bias`].
-pub fn load_segments(file: &object::File<'_>) -> Vec<LoadSegment> {
-    file.segments()
-        .map(|s| {
-            let (file_offset, file_size) = s.file_range();
-            let executable = match s.flags() {
-                object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
-                _ => false,
-            };
-            LoadSegment {
-                file_offset,
-                file_size,
-                vaddr: s.address(),
-                executable,
-            }
-        })
-        .collect()
-}
+pub use process_image::{
+    load_bias, load_segments, parse_maps, process_state, LoadSegment, MapsEntry,
+};
 
 /// One ELF object mapped executable in the process, with its table and symbols.
 pub struct LoadedObject {
@@ -350,7 +248,7 @@ fn load_object(
         source,
     })?;
     let segments = load_segments(&file);
-    let symbols = Symbols::from_elf(&file, Path::new("/usr/lib/debug"));
+    let symbols = Symbols::from_elf(&file, (entry.name != "[vdso]").then_some(path.as_path()));
     Ok((
         LoadedObject {
             name: entry.name.clone(),
@@ -524,101 +422,5 @@ impl Drop for SeizedThreads {
         for &pid in &self.seized {
             let _ = ptrace::detach(pid, None);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_maps_lines() {
-        let text = "\
-55d0c0a00000-55d0c0a05000 r--p 00000000 08:01 1234                       /usr/bin/true\n\
-55d0c0a05000-55d0c0a09000 r-xp 00005000 08:01 1234                       /usr/bin/my prog\n\
-7ffd5a1f0000-7ffd5a1f2000 r-xp 00000000 00:00 0                          [vdso]\n\
-7f0000000000-7f0000001000 rwxp 00000000 00:00 0 \n\
-garbage\n";
-        let maps = parse_maps(text);
-        assert_eq!(maps.len(), 4);
-        assert_eq!(
-            maps[1],
-            MapsEntry {
-                start: 0x55d0c0a05000,
-                end: 0x55d0c0a09000,
-                perms: "r-xp".into(),
-                offset: 0x5000,
-                inode: 1234,
-                name: "/usr/bin/my prog".into(),
-            }
-        );
-        assert_eq!(maps[2].name, "[vdso]");
-        assert_eq!(maps[3].name, "");
-        assert!(maps[1].is_executable() && !maps[0].is_executable());
-    }
-
-    #[test]
-    fn bias_from_segments() {
-        // A PIE: text at vaddr 0x1000 from offset 0x1000.
-        let pie = [
-            LoadSegment {
-                file_offset: 0,
-                file_size: 0x800,
-                vaddr: 0,
-                executable: false,
-            },
-            LoadSegment {
-                file_offset: 0x1000,
-                file_size: 0x3000,
-                vaddr: 0x1000,
-                executable: true,
-            },
-        ];
-        assert_eq!(
-            load_bias(&pie, 0x5555_5555_5000, 0x1000),
-            Some(0x5555_5555_4000)
-        );
-        // A segment whose offset is not page aligned: vaddr 0x21a0c0 at offset
-        // 0x2190c0 is mapped from the page at offset 0x219000.
-        let odd = [LoadSegment {
-            file_offset: 0x2190c0,
-            file_size: 0x5000,
-            vaddr: 0x21a0c0,
-            executable: true,
-        }];
-        assert_eq!(
-            load_bias(&odd, 0x7f00_0021_a000, 0x219000),
-            Some(0x7f00_0000_0000)
-        );
-        // lld: the read-only segment ends in the file page where the text
-        // starts; the text's delta differs, and the mapping is the text's.
-        let lld = [
-            LoadSegment {
-                file_offset: 0,
-                file_size: 0x16054,
-                vaddr: 0,
-                executable: false,
-            },
-            LoadSegment {
-                file_offset: 0x16060,
-                file_size: 0x42e20,
-                vaddr: 0x17060,
-                executable: true,
-            },
-        ];
-        assert_eq!(
-            load_bias(&lld, 0x5555_5556_c000, 0x16000),
-            Some(0x5555_5555_5000)
-        );
-        // A non-PIE executable: bias 0.
-        let exec = [LoadSegment {
-            file_offset: 0x1000,
-            file_size: 0x100,
-            vaddr: 0x401000,
-            executable: true,
-        }];
-        assert_eq!(load_bias(&exec, 0x401000, 0x1000), Some(0));
-        // No segment holds the offset.
-        assert_eq!(load_bias(&pie, 0x5555_5555_9000, 0x9000), None);
     }
 }

@@ -3,9 +3,9 @@
 //! Deliberately simpler than cargo-trace's symbolizer (no DWARF, no inline
 //! frames): a test that checks the unwinder should not depend on the code it
 //! will later check too. Sources: the object's `.symtab` and `.dynsym`, and the
-//! `.symtab` of its separate debug file found by build-id under a debug
-//! directory (Debian's `libc6-dbg` provides libc's). Rust names are demangled
-//! without their hash (`chains::recurse`); C++ names stay mangled.
+//! `.symtab` of its separate debug file (Debian's `libc6-dbg` provides libc's),
+//! found as unwind-tables finds it. Names are demangled as everywhere else in the
+//! project ([`process_image::demangle`]): Rust without its hash (`chains::recurse`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,16 +24,13 @@ pub struct Symbols {
 }
 
 impl Symbols {
-    /// Reads `file`'s symbols and, when `debug_dir/.build-id/xx/yyyy.debug`
-    /// exists for its build-id, that file's too.
-    pub fn from_elf(file: &object::File<'_>, debug_dir: &Path) -> Symbols {
+    /// Reads `file`'s symbols and, when it was read from `path` and has a separate
+    /// debug file in the system's debug directories, that file's too.
+    pub fn from_elf(file: &object::File<'_>, path: Option<&Path>) -> Symbols {
         let mut symbols = Symbols::default();
         symbols.add(file);
-        if let Some(path) = file
-            .build_id()
-            .ok()
-            .flatten()
-            .and_then(|id| build_id_path(debug_dir, id))
+        let search = unwind_tables::DebugSearch::default();
+        if let Some(path) = path.and_then(|path| unwind_tables::find_debug_file_path(path, &search))
         {
             if let Ok(data) = std::fs::read(&path) {
                 if let Ok(debug) = object::File::parse(&*data) {
@@ -53,7 +50,7 @@ impl Symbols {
             let Ok(raw) = symbol.name() else { continue };
             // Versioned dynamic names (`raise@@GLIBC_2.2.5`) are plain names here.
             let raw = raw.split('@').next().unwrap_or(raw);
-            let name = demangle(raw);
+            let name = process_image::demangle(raw);
             self.addresses
                 .entry(name.clone())
                 .or_insert(symbol.address());
@@ -88,38 +85,9 @@ impl Symbols {
     }
 }
 
-/// `<debug_dir>/.build-id/<first byte hex>/<rest hex>.debug`, when it exists.
-fn build_id_path(debug_dir: &Path, id: &[u8]) -> Option<std::path::PathBuf> {
-    let (first, rest) = id.split_first()?;
-    let rest: String = rest.iter().map(|b| format!("{b:02x}")).collect();
-    let path = debug_dir
-        .join(".build-id")
-        .join(format!("{first:02x}"))
-        .join(format!("{rest}.debug"));
-    path.exists().then_some(path)
-}
-
-/// Rust symbols demangled without hash; anything else unchanged.
-fn demangle(name: &str) -> String {
-    match rustc_demangle::try_demangle(name) {
-        Ok(demangled) => format!("{demangled:#}"),
-        Err(_) => name.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn demangles_rust_without_hash() {
-        assert_eq!(
-            demangle("_ZN6chains7recurse17h792d3f4d9c013bdeE"),
-            "chains::recurse"
-        );
-        assert_eq!(demangle("deep_leaf"), "deep_leaf");
-        assert_eq!(demangle("_ZN9__gnu_cxx3foo"), "_ZN9__gnu_cxx3foo");
-    }
 
     #[test]
     fn innermost_symbol_wins() {

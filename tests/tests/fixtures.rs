@@ -197,7 +197,7 @@ fn functions_setting_up_rbp(
             .and_then(|l| l.split_once(" <"))
             .map(|(_, name)| name)
         {
-            let name = format!("{:#}", rustc_demangle::demangle(name));
+            let name = process_image::demangle(name);
             current = own(&name).then_some(name);
             previous.clear();
             checked += usize::from(current.is_some());
@@ -233,10 +233,7 @@ fn functions_with_rbp_cfa(path: &Path, own: impl Fn(&str) -> bool) -> (usize, Ve
         .symbols()
         .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
     {
-        let name = format!(
-            "{:#}",
-            rustc_demangle::demangle(symbol.name().unwrap_or(""))
-        );
+        let name = process_image::demangle(symbol.name().unwrap_or(""));
         if !own(&name) {
             continue;
         }

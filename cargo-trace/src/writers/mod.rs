@@ -124,6 +124,7 @@ pub(crate) mod tests {
                 failures: [("read fault".to_string(), 2)].into_iter().collect(),
                 in_exec: 0,
                 without_table: vec![],
+                not_the_targets: 0,
             },
             metadata: Metadata {
                 command: Some(vec!["./demo".into(), "arg".into()]),
@@ -204,12 +205,14 @@ pub(crate) mod tests {
         let mut complete = profile;
         complete.summary.failures.clear();
         complete.summary.in_exec = 3;
+        complete.summary.not_the_targets = 1;
         complete.samples[1].pid = 7;
         assert_eq!(
             summary::line(&complete),
             "cargo-trace: 11 events, 5 distinct stacks from 2 processes in 1.50 s; \
              every stack walk reached the end of the stack; \
-             3 in execve with no user stack left to walk (kernel stack only)"
+             3 in execve with no user stack left to walk (kernel stack only); \
+             1 taken in cargo-trace's entry breakpoint, not counted"
         );
     }
 }

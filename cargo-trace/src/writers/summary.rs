@@ -41,6 +41,13 @@ pub fn line(profile: &Profile) -> String {
             "; {in_exec} in execve with no user stack left to walk (kernel stack only)"
         );
     }
+    let own = profile.summary.not_the_targets;
+    if own > 0 {
+        let _ = write!(
+            line,
+            "; {own} taken in cargo-trace's entry breakpoint, not counted"
+        );
+    }
     line
 }
 

@@ -178,23 +178,7 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
 
 /// The files a process maps, in address order, each once.
 fn mapped_files(pid: u32) -> Result<Vec<PathBuf>, ResolveError> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|source| ResolveError::NoProcess { pid, source })?;
-    let mut files: Vec<PathBuf> = Vec::new();
-    for line in maps.lines() {
-        // start-end perms offset dev inode path (the path may contain spaces)
-        let Some(path) = line.splitn(6, ' ').nth(5).map(str::trim_start) else {
-            continue;
-        };
-        if !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
-        let path = PathBuf::from(path);
-        if !files.contains(&path) {
-            files.push(path);
-        }
-    }
-    Ok(files)
+    process_image::mapped_files(pid).map_err(|source| ResolveError::NoProcess { pid, source })
 }
 
 /// The binary of an omitted target: the executable of `pid`.

@@ -4,87 +4,71 @@
 
 use std::collections::BTreeMap;
 
+use process_image::Demangled;
+
 use super::{ResolveError, MAX_LISTED};
 use crate::elf::{ElfInfo, Function};
 use crate::suggest::{edit_distance, typo_limit};
 use crate::wildcard::{has_wildcard, matches};
 
-/// The names a function answers to.
+/// The names a function answers to: its demangled names, and for Rust the name without
+/// trailing generic arguments (v0 mangling keeps them): `myprog::parse` for
+/// `myprog::parse::<u32>`.
 pub(super) struct Names {
-    raw: String,
-    /// Rust, demangled without the hash: `myprog::parse`.
-    rust: Option<String>,
-    /// Rust without trailing generic arguments (v0 mangling keeps them):
-    /// `myprog::parse` for `myprog::parse::<u32>`.
+    demangled: Demangled,
     rust_base: Option<String>,
-    /// C++, demangled in full: `ns::f(int, char)`.
-    cpp_full: Option<String>,
-    /// C++ without return type and arguments: `ns::f`.
-    cpp_short: Option<String>,
 }
 
 impl Names {
     pub(super) fn of(raw: &str) -> Names {
-        let mut names = Names {
-            raw: raw.to_string(),
-            rust: None,
-            rust_base: None,
-            cpp_full: None,
-            cpp_short: None,
-        };
-        if raw.starts_with("_R") || raw.starts_with("_ZN") {
-            if let Ok(demangled) = rustc_demangle::try_demangle(raw) {
-                let rust = format!("{demangled:#}");
-                names.rust_base = strip_generic_arguments(&rust).map(str::to_string);
-                names.rust = Some(rust);
-                return names;
-            }
+        let demangled = Demangled::of(raw);
+        let rust_base = demangled
+            .rust
+            .as_deref()
+            .and_then(strip_generic_arguments)
+            .map(str::to_string);
+        Names {
+            demangled,
+            rust_base,
         }
-        if raw.starts_with("_Z") {
-            if let Ok(symbol) = cpp_demangle::Symbol::new(raw.as_bytes()) {
-                let options = cpp_demangle::DemangleOptions::new();
-                names.cpp_full = symbol.demangle(&options).ok();
-                names.cpp_short = symbol.demangle(&options.no_params().no_return_type()).ok();
-            }
-        }
-        names
     }
 
     /// The name to show.
     fn display(&self) -> &str {
-        self.rust
-            .as_deref()
-            .or(self.cpp_full.as_deref())
-            .unwrap_or(&self.raw)
+        self.demangled.display()
     }
 
     /// The short name to compare with a misspelt query.
     fn short(&self) -> &str {
-        self.rust
+        let names = &self.demangled;
+        names
+            .rust
             .as_deref()
-            .or(self.cpp_short.as_deref())
-            .unwrap_or(&self.raw)
+            .or(names.cpp_short.as_deref())
+            .unwrap_or(&names.raw)
     }
 
     fn matches_demangled(&self, query: &str) -> bool {
-        if self.rust.as_deref() == Some(query) || self.rust_base.as_deref() == Some(query) {
+        let names = &self.demangled;
+        if names.rust.as_deref() == Some(query) || self.rust_base.as_deref() == Some(query) {
             return true;
         }
         // Spacing in C++ argument lists varies ("f(int,char)" and "f(int, char)").
         let squeeze = |s: &str| s.split_whitespace().collect::<String>();
         let query = squeeze(query);
-        [&self.cpp_short, &self.cpp_full]
+        [&names.cpp_short, &names.cpp_full]
             .into_iter()
             .flatten()
             .any(|name| squeeze(name) == query)
     }
 
     fn matches_pattern(&self, pattern: &str) -> bool {
+        let names = &self.demangled;
         [
-            Some(&self.raw),
-            self.rust.as_ref(),
-            self.cpp_short.as_ref(),
-            self.cpp_full.as_ref(),
+            Some(&names.raw),
+            names.rust.as_ref(),
+            names.cpp_short.as_ref(),
+            names.cpp_full.as_ref(),
         ]
         .into_iter()
         .flatten()
