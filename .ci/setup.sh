@@ -7,6 +7,7 @@
 #               from its committed prebuilt object; see bpf-prog's crate docs)
 #   libelf-dev  libbpf-sys builds the vendored libbpf against libelf
 #   bpftool     regenerates bpf-prog/src/bpf/vmlinux.h (not needed to build)
+#   golang-go   `go tool pprof`, which the tests use to read the pprof output
 # apt-get update runs only when a package is missing, so a prepared machine
 # does no network access at all.
 #
@@ -29,6 +30,8 @@ declare -A wanted=(
     [bpftool]=/usr/sbin/bpftool
     # debug info for libc: symbolized frames inside libc, .debug_frame fallback
     [libc6-dbg]=/usr/share/doc/libc6-dbg/copyright
+    # go tool pprof: the tests read the pprof output with the real client
+    [golang-go]=/usr/bin/go
 )
 
 missing=()

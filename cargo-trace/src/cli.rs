@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::writers::Format;
+
 /// Trace a program with eBPF probes, unwinding user stacks in the kernel, and write a flamegraph.
 #[derive(Debug, Parser)]
 #[command(
@@ -62,6 +64,11 @@ pub struct Cli {
     /// Also write folded stacks (`outer;...;inner COUNT`, one line per distinct stack).
     #[arg(long = "folded", value_name = "PATH")]
     pub folded: Option<PathBuf>,
+
+    /// Also write a pprof profile (gzipped profile.proto) for `go tool pprof`, Pyroscope,
+    /// Parca or Grafana.
+    #[arg(long = "pprof", value_name = "PATH")]
+    pub pprof: Option<PathBuf>,
 
     /// Name frames `function (file:line)`: each source line of a function is its own frame.
     #[arg(long = "line-numbers")]
@@ -130,6 +137,21 @@ pub struct CargoArgs {
 }
 
 impl Cli {
+    /// Every file to write, in the order they are written.
+    pub fn outputs(&self) -> Vec<(Format, PathBuf)> {
+        let mut outputs = Vec::new();
+        if !self.no_svg {
+            outputs.push((Format::Svg, self.output.clone()));
+        }
+        if let Some(path) = &self.folded {
+            outputs.push((Format::Folded, path.clone()));
+        }
+        if let Some(path) = &self.pprof {
+            outputs.push((Format::Pprof, path.clone()));
+        }
+        outputs
+    }
+
     /// Parse the process arguments, whether cargo or a user invoked the binary.
     pub fn parse_from_env() -> Self {
         Self::parse_from(normalize_args(std::env::args_os().collect())).with_defaults()

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::symbolize::{Frame, Symbolizer};
 
@@ -106,6 +106,10 @@ pub struct Metadata {
     pub command: Option<Vec<String>>,
     /// The target's pid.
     pub pid: u32,
+    /// The target's executable as it was started (`/proc/PID/exe`).
+    pub executable: Option<String>,
+    /// When tracing started (the target was let run).
+    pub started: Option<SystemTime>,
     /// How long tracing ran.
     pub duration: Duration,
     /// For sampling profiles: the value type and amount one sample stands for

@@ -10,7 +10,7 @@
 //!   [`Profile`], which the writers turn into files.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use bpf_prog::{Options, Programs, StackRef, Tracer, WalkError};
@@ -37,21 +37,16 @@ pub fn run(cli: &Cli) -> Result<i32> {
     let running = Prepared::new(cli)?.start(cli.bpf_stats)?;
     let mut finished = running.wait(cli.duration)?;
     let profile = finished.profile()?;
-    write_outputs(cli, &profile, finished.argv.as_deref())?;
+    let written = write_outputs(cli, &profile, finished.argv.as_deref());
     eprintln!("{}", writers::summary::line(&profile));
     for note in writers::summary::notes(&profile) {
         eprintln!("{note}");
     }
     finished.report_program_stats()?;
-    let mut written = Vec::new();
-    if !cli.no_svg {
-        written.push(cli.output.display().to_string());
-    }
-    if let Some(path) = &cli.folded {
-        written.push(path.display().to_string());
-    }
+    let written = written?;
     if !written.is_empty() {
-        eprintln!("cargo-trace: wrote {}", written.join(", "));
+        let paths: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+        eprintln!("cargo-trace: wrote {}", paths.join(", "));
     }
     Ok(finished.announce_exit())
 }
@@ -77,6 +72,8 @@ struct Traced {
     pid: u32,
     /// The launched target's entry point, where it was held by a breakpoint.
     entry: Option<u64>,
+    /// The target's executable (`/proc/PID/exe`).
+    executable: Option<String>,
     /// Links and children before the tracer: they reference its programs.
     links: Vec<Link>,
     children: Option<Children>,
@@ -154,6 +151,9 @@ impl Prepared {
                 argv,
                 pid,
                 entry: stopped.as_ref().map(launch::Stopped::entry),
+                executable: std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .ok()
+                    .map(|path| path.display().to_string()),
                 links,
                 children,
                 tables,
@@ -181,6 +181,7 @@ impl Prepared {
             traced: self.traced,
             target,
             started: Instant::now(),
+            started_at: SystemTime::now(),
             stats,
         })
     }
@@ -191,6 +192,7 @@ pub struct Running {
     traced: Traced,
     target: Target,
     started: Instant,
+    started_at: SystemTime,
     stats: Option<std::os::fd::OwnedFd>,
 }
 
@@ -205,6 +207,7 @@ impl Running {
             traced,
             target,
             stats,
+            started_at,
             ..
         } = self;
         let Traced {
@@ -212,6 +215,7 @@ impl Running {
             argv,
             pid,
             entry,
+            executable,
             links,
             children,
             tables,
@@ -229,10 +233,12 @@ impl Running {
             argv,
             pid,
             entry,
+            executable,
             tables,
             tracer,
             target,
             exit,
+            started_at,
             elapsed,
             stats,
             _scratch: scratch,
@@ -287,11 +293,13 @@ pub struct Finished {
     argv: Option<Vec<String>>,
     pid: u32,
     entry: Option<u64>,
+    executable: Option<String>,
     tables: ProcessTables,
     tracer: Tracer,
     target: Target,
     /// `None`: the target still runs (attached, or stopped after a duration).
     exit: Option<Exit>,
+    started_at: SystemTime,
     elapsed: Duration,
     stats: Option<std::os::fd::OwnedFd>,
     /// Holds the vDSO copies the symbolizer reads.
@@ -354,6 +362,8 @@ impl Finished {
         let metadata = Metadata {
             command: self.argv.clone(),
             pid: self.pid,
+            executable: self.executable.clone(),
+            started: Some(self.started_at),
             duration: self.elapsed,
             period,
         };
@@ -408,27 +418,39 @@ impl Finished {
     }
 }
 
-/// Writes the flamegraph and the folded stacks the command line asks for.
-fn write_outputs(cli: &Cli, profile: &Profile, argv: Option<&[String]>) -> Result<()> {
-    let weighting = Weighting {
-        value: 0,
-        line_numbers: cli.line_numbers,
-    };
-    if let Some(path) = &cli.folded {
-        write_file(path, |out| writers::folded::write(profile, weighting, out))
-            .with_context(|| format!("writing folded stacks to {}", path.display()))?;
-    }
-    if !cli.no_svg {
-        let title = cli
+/// Writes every output the command line asks for. One that fails does not keep the
+/// others from being written; the first failure is returned after them.
+fn write_outputs(cli: &Cli, profile: &Profile, argv: Option<&[String]>) -> Result<Vec<PathBuf>> {
+    let options = writers::Options {
+        weighting: Weighting {
+            value: 0,
+            line_numbers: cli.line_numbers,
+        },
+        title: cli
             .title
             .clone()
-            .unwrap_or_else(|| default_title(&profile.probes, argv, profile.metadata.pid));
-        write_file(&cli.output, |out| {
-            writers::svg::write(profile, weighting, &title, out)
-        })
-        .with_context(|| format!("writing the flamegraph to {}", cli.output.display()))?;
+            .unwrap_or_else(|| default_title(&profile.probes, argv, profile.metadata.pid)),
+    };
+    let mut written = Vec::new();
+    let mut failure = None;
+    for (format, path) in cli.outputs() {
+        match write_file(&path, |out| format.write(profile, &options, out)) {
+            Ok(()) => written.push(path),
+            Err(error) => {
+                let error = anyhow::Error::new(error).context(format!(
+                    "writing {} to {}",
+                    format.describe(),
+                    path.display()
+                ));
+                eprintln!("cargo-trace: error: {error:#}");
+                failure.get_or_insert(error);
+            }
+        }
     }
-    Ok(())
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(written),
+    }
 }
 
 fn write_file(

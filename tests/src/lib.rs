@@ -11,6 +11,8 @@
 //!   BPF unwinder sees it (mappings, load biases, compiled unwind tables,
 //!   registers through ptrace, memory through `/proc/PID/mem`) so that the
 //!   userspace twin (`unwind_tables::walk`) can be run on real stacks.
+//! - [`pprof`] decodes pprof files with types generated from pprof's published
+//!   `profile.proto`, independently of cargo-trace's writer.
 //!
 //! What it does not do: symbolize like cargo-trace (it reads ELF symbol
 //! tables only, so that it can check cargo-trace's symbolizer rather than
@@ -22,5 +24,6 @@
 
 pub mod expected;
 pub mod fixtures;
+pub mod pprof;
 pub mod process;
 pub mod symbols;

@@ -5,8 +5,57 @@
 //! caller's business.
 
 pub mod folded;
+pub mod pprof;
 pub mod summary;
 pub mod svg;
+
+use std::io::{self, Write};
+
+use crate::profile::Profile;
+
+/// Every output format, each with its writer: the one list the command line and the
+/// session ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The flamegraph (`-o`, `flamegraph.svg` unless `--no-svg`).
+    Svg,
+    /// Folded stacks (`--folded`).
+    Folded,
+    /// pprof's gzipped profile.proto (`--pprof`).
+    Pprof,
+}
+
+impl Format {
+    /// What the file holds, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Format::Svg => "the flamegraph",
+            Format::Folded => "folded stacks",
+            Format::Pprof => "the pprof profile",
+        }
+    }
+
+    pub fn write(
+        self,
+        profile: &Profile,
+        options: &Options,
+        out: &mut dyn Write,
+    ) -> io::Result<()> {
+        match self {
+            Format::Svg => svg::write(profile, options.weighting, &options.title, out),
+            Format::Folded => folded::write(profile, options.weighting, out),
+            Format::Pprof => pprof::write(profile, out),
+        }
+    }
+}
+
+/// What the writers are told beside the profile.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub weighting: Weighting,
+    /// The flamegraph's title.
+    pub title: String,
+}
 
 /// Which of a sample's values a writer weighs stacks by, and how frames are named.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -129,6 +178,8 @@ pub(crate) mod tests {
             metadata: Metadata {
                 command: Some(vec!["./demo".into(), "arg".into()]),
                 pid: 42,
+                executable: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
+                started: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
                 duration: Duration::from_millis(1500),
                 period: None,
             },

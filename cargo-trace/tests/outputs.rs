@@ -1,0 +1,147 @@
+//! The outputs as the tools people use read them: pprof through `go tool pprof` and
+//! through a decoder of its own (prost, from pprof's published schema), against the
+//! folded stacks of the same run.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use cargo_trace_tests::fixtures;
+use cargo_trace_tests::pprof::{self, text};
+use common::{bpf_available, quoted, trace};
+
+/// Whether `go tool pprof` runs here; .ci/setup.sh installs it (Debian's golang-go), so
+/// under CI its absence is a failure.
+fn go_pprof_available() -> bool {
+    let works = Command::new("go")
+        .args(["tool", "pprof", "-h"])
+        .output()
+        .is_ok_and(|output| !output.stdout.is_empty() || !output.stderr.is_empty());
+    if !works {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "go tool pprof is missing: .ci/setup.sh installs golang-go"
+        );
+        eprintln!("skipping the go tool pprof checks: no `go` (bash .ci/setup.sh installs it)");
+    }
+    works
+}
+
+fn go_pprof(args: &[&str], file: &std::path::Path) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        // No symbolization service and no binaries: the profile holds every name.
+        .env("PPROF_BINARY_PATH", "/nonexistent")
+        .output()
+        .expect("run go tool pprof");
+    assert!(
+        output.status.success(),
+        "go tool pprof {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+/// A frame of the folded output as pprof names it: without the kernel suffix.
+fn pprof_name(folded_frame: &str) -> &str {
+    folded_frame.strip_suffix("_[k]").unwrap_or(folded_frame)
+}
+
+#[test]
+fn pprof_agrees_with_the_folded_stacks() {
+    if !bpf_available("pprof output") {
+        return;
+    }
+    let path = fixtures::rust_fixture("cpu_split");
+    let run = trace(
+        "pprof",
+        &["profile:hz:99"],
+        &format!("{} 1", quoted(&path)),
+        &["--pprof", "out.pb.gz"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let folded = run.folded();
+    let file = run.scratch.path("out.pb.gz");
+    let profile = pprof::read(&file);
+
+    // Our own decoder: value types, totals, the executable's mapping first with the
+    // build id of the file, every location's mapping known.
+    let types: Vec<(&str, &str)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (text(&profile, t.r#type), text(&profile, t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    let total: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+    assert_eq!(total as u64, folded.total());
+    assert_eq!(
+        total,
+        profile.sample.iter().map(|s| s.value[1]).sum::<i64>() / 10_101_010
+    );
+    let executable = &profile.mapping[0];
+    assert_eq!(
+        std::path::Path::new(text(&profile, executable.filename)),
+        path.canonicalize().unwrap()
+    );
+    let data = std::fs::read(&path).unwrap();
+    let elf = object::File::parse(&*data).unwrap();
+    assert_eq!(
+        Some(text(&profile, executable.build_id).to_string()),
+        process_image::build_id(&elf)
+    );
+    let libc = profile
+        .mapping
+        .iter()
+        .find(|m| text(&profile, m.filename).ends_with("/libc.so.6"))
+        .expect("libc's mapping");
+    assert!(!text(&profile, libc.build_id).is_empty() && libc.file_offset > 0);
+
+    if !go_pprof_available() {
+        return;
+    }
+    // go tool pprof: the same total, the same hottest function, the inlined frame.
+    let top = go_pprof(&["-top", "-nodecount=1"], &file);
+    assert!(
+        top.contains(&format!("Total samples = {total}")),
+        "pprof's total is not {total}:\n{top}"
+    );
+    let mut leaves: BTreeMap<&str, u64> = BTreeMap::new();
+    for (frames, count) in &folded.stacks {
+        *leaves
+            .entry(pprof_name(frames.last().unwrap()))
+            .or_default() += count;
+    }
+    let (hottest, flat) = leaves.iter().max_by_key(|(_, count)| **count).unwrap();
+    let first_row = top
+        .lines()
+        .skip_while(|line| !line.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no rows in:\n{top}"));
+    let fields: Vec<&str> = first_row.split_whitespace().collect();
+    assert_eq!(fields[0], flat.to_string(), "{first_row}");
+    assert_eq!(
+        *hottest,
+        "cpu_split::xorshift_rounds",
+        "{folded:?}",
+        folded = leaves
+    );
+    assert!(
+        first_row.contains("cpu_split::xorshift_rounds"),
+        "pprof's hottest function: {first_row}"
+    );
+    // The inlined function is shown inside the function it was inlined into.
+    let traces = go_pprof(&["-traces"], &file);
+    let inlined = traces
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|pair| {
+            pair[0].ends_with("cpu_split::xorshift_rounds (inline)")
+                && pair[1].ends_with("cpu_split::hot")
+        });
+    assert!(inlined, "no xorshift_rounds inlined in hot:\n{traces}");
+}
