@@ -6,13 +6,12 @@
 //! probe attached, so nothing of `main` runs unobserved.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use bpf_prog::{Options, Programs, StackRef, Tracer, WalkError};
+use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer, WalkCounters};
 use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind};
 
@@ -158,14 +157,16 @@ pub fn run(cli: &Cli) -> Result<i32> {
         folded.write_svg(&cli.output, &title, count_name(&probes))?;
     }
 
-    let walk_errors = tracer.walk_errors().context("reading the walk counters")?;
+    let walk_ends = tracer.walk_ends().context("reading the walk counters")?;
+    let losses = tracer.losses().context("reading the loss counters")?;
     eprintln!(
         "{}",
         summary(
             folded.total(),
             folded.lines.len(),
             processes(&samples),
-            &walk_errors,
+            &walk_ends,
+            &losses,
             elapsed
         )
     );
@@ -259,19 +260,23 @@ fn command_line(cli: &Cli) -> Result<Vec<String>> {
 
 /// The event programs the probes attach (the others are not loaded: the verifier's time
 /// is most of a session's start).
-fn programs_for(probes: &[Probe]) -> Programs {
-    let mut programs = Programs::NONE;
-    for probe in probes {
-        match probe.spec.program_kind() {
-            ProgramKind::Uprobe => programs.uprobe = true,
-            ProgramKind::Uretprobe => programs.uretprobe = true,
-            ProgramKind::PerfEvent => programs.perf_event = true,
-            ProgramKind::Tracepoint => programs.tracepoint = true,
-            ProgramKind::RawTracepoint => programs.raw_tracepoint = true,
-            ProgramKind::Kprobe | ProgramKind::Kretprobe => programs.kprobe = true,
-        }
+fn programs_for(probes: &[Probe]) -> std::collections::BTreeSet<EventProgram> {
+    probes
+        .iter()
+        .map(|probe| event_program(probe.spec.program_kind()))
+        .collect()
+}
+
+/// The BPF program a probe of `kind` attaches.
+fn event_program(kind: ProgramKind) -> EventProgram {
+    match kind {
+        ProgramKind::Uprobe => EventProgram::Uprobe,
+        ProgramKind::Uretprobe => EventProgram::Uretprobe,
+        ProgramKind::PerfEvent => EventProgram::PerfEvent,
+        ProgramKind::Tracepoint => EventProgram::Tracepoint,
+        ProgramKind::RawTracepoint => EventProgram::RawTracepoint,
+        ProgramKind::Kprobe | ProgramKind::Kretprobe => EventProgram::Kprobe,
     }
-    programs
 }
 
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
@@ -280,14 +285,7 @@ fn programs_for(probes: &[Probe]) -> Programs {
 fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for (index, probe) in probes.iter().enumerate() {
-        let program = match probe.spec.program_kind() {
-            ProgramKind::Uprobe => tracer.uprobe_program(),
-            ProgramKind::Uretprobe => tracer.uretprobe_program(),
-            ProgramKind::PerfEvent => tracer.perf_event_program(),
-            ProgramKind::Tracepoint => tracer.tracepoint_program(),
-            ProgramKind::RawTracepoint => tracer.raw_tracepoint_program(),
-            ProgramKind::Kprobe | ProgramKind::Kretprobe => tracer.kprobe_program(),
-        };
+        let program = tracer.program(event_program(probe.spec.program_kind()));
         let fire_in = (!follow).then_some(pid);
         let attached =
             probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)
@@ -449,13 +447,10 @@ fn read_samples(tracer: &Tracer) -> Result<Vec<Sample>> {
     for (key, count) in counts {
         let (user, truncated) = match key.stack {
             StackRef::None => (Vec::new(), None),
-            StackRef::NotStored => (Vec::new(), Some(WalkError::StackMapFull.name().to_string())),
+            StackRef::NotStored => (Vec::new(), Some(Loss::StackMapFull.name().to_string())),
             StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
                 Some(stack) => {
-                    let truncated = (!stack.is_complete()).then(|| match stack.unsupported {
-                        Some(reason) => format!("{}: {reason:?}", stack.error.name()),
-                        None => stack.error.name().to_string(),
-                    });
+                    let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
                     (stack.pcs, truncated)
                 }
                 None => (Vec::new(), Some("stack lost".to_string())),
@@ -482,7 +477,8 @@ fn summary(
     events: u64,
     distinct: usize,
     processes: usize,
-    walk_errors: &[u64; WalkError::COUNT],
+    walk_ends: &WalkCounters,
+    losses: &[u64; Loss::COUNT],
     elapsed: Duration,
 ) -> String {
     let mut line = format!("cargo-trace: {events} events, {distinct} distinct stacks");
@@ -490,24 +486,22 @@ fn summary(
         line.push_str(&format!(" from {processes} processes"));
     }
     line.push_str(&format!(" in {:.2} s", elapsed.as_secs_f64()));
-    let failures: BTreeMap<usize, String> = WalkError::ALL
+    let lost = Loss::ALL
         .iter()
-        .filter(|error| !matches!(error, WalkError::Ok | WalkError::InExec))
-        .filter(|error| walk_errors[**error as usize] > 0)
-        .map(|error| {
-            (
-                *error as usize,
-                format!("{} {}", error.name(), walk_errors[*error as usize]),
-            )
-        })
+        .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
+        .map(|loss| (loss.name(), losses[*loss as usize]));
+    let failures: Vec<String> = walk_ends
+        .failures()
+        .chain(lost)
+        .map(|(name, count)| format!("{name} {count}"))
         .collect();
     if failures.is_empty() {
         line.push_str("; every stack walk reached the end of the stack");
     } else {
         line.push_str("; walk failures: ");
-        line.push_str(&failures.into_values().collect::<Vec<_>>().join(", "));
+        line.push_str(&failures.join(", "));
     }
-    let in_exec = walk_errors[WalkError::InExec as usize];
+    let in_exec = losses[Loss::InExec as usize];
     if in_exec > 0 {
         line.push_str(&format!(
             "; {in_exec} in execve with no user stack left to walk (kernel stack only)"
@@ -522,15 +516,14 @@ fn processes(samples: &[Sample]) -> usize {
     pids.len()
 }
 
+/// What the probes' events are called: their programs' name if they agree, else "events".
 fn count_name(probes: &[Probe]) -> &'static str {
-    let sampling = probes.iter().all(|p| {
-        matches!(
-            p.spec,
-            ProbeSpec::Profile(_) | ProbeSpec::Interval(_) | ProbeSpec::Software { .. }
-        )
-    });
-    if sampling {
-        "samples"
+    let mut names = probes
+        .iter()
+        .map(|p| event_program(p.spec.program_kind()).count_name());
+    let first = names.next().unwrap_or("events");
+    if names.all(|name| name == first) {
+        first
     } else {
         "events"
     }
