@@ -19,8 +19,9 @@ use std::process::Command;
 use libbpf_cargo::SkeletonBuilder;
 
 /// Every file the object is compiled from, in hashing order.
-const INPUTS: [&str; 3] = [
+const INPUTS: [&str; 4] = [
     "src/bpf/trace.bpf.c",
+    "src/bpf/walk.bpf.h",
     "src/bpf/cargo_trace.h",
     "src/bpf/vmlinux.h",
 ];

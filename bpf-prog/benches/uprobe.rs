@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use bpf_prog::{Options, ProgramStats, StackRef, TableId, Tracer, WalkError};
+use bpf_prog::{EventProgram, Options, ProgramStats, StackRef, TableId, Tracer, WalkEnd};
 use common::{
     build_c, executable_mappings, register_process_with, scratch_dir, tracer_or_skip, Figure,
     Target,
@@ -101,8 +101,16 @@ impl Bench {
         let before = self.tracer.program_stats().expect("program stats");
         let link: Option<Link> = match mode {
             Mode::NoProbe => None,
-            Mode::CountOnly => Some(attach(self.tracer.uprobe_count_program(), pid, &libc)),
-            Mode::Unwind => Some(attach(self.tracer.uprobe_program(), pid, &libc)),
+            Mode::CountOnly => Some(attach(
+                self.tracer.program(EventProgram::UprobeCount),
+                pid,
+                &libc,
+            )),
+            Mode::Unwind => Some(attach(
+                self.tracer.program(EventProgram::Uprobe),
+                pid,
+                &libc,
+            )),
         };
         let output = target.run_to_end();
         drop(link);
@@ -132,8 +140,8 @@ impl Bench {
         };
         let stack = self.tracer.stack(hash).ok()??;
         assert_eq!(
-            stack.error,
-            WalkError::Ok,
+            stack.end,
+            WalkEnd::Complete,
             "the storm's stack must be complete"
         );
         Some(stack.pcs.len())

@@ -19,7 +19,7 @@ mod common;
 
 use std::hint::black_box;
 
-use bpf_prog::{Options, ProgramStats, Programs, StackRef, Tracer, WalkError};
+use bpf_prog::{EventProgram, Options, ProgramStats, StackRef, Tracer, WalkEnd};
 use common::{register_process, tracer_or_skip, Figure};
 use libbpf_rs::ProgramInput;
 
@@ -47,7 +47,7 @@ fn at_depth(tracer: &Tracer, depth: usize, runs: u64, frame_bytes: &mut u64, abo
 
 #[inline(never)]
 fn test_runs(tracer: &Tracer, runs: u64) -> f64 {
-    let program = tracer.raw_tracepoint_program();
+    let program = tracer.program(EventProgram::RawTracepoint);
     let before = stats(tracer);
     for _ in 0..runs {
         program
@@ -80,10 +80,10 @@ fn walked_frames(tracer: &Tracer, pid: u32) -> Vec<usize> {
                 .expect("read stack")
                 .expect("stored stack");
             assert_eq!(
-                stack.error,
-                WalkError::Ok,
+                stack.end,
+                WalkEnd::Complete,
                 "the walk must be complete: {:?} {:x?}",
-                stack.error,
+                stack.end,
                 stack.pcs
             );
             stack.pcs.len()
@@ -102,10 +102,7 @@ fn main() {
         .unwrap_or(20_000);
     let options = Options {
         kernel_stacks: false,
-        programs: Programs {
-            raw_tracepoint: true,
-            ..Programs::NONE
-        },
+        programs: [EventProgram::RawTracepoint].into(),
         ..Options::default()
     };
     let Some(mut tracer) = tracer_or_skip("walk benchmark", &options) else {

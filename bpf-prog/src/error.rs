@@ -33,11 +33,11 @@ impl std::fmt::Display for TableMap {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// libbpf could not open the embedded object.
-    #[error("opening the BPF object: {0}")]
+    #[error("opening the BPF object")]
     Open(#[source] libbpf_rs::Error),
 
     /// A map could not be sized as asked before load.
-    #[error("sizing BPF map {map}: {source}")]
+    #[error("sizing BPF map {map}")]
     Configure {
         map: &'static str,
         #[source]
@@ -46,7 +46,7 @@ pub enum Error {
 
     /// The kernel refused the object: a map could not be created, or the
     /// verifier rejected a program (its log is kept).
-    #[error("loading the BPF programs: {source}{}", last_line(verifier_log))]
+    #[error("loading the BPF programs{}", last_line(verifier_log))]
     Load {
         #[source]
         source: libbpf_rs::Error,
@@ -83,7 +83,7 @@ pub enum Error {
     UnknownTable(TableId),
 
     /// A map operation failed.
-    #[error("BPF map {map}: {op} failed: {source}")]
+    #[error("BPF map {map}: {op} failed")]
     Map {
         map: &'static str,
         op: &'static str,
@@ -92,7 +92,7 @@ pub enum Error {
     },
 
     /// Attaching one of the tracer's own programs failed.
-    #[error("attaching to tracepoint {tracepoint}: {source}")]
+    #[error("attaching to tracepoint {tracepoint}")]
     Attach {
         tracepoint: &'static str,
         #[source]
@@ -100,7 +100,7 @@ pub enum Error {
     },
 
     /// `bpf_prog_get_info_by_fd` failed.
-    #[error("reading the statistics of BPF program {program}: {source}")]
+    #[error("reading the statistics of BPF program {program}")]
     ProgramInfo {
         program: &'static str,
         #[source]
@@ -108,7 +108,7 @@ pub enum Error {
     },
 
     /// Mapping a table map into memory failed.
-    #[error("mmap of BPF map {map}: {source}")]
+    #[error("mmap of BPF map {map}")]
     Mmap {
         map: &'static str,
         #[source]
@@ -190,6 +190,9 @@ mod tests {
         assert!(error.is_permission_denied());
         assert_eq!(error.verifier_log(), None);
         assert!(!error.to_string().contains("verifier:"));
+        // The cause is the source's to say, once, not the message's too.
+        assert_eq!(error.to_string(), "loading the BPF programs");
+        assert!(std::error::Error::source(&error).is_some());
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub const PAGE_SLOTS: usize = 8;
 pub const NEST_LEVELS: usize = 4;
 /// Entries of the rule cache per CPU (`CT_RULE_CACHE_SLOTS`).
 pub const RULE_CACHE_SLOTS: usize = 4096;
+/// Entries of the cache of known stacks per CPU (`CT_KNOWN_CACHE_SLOTS`).
+pub const KNOWN_CACHE_SLOTS: usize = 4096;
 /// Bytes past its row's start the last push/pop step of a row may lie (`CT_STEP_WINDOW`),
 /// as in `unwind_tables::rule::STEP_WINDOW`.
 pub const STEP_WINDOW: u32 = 16;
@@ -81,10 +83,22 @@ pub mod sigframe {
 /// `CT_MAPPING_NO_TABLE`.
 pub const MAPPING_NO_TABLE: u32 = 1;
 
-/// Number of entries of the walk_errors map (`CT_WALK_ERROR_COUNT`).
-pub const WALK_ERROR_COUNT: usize = 14;
-/// Entries of walk_errors that are walk ends (`CT_WALK_STOP_COUNT`).
-pub const WALK_STOP_COUNT: usize = 8;
+/// `enum ct_walk_end`: `ct_stack.error`, and the index of the walk_ends map.
+pub mod walk_end {
+    pub const COMPLETE: u16 = 0;
+    pub const NO_PROC: u16 = 1;
+    pub const NO_MAPPING: u16 = 2;
+    pub const NO_ROW: u16 = 3;
+    pub const UNSUPPORTED: u16 = 4;
+    pub const READ_FAULT: u16 = 5;
+    pub const DEPTH_CAP: u16 = 6;
+    pub const BAD_RA: u16 = 7;
+    /// Entries of the walk_ends map (`CT_WALK_END_COUNT`).
+    pub const COUNT: usize = 8;
+}
+
+/// Entries of the losses map (`CT_LOSS_COUNT`), indexed by [`Loss`](crate::Loss).
+pub const LOSS_COUNT: usize = 6;
 
 macro_rules! check_constants {
     ($($rust:expr => $c:expr),* $(,)?) => {
@@ -105,6 +119,7 @@ check_constants! {
     PAGE_SLOTS => c::ct_limits::CT_PAGE_SLOTS,
     NEST_LEVELS => c::ct_limits::CT_NEST_LEVELS,
     RULE_CACHE_SLOTS => c::ct_limits::CT_RULE_CACHE_SLOTS,
+    KNOWN_CACHE_SLOTS => c::ct_limits::CT_KNOWN_CACHE_SLOTS,
     STEP_WINDOW => c::ct_limits::CT_STEP_WINDOW,
     STACK_NONE => c::ct_stack_key::CT_STACK_NONE,
     STACK_NOT_STORED => c::ct_stack_key::CT_STACK_NOT_STORED,
@@ -127,8 +142,22 @@ check_constants! {
     sigframe::RSP => c::ct_sigframe::CT_SIGFRAME_RSP,
     sigframe::RIP => c::ct_sigframe::CT_SIGFRAME_RIP,
     MAPPING_NO_TABLE => c::ct_mapping_flags::CT_MAPPING_NO_TABLE,
-    WALK_ERROR_COUNT => c::ct_walk_error::CT_WALK_ERROR_COUNT,
-    WALK_STOP_COUNT => c::ct_walk_error::CT_WALK_STOP_COUNT,
+    walk_end::COMPLETE => c::ct_walk_end::CT_WALK_COMPLETE,
+    walk_end::NO_PROC => c::ct_walk_end::CT_WALK_NO_PROC,
+    walk_end::NO_MAPPING => c::ct_walk_end::CT_WALK_NO_MAPPING,
+    walk_end::NO_ROW => c::ct_walk_end::CT_WALK_NO_ROW,
+    walk_end::UNSUPPORTED => c::ct_walk_end::CT_WALK_UNSUPPORTED,
+    walk_end::READ_FAULT => c::ct_walk_end::CT_WALK_READ_FAULT,
+    walk_end::DEPTH_CAP => c::ct_walk_end::CT_WALK_DEPTH_CAP,
+    walk_end::BAD_RA => c::ct_walk_end::CT_WALK_BAD_RA,
+    walk_end::COUNT => c::ct_walk_end::CT_WALK_END_COUNT,
+    LOSS_COUNT => c::ct_loss::CT_LOSS_COUNT,
+    crate::Loss::StackMapFull => c::ct_loss::CT_LOSS_STACK_MAP_FULL,
+    crate::Loss::CountMapFull => c::ct_loss::CT_LOSS_COUNT_MAP_FULL,
+    crate::Loss::HashCollision => c::ct_loss::CT_LOSS_HASH_COLLISION,
+    crate::Loss::KernelStackLost => c::ct_loss::CT_LOSS_KSTACK_LOST,
+    crate::Loss::TooNested => c::ct_loss::CT_LOSS_TOO_NESTED,
+    crate::Loss::InExec => c::ct_loss::CT_LOSS_IN_EXEC,
 }
 
 // The walk contract is shared with the userspace twin: its constants must agree.
@@ -320,6 +349,33 @@ mirror!(
     }
 );
 
+/// `struct ct_known_entry`: a stack a CPU found stored (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtKnownEntry {
+    pub key: u64,
+    pub check: u64,
+}
+mirror!(
+    CtKnownEntry = ct_known_entry {
+        key: u64,
+        check: u64
+    }
+);
+
+/// `struct ct_known_cache`: one element of the known_cache map, one CPU's cache of known
+/// stacks (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtKnownCache {
+    pub entries: [CtKnownEntry; KNOWN_CACHE_SLOTS],
+}
+mirror!(
+    CtKnownCache = ct_known_cache {
+        entries: [CtKnownEntry; KNOWN_CACHE_SLOTS] as [c::ct_known_entry; KNOWN_CACHE_SLOTS],
+    }
+);
+
 /// `struct ct_page`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -438,13 +494,11 @@ mirror!(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtCount {
     pub events: u64,
-    pub bytes: u64,
-    pub check: u64,
+    pub amount: u64,
 }
 mirror!(
     CtCount = ct_count {
         events: u64,
-        bytes: u64,
-        check: u64,
+        amount: u64,
     }
 );

@@ -4,10 +4,11 @@
 //!
 //! # What it does
 //!
-//! `src/bpf/trace.bpf.c` holds the event programs `on_uprobe`,
-//! `on_uretprobe`, `on_perf_event`, `on_tracepoint`, `on_raw_tracepoint`,
-//! `on_kprobe` and `on_uprobe_count` (a uprobe that counts without walking,
-//! the benchmark's baseline), and three that follow a traced process's
+//! `src/bpf/trace.bpf.c` holds the event programs, listed once in
+//! [`EventProgram`] (`on_uprobe`, `on_uretprobe`, `on_perf_event`,
+//! `on_tracepoint`, `on_raw_tracepoint`, `on_kprobe`, and `on_uprobe_count`,
+//! a uprobe that counts without walking, the benchmark's baseline), and
+//! three that follow a traced process's
 //! children ([`Tracer::follow_forks`]): `on_fork` and `on_exec` on the
 //! scheduler's raw tracepoints, and `on_start_main`, a uprobe on ld.so's
 //! `_dl_debug_state` (and libc's `__libc_start_main`) that stops a traced
@@ -17,18 +18,23 @@
 //! session's start. On every event each
 //! walking program takes the user registers of the current thread (from the
 //! probe context, or from `bpf_task_pt_regs` when a sample or tracepoint
-//! fires in kernel mode), walks the stack exactly as `docs/walk.md` says (the
-//! userspace twin is `unwind_tables::walk`), stores the stack once by hash
-//! and adds 1 to the counter of (probe, process, user stack, kernel stack).
+//! fires in kernel mode), walks the stack exactly as `docs/walk.md` says
+//! (`src/bpf/walk.bpf.h`; the userspace twin is `unwind_tables::walk`), stores
+//! the stack once by hash and adds 1 to the counter of (probe, process, user
+//! stack, kernel stack). An event program is two calls, `take_stacks` (walk
+//! and store the stacks, return their keys) and `count_event` (add the event
+//! and an amount under those keys), so a new one is a small function.
 //! Nothing is sent per event: userspace reads the maps when it wants
 //! ([`Tracer::counts`], [`Tracer::stack`], [`Tracer::kernel_stack`]).
 //!
-//! Every way a walk can stop is counted in `walk_errors`
-//! ([`Tracer::walk_errors`], indexed by [`WalkError`]), and the frames found
-//! before the stop are stored with the reason ([`Stack::error`]): a partial
-//! stack is never dropped. A hash collision between distinct stacks is
-//! detected by a second, independent hash, counted, and the second stack is
-//! stored under the next key; a full map is counted too. Kernel stacks
+//! Every way a walk can stop is counted in `walk_ends`
+//! ([`Tracer::walk_ends`], by [`WalkEnd`], the type both walkers share), and
+//! the frames found before the stop are stored with it ([`Stack::end`]): a
+//! partial stack is never dropped. What an event lost apart from its walk is
+//! counted in `losses` ([`Tracer::losses`], by [`Loss`]). A hash collision
+//! between distinct stacks is detected by a second, independent hash,
+//! counted, and the second stack is stored under the next key; a full map is
+//! counted too. Kernel stacks
 //! (`bpf_get_stack`) are stored the same way, in the same map. A new stack
 //! the map cannot allocate inside an interrupt goes to a small preallocated
 //! map that userspace drains ([`Tracer::drain_spilled_stacks`]).
@@ -44,12 +50,12 @@
 //! - Compile tables (the `unwind-tables` crate does), read `/proc`, ELF
 //!   files or symbols: callers hand in [`unwind_tables::CompactTable`]s and
 //!   [`Mapping`]s.
-//! - Attach: the `*_program()` accessors return the programs; the `probes`
+//! - Attach: [`Tracer::program`] returns the programs; the `probes`
 //!   crate attaches them (the attach cookie becomes the probe id). A perf
 //!   event fd given to `attach_perf_event*` belongs to the link afterwards:
 //!   libbpf closes it when the link drops.
 //! - Remove tables: they are loaded once per object and shared.
-//! - Fill [`Count::bytes`]: no program adds an amount yet.
+//! - Fill [`Count::amount`]: no program adds an amount yet.
 //!
 //! # Data flow
 //!
@@ -67,7 +73,7 @@
 //! event -> user regs -> walk (bpf_loop, <= 512 frames) -> stacks[hash] = frames + stop reason
 //!       -> kernel stack (kernel-mode events)           -> stacks[khash] = frames
 //!                                                      -> counts[{hash, khash, tgid, probe}] += 1
-//!                                                      -> walk_errors[reason] += 1
+//!                                                      -> walk_ends[end] += 1
 //! ```
 //!
 //! Per frame: the rule for the address from a per-CPU rule cache keyed by
@@ -122,6 +128,7 @@
 
 mod error;
 pub mod layout;
+mod programs;
 mod records;
 mod sys;
 mod tracer;
@@ -133,9 +140,12 @@ mod skel {
 
 pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
-pub use records::{Count, CountKey, Stack, StackRef, WalkError};
+pub use programs::EventProgram;
+pub use records::{Count, CountKey, Loss, Stack, StackRef, WalkCounters};
 pub use sys::{enable_run_time_stats, ProgramStats};
-pub use tracer::{Mapping, Options, Programs, TableId, TableUsage, Tracer};
+pub use tracer::{Mapping, Options, TableId, TableUsage, Tracer};
+/// How a walk ended: the one type both walkers use.
+pub use unwind_tables::walk::WalkEnd;
 
 /// Where the BPF object embedded in this build came from: "compiled with
 /// clang-NN" or "prebuilt" (see the crate docs).

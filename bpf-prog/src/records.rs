@@ -2,130 +2,140 @@
 
 use std::fmt;
 
+use unwind_tables::walk::WalkEnd;
 use unwind_tables::UnsupportedReason;
 
 use crate::layout::{self, CtCount, CtCountKey, CtStack};
 
-/// How a walk ended, and the other ways an event can lose information.
-/// The discriminants are the indexes of the `walk_errors` map (`enum ct_walk_error`).
+/// Ways an event lost something (or nearly did), apart from how its walk ended: each is
+/// a counter of the `losses` map (`enum ct_loss`), read with [`Tracer::losses`].
+///
+/// [`Tracer::losses`]: crate::Tracer::losses
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum WalkError {
-    /// The walk reached an end-of-stack rule: the stack is complete.
-    Ok = 0,
-    /// The process has no registered mappings.
-    NoProc = 1,
-    /// A pc lies in no registered mapping.
-    NoMapping = 2,
-    /// A pc lies in a gap of its table, or in a mapping without a table.
-    NoRow = 3,
-    /// The row covering a pc is marked unsupported.
-    Unsupported = 4,
-    /// Reading the user stack failed.
-    ReadFault = 5,
-    /// [`MAX_FRAMES`](crate::MAX_FRAMES) frames and the stack goes on.
-    DepthCap = 6,
-    /// A return address of 0, or a frame whose CFA did not grow the stack.
-    BadReturnAddress = 7,
+pub enum Loss {
     /// The stacks map was full: the event is counted without its stack.
-    StackMapFull = 8,
+    StackMapFull = 0,
     /// The counts map was full: the event was not counted.
-    CountMapFull = 9,
+    CountMapFull = 1,
     /// Two distinct stacks had the same hash; the second went to the next slot.
-    HashCollision = 10,
+    HashCollision = 2,
     /// The event has no kernel stack: `bpf_get_stack` failed, or the stacks map was full.
-    KernelStackLost = 11,
+    KernelStackLost = 3,
     /// Walks were in progress at every nesting level of the CPU (programs interrupting
-    /// each other): the event is counted without its user stack.
-    TooNested = 12,
+    /// each other): the event is counted without its stacks.
+    TooNested = 4,
     /// A kernel-mode event inside execve whose user stack could not be walked: the
     /// image that called execve was gone already, or the new one was not registered
     /// yet. Counted with its kernel stack only; not a walk failure (and not a walk).
-    InExec = 13,
+    InExec = 5,
 }
 
-impl WalkError {
-    /// Entries of the `walk_errors` map.
-    pub const COUNT: usize = layout::WALK_ERROR_COUNT;
+impl Loss {
+    /// Entries of the `losses` map.
+    pub const COUNT: usize = layout::LOSS_COUNT;
 
     /// Every value, in index order.
-    pub const ALL: [WalkError; WalkError::COUNT] = [
-        WalkError::Ok,
-        WalkError::NoProc,
-        WalkError::NoMapping,
-        WalkError::NoRow,
-        WalkError::Unsupported,
-        WalkError::ReadFault,
-        WalkError::DepthCap,
-        WalkError::BadReturnAddress,
-        WalkError::StackMapFull,
-        WalkError::CountMapFull,
-        WalkError::HashCollision,
-        WalkError::KernelStackLost,
-        WalkError::TooNested,
-        WalkError::InExec,
+    pub const ALL: [Loss; Loss::COUNT] = [
+        Loss::StackMapFull,
+        Loss::CountMapFull,
+        Loss::HashCollision,
+        Loss::KernelStackLost,
+        Loss::TooNested,
+        Loss::InExec,
     ];
 
-    pub fn from_index(index: usize) -> Option<WalkError> {
-        WalkError::ALL.get(index).copied()
-    }
-
-    /// Whether this value ends a walk (the others count events that lost
-    /// something after it). Every walk counts exactly one walk end.
-    pub fn is_walk_end(self) -> bool {
-        (self as usize) < layout::WALK_STOP_COUNT
-    }
-
-    /// A short lowercase name for reports, e.g. `[truncated: read fault]`.
+    /// A short lowercase name for reports.
     pub fn name(self) -> &'static str {
         match self {
-            WalkError::Ok => "complete",
-            WalkError::NoProc => "no process",
-            WalkError::NoMapping => "no mapping",
-            WalkError::NoRow => "no row",
-            WalkError::Unsupported => "unsupported rule",
-            WalkError::ReadFault => "read fault",
-            WalkError::DepthCap => "depth cap",
-            WalkError::BadReturnAddress => "bad return address",
-            WalkError::StackMapFull => "stack map full",
-            WalkError::CountMapFull => "count map full",
-            WalkError::HashCollision => "hash collision",
-            WalkError::KernelStackLost => "kernel stack lost",
-            WalkError::TooNested => "too nested",
-            WalkError::InExec => "in execve",
+            Loss::StackMapFull => "stack map full",
+            Loss::CountMapFull => "count map full",
+            Loss::HashCollision => "hash collision",
+            Loss::KernelStackLost => "kernel stack lost",
+            Loss::TooNested => "too nested",
+            Loss::InExec => "in execve",
         }
     }
 }
 
-impl fmt::Display for WalkError {
+impl fmt::Display for Loss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl From<unwind_tables::walk::WalkEnd> for WalkError {
-    /// The userspace twin's name for the same walk end.
-    fn from(end: unwind_tables::walk::WalkEnd) -> WalkError {
-        use unwind_tables::walk::WalkEnd;
-        match end {
-            WalkEnd::Complete => WalkError::Ok,
-            WalkEnd::NoMapping => WalkError::NoMapping,
-            WalkEnd::NoRow => WalkError::NoRow,
-            WalkEnd::Unsupported(_) => WalkError::Unsupported,
-            WalkEnd::ReadFault => WalkError::ReadFault,
-            WalkEnd::DepthCap => WalkError::DepthCap,
-            WalkEnd::BadReturnAddress => WalkError::BadReturnAddress,
-        }
     }
 }
 
 // The enum must list the header's values in order.
 const _: () = {
     let mut index = 0;
-    while index < WalkError::COUNT {
-        assert!(WalkError::ALL[index] as usize == index);
+    while index < Loss::COUNT {
+        assert!(Loss::ALL[index] as usize == index);
         index += 1;
     }
 };
+
+/// How many walks ended each way ([`Tracer::walk_ends`](crate::Tracer::walk_ends)), summed
+/// over CPUs: the `walk_ends` map, indexed by `enum ct_walk_end`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkCounters(pub(crate) [u64; layout::walk_end::COUNT]);
+
+impl WalkCounters {
+    /// Walks that ended as `end` (any reason, for [`WalkEnd::Unsupported`]).
+    pub fn get(&self, end: WalkEnd) -> u64 {
+        self.0[usize::from(walk_end_index(end))]
+    }
+
+    /// Every walk.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// The walks that did not reach the end of the stack, by end (named by
+    /// [`WalkEnd::name`]), in the header's order; ends that never happened are left out.
+    pub fn failures(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        (1..layout::walk_end::COUNT as u16).filter_map(|index| {
+            let count = self.0[usize::from(index)];
+            (count > 0).then(|| (walk_end_from_raw(index, 0).name(), count))
+        })
+    }
+}
+
+/// The `enum ct_walk_end` value of `end`.
+pub(crate) fn walk_end_index(end: WalkEnd) -> u16 {
+    use layout::walk_end;
+    match end {
+        WalkEnd::Complete => walk_end::COMPLETE,
+        WalkEnd::NoProcess => walk_end::NO_PROC,
+        WalkEnd::NoMapping => walk_end::NO_MAPPING,
+        WalkEnd::NoRow => walk_end::NO_ROW,
+        WalkEnd::Unsupported(_) => walk_end::UNSUPPORTED,
+        WalkEnd::ReadFault => walk_end::READ_FAULT,
+        WalkEnd::DepthCap => walk_end::DEPTH_CAP,
+        WalkEnd::BadReturnAddress => walk_end::BAD_RA,
+    }
+}
+
+/// The walk end a stored stack carries (`ct_stack.error` and `.reason`). A value this
+/// build does not know, or an unsupported row without a known reason, reads as
+/// [`UnsupportedReason::BadCfi`]: never as a complete stack.
+pub(crate) fn walk_end_from_raw(error: u16, reason: u16) -> WalkEnd {
+    use layout::walk_end;
+    let unsupported = || {
+        let reason = u8::try_from(reason)
+            .ok()
+            .and_then(UnsupportedReason::from_u8)
+            .unwrap_or(UnsupportedReason::BadCfi);
+        WalkEnd::Unsupported(reason)
+    };
+    match error {
+        walk_end::COMPLETE => WalkEnd::Complete,
+        walk_end::NO_PROC => WalkEnd::NoProcess,
+        walk_end::NO_MAPPING => WalkEnd::NoMapping,
+        walk_end::NO_ROW => WalkEnd::NoRow,
+        walk_end::READ_FAULT => WalkEnd::ReadFault,
+        walk_end::DEPTH_CAP => WalkEnd::DepthCap,
+        walk_end::BAD_RA => WalkEnd::BadReturnAddress,
+        _ => unsupported(),
+    }
+}
 
 /// A user stack as the BPF program stored it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,33 +144,23 @@ pub struct Stack {
     /// read (symbolize them at `pc - 1`), or after a signal frame the
     /// interrupted pc.
     pub pcs: Vec<u64>,
-    /// Why the walk ended; [`WalkError::Ok`] for a complete stack.
-    pub error: WalkError,
-    /// For [`WalkError::Unsupported`]: why the row was marked unsupported.
-    pub unsupported: Option<UnsupportedReason>,
+    /// How the walk ended; [`WalkEnd::Complete`] for a complete stack (and for a kernel
+    /// stack).
+    pub end: WalkEnd,
 }
 
 impl Stack {
     pub(crate) fn from_raw(raw: &CtStack) -> Stack {
         let len = (raw.len as usize).min(raw.pcs.len());
-        let error = WalkError::from_index(usize::from(raw.error)).unwrap_or(WalkError::Unsupported);
-        let unsupported = (error == WalkError::Unsupported)
-            .then(|| {
-                u8::try_from(raw.reason)
-                    .ok()
-                    .and_then(UnsupportedReason::from_u8)
-            })
-            .flatten();
         Stack {
             pcs: raw.pcs[..len].to_vec(),
-            error,
-            unsupported,
+            end: walk_end_from_raw(raw.error, raw.reason),
         }
     }
 
     /// Whether the walk reached the end of the stack.
     pub fn is_complete(&self) -> bool {
-        self.error == WalkError::Ok
+        self.end == WalkEnd::Complete
     }
 }
 
@@ -170,7 +170,7 @@ pub enum StackRef {
     /// No user stack was walked (a kernel thread, a counting-only probe).
     None,
     /// The stack was walked but the stacks map had no room for it
-    /// ([`WalkError::StackMapFull`] counts these).
+    /// ([`Loss::StackMapFull`] counts these).
     NotStored,
     /// The key of the stack in the stacks map: see [`Tracer::stack`](crate::Tracer::stack).
     Hash(u64),
@@ -212,15 +212,16 @@ impl CountKey {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Count {
     pub events: u64,
-    /// A probe-defined amount (e.g. bytes allocated); 0 unless a program adds it.
-    pub bytes: u64,
+    /// The sum of a probe-defined amount per event (e.g. bytes allocated); 0 unless the
+    /// program adds one.
+    pub amount: u64,
 }
 
 impl From<CtCount> for Count {
     fn from(raw: CtCount) -> Count {
         Count {
             events: raw.events,
-            bytes: raw.bytes,
+            amount: raw.amount,
         }
     }
 }
@@ -230,19 +231,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn walk_errors_have_report_names() {
-        let names: Vec<String> = WalkError::ALL.iter().map(ToString::to_string).collect();
+    fn losses_have_report_names() {
+        let names: Vec<String> = Loss::ALL.iter().map(ToString::to_string).collect();
         assert_eq!(
             names,
             [
-                "complete",
-                "no process",
-                "no mapping",
-                "no row",
-                "unsupported rule",
-                "read fault",
-                "depth cap",
-                "bad return address",
                 "stack map full",
                 "count map full",
                 "hash collision",
@@ -251,9 +244,41 @@ mod tests {
                 "in execve",
             ]
         );
-        assert!(WalkError::BadReturnAddress.is_walk_end());
-        assert!(!WalkError::StackMapFull.is_walk_end());
-        assert_eq!(WalkError::from_index(WalkError::COUNT), None);
+    }
+
+    #[test]
+    fn walk_ends_round_trip_through_the_kernel_encoding() {
+        let mut ends = vec![
+            WalkEnd::Complete,
+            WalkEnd::NoProcess,
+            WalkEnd::NoMapping,
+            WalkEnd::NoRow,
+            WalkEnd::ReadFault,
+            WalkEnd::DepthCap,
+            WalkEnd::BadReturnAddress,
+        ];
+        ends.extend(UnsupportedReason::ALL.map(WalkEnd::Unsupported));
+        let mut indexes = std::collections::BTreeSet::new();
+        for end in ends {
+            let reason = match end {
+                WalkEnd::Unsupported(reason) => reason as u16,
+                _ => 0,
+            };
+            let index = walk_end_index(end);
+            assert_eq!(walk_end_from_raw(index, reason), end);
+            indexes.insert(index);
+        }
+        assert_eq!(indexes.len(), layout::walk_end::COUNT, "one index per kind");
+        assert_eq!(
+            walk_end_from_raw(layout::walk_end::COUNT as u16, 0),
+            WalkEnd::Unsupported(UnsupportedReason::BadCfi)
+        );
+        let mut counters = WalkCounters::default();
+        counters.0[usize::from(layout::walk_end::READ_FAULT)] = 3;
+        counters.0[usize::from(layout::walk_end::COMPLETE)] = 5;
+        assert_eq!(counters.total(), 8);
+        assert_eq!(counters.get(WalkEnd::ReadFault), 3);
+        assert_eq!(counters.failures().collect::<Vec<_>>(), [("read fault", 3)]);
     }
 
     #[test]
@@ -261,22 +286,23 @@ mod tests {
         let mut raw = Box::new(CtStack {
             check: 1,
             len: 3,
-            error: WalkError::Unsupported as u16,
+            error: layout::walk_end::UNSUPPORTED,
             reason: UnsupportedReason::CfaRegister as u16,
             pcs: [0; layout::MAX_FRAMES],
         });
         raw.pcs[..4].copy_from_slice(&[10, 20, 30, 40]);
         let stack = Stack::from_raw(&raw);
         assert_eq!(stack.pcs, [10, 20, 30]);
-        assert_eq!(stack.error, WalkError::Unsupported);
-        assert_eq!(stack.unsupported, Some(UnsupportedReason::CfaRegister));
+        assert_eq!(
+            stack.end,
+            WalkEnd::Unsupported(UnsupportedReason::CfaRegister)
+        );
         assert!(!stack.is_complete());
 
         raw.len = u32::MAX; // never trust a length from the kernel blindly
         raw.error = 0;
         let stack = Stack::from_raw(&raw);
         assert_eq!(stack.pcs.len(), layout::MAX_FRAMES);
-        assert_eq!(stack.unsupported, None);
         assert!(stack.is_complete());
     }
 

@@ -1,7 +1,7 @@
 //! [`Tracer`]: the loaded BPF object, the tables and mappings it walks with,
 //! and readers of what it counted.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,7 +15,8 @@ use crate::layout::{
     self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
     CtProc, CtRow, CtRule, CtStack, CtTable, MAX_MAPPINGS, ROWS_PER_CHUNK,
 };
-use crate::records::{Count, CountKey, Stack, WalkError};
+use crate::programs::{self, EventProgram};
+use crate::records::{Count, CountKey, Loss, Stack, WalkCounters};
 use crate::skel::{TraceSkel, TraceSkelBuilder};
 use crate::sys::{self, MappedArray, ProgramStats};
 
@@ -47,43 +48,9 @@ pub struct Options {
     /// Processes in the pid filter.
     pub max_filtered_pids: u32,
     /// The event programs to load. Each carries its own copy of the walker, and the
-    /// verifier's time at load goes by program: a session loads those its probes use.
-    pub programs: Programs,
-}
-
-/// Which event programs [`Tracer::load`] loads; the accessor of one not loaded returns a
-/// program that cannot attach. The programs that follow children always load.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Programs {
-    pub uprobe: bool,
-    pub uretprobe: bool,
-    /// The counting-only uprobe program (benchmarks' baseline).
-    pub uprobe_count: bool,
-    pub perf_event: bool,
-    pub tracepoint: bool,
-    pub kprobe: bool,
-    pub raw_tracepoint: bool,
-}
-
-impl Programs {
-    pub const ALL: Programs = Programs {
-        uprobe: true,
-        uretprobe: true,
-        uprobe_count: true,
-        perf_event: true,
-        tracepoint: true,
-        kprobe: true,
-        raw_tracepoint: true,
-    };
-    pub const NONE: Programs = Programs {
-        uprobe: false,
-        uretprobe: false,
-        uprobe_count: false,
-        perf_event: false,
-        tracepoint: false,
-        kprobe: false,
-        raw_tracepoint: false,
-    };
+    /// verifier's time at load goes by program: a session loads those its probes use. The
+    /// programs that follow children always load.
+    pub programs: BTreeSet<EventProgram>,
 }
 
 impl Default for Options {
@@ -100,7 +67,7 @@ impl Default for Options {
             max_stacks: 16384,
             max_counts: 65536,
             max_filtered_pids: 4096,
-            programs: Programs::ALL,
+            programs: EventProgram::ALL.iter().copied().collect(),
         }
     }
 }
@@ -125,7 +92,7 @@ pub struct Mapping {
     /// Runtime address minus ELF virtual address.
     pub bias: u64,
     /// The unwind table of the mapped object; `None` for code without one
-    /// (a pc there ends the walk with [`WalkError::NoRow`]).
+    /// (a pc there ends the walk with [`WalkEnd::NoRow`](unwind_tables::walk::WalkEnd::NoRow)).
     pub table: Option<TableId>,
 }
 
@@ -188,18 +155,9 @@ impl Tracer {
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
 
-        let wanted = options.programs;
-        let progs = &mut open.progs;
-        for (program, load) in [
-            (&mut progs.on_uprobe, wanted.uprobe),
-            (&mut progs.on_uretprobe, wanted.uretprobe),
-            (&mut progs.on_uprobe_count, wanted.uprobe_count),
-            (&mut progs.on_perf_event, wanted.perf_event),
-            (&mut progs.on_tracepoint, wanted.tracepoint),
-            (&mut progs.on_kprobe, wanted.kprobe),
-            (&mut progs.on_raw_tracepoint, wanted.raw_tracepoint),
-        ] {
-            program.set_autoload(load);
+        for &kind in EventProgram::ALL {
+            kind.of_open(&mut open.progs)
+                .set_autoload(options.programs.contains(&kind));
         }
 
         let cpus = libbpf_rs::num_possible_cpus().map_err(|source| Error::Configure {
@@ -229,6 +187,7 @@ impl Tracer {
                 per_cpu(layout::NEST_LEVELS),
             ),
             (&mut maps.rule_cache, "rule_cache", per_cpu(1)),
+            (&mut maps.known_cache, "known_cache", per_cpu(1)),
         ] {
             map.set_max_entries(entries.max(1))
                 .map_err(|source| Error::Configure { map: name, source })?;
@@ -399,7 +358,7 @@ impl Tracer {
     }
 
     /// Forgets the mappings of `pid` (e.g. when it exits); its events then
-    /// count as [`WalkError::NoProc`].
+    /// walk no further than [`WalkEnd::NoProcess`](unwind_tables::walk::WalkEnd::NoProcess).
     pub fn remove_process(&self, pid: u32) -> Result<()> {
         delete(&self.skel.maps.procs, "procs", &pid)
     }
@@ -426,41 +385,10 @@ impl Tracer {
         delete(&self.skel.maps.pid_filter, "pid_filter", &pid)
     }
 
-    /// The program to attach as a uprobe (`attach_uprobe_with_opts`); the
-    /// cookie becomes the probe id of its counts.
-    pub fn uprobe_program(&self) -> &ProgramMut<'_> {
-        &self.skel.progs.on_uprobe
-    }
-
-    /// The program to attach as a uretprobe (`retprobe: true`).
-    pub fn uretprobe_program(&self) -> &ProgramMut<'_> {
-        &self.skel.progs.on_uretprobe
-    }
-
-    /// A uprobe program that only counts (no stack): a baseline for benchmarks.
-    pub fn uprobe_count_program(&self) -> &ProgramMut<'_> {
-        &self.skel.progs.on_uprobe_count
-    }
-
-    /// The program to attach to perf events (`attach_perf_event_with_opts`),
-    /// e.g. a software cpu-clock event per CPU.
-    pub fn perf_event_program(&self) -> &ProgramMut<'_> {
-        &self.skel.progs.on_perf_event
-    }
-
-    /// The program to attach to a tracepoint (`attach_tracepoint_with_opts`).
-    pub fn tracepoint_program(&self) -> &ProgramMut<'_> {
-        &self.skel.progs.on_tracepoint
-    }
-
-    /// The program to attach as a kprobe or kretprobe (`attach_kprobe_with_opts`).
-    pub fn kprobe_program(&self) -> &ProgramMut<'_> {
-        &self.skel.progs.on_kprobe
-    }
-
-    /// The program to attach to a raw tracepoint (`attach_raw_tracepoint_with_opts`).
-    pub fn raw_tracepoint_program(&self) -> &ProgramMut<'_> {
-        &self.skel.progs.on_raw_tracepoint
+    /// The event program of `kind`, to attach (the attach cookie becomes the probe id of
+    /// its counts). One that [`Options::programs`] left out was not loaded and cannot attach.
+    pub fn program(&self, kind: EventProgram) -> &ProgramMut<'_> {
+        kind.of(&self.skel.progs)
     }
 
     /// Makes the children of filtered processes filtered too: a fork copies the
@@ -650,25 +578,18 @@ impl Tracer {
         Ok(self.stack(hash)?.map(|stack| stack.pcs).unwrap_or_default())
     }
 
-    /// The walk_errors counters summed over CPUs, indexed by [`WalkError`]
-    /// (`errors[WalkError::ReadFault as usize]`).
-    pub fn walk_errors(&self) -> Result<[u64; WalkError::COUNT]> {
-        let map = &self.skel.maps.walk_errors;
-        let mut totals = [0u64; WalkError::COUNT];
-        for (index, total) in totals.iter_mut().enumerate() {
-            let per_cpu = map
-                .lookup_percpu(bytes_of(&(index as u32)), MapFlags::ANY)
-                .map_err(|source| Error::Map {
-                    map: "walk_errors",
-                    op: "lookup",
-                    source,
-                })?
-                .unwrap_or_default();
-            *total = per_cpu
-                .iter()
-                .filter_map(|bytes| from_bytes::<u64>(bytes))
-                .sum();
-        }
+    /// How many walks ended each way, summed over CPUs.
+    pub fn walk_ends(&self) -> Result<WalkCounters> {
+        let mut counters = WalkCounters::default();
+        sum_per_cpu(&self.skel.maps.walk_ends, "walk_ends", &mut counters.0)?;
+        Ok(counters)
+    }
+
+    /// The loss counters summed over CPUs, indexed by [`Loss`]
+    /// (`losses[Loss::TooNested as usize]`).
+    pub fn losses(&self) -> Result<[u64; Loss::COUNT]> {
+        let mut totals = [0u64; Loss::COUNT];
+        sum_per_cpu(&self.skel.maps.losses, "losses", &mut totals)?;
         Ok(totals)
     }
 
@@ -677,19 +598,11 @@ impl Tracer {
     /// (see [`enable_run_time_stats`](crate::enable_run_time_stats)).
     pub fn program_stats(&self) -> Result<HashMap<&'static str, ProgramStats>> {
         let progs = &self.skel.progs;
+        let events = EventProgram::ALL
+            .iter()
+            .map(|&kind| (kind.name(), kind.of(progs)));
         let mut stats = HashMap::new();
-        for (name, prog) in [
-            ("on_uprobe", &progs.on_uprobe),
-            ("on_uretprobe", &progs.on_uretprobe),
-            ("on_uprobe_count", &progs.on_uprobe_count),
-            ("on_perf_event", &progs.on_perf_event),
-            ("on_tracepoint", &progs.on_tracepoint),
-            ("on_kprobe", &progs.on_kprobe),
-            ("on_raw_tracepoint", &progs.on_raw_tracepoint),
-            ("on_fork", &progs.on_fork),
-            ("on_exec", &progs.on_exec),
-            ("on_start_main", &progs.on_start_main),
-        ] {
+        for (name, prog) in events.chain(programs::child_programs(progs)) {
             if !prog.autoload() {
                 continue;
             }
@@ -770,6 +683,25 @@ impl From<Rule> for CtRule {
         }
         ct
     }
+}
+
+/// Each entry of a per-CPU array of u64 counters, summed over CPUs, into `totals`.
+fn sum_per_cpu(map: &MapMut<'_>, name: &'static str, totals: &mut [u64]) -> Result<()> {
+    for (index, total) in totals.iter_mut().enumerate() {
+        let per_cpu = map
+            .lookup_percpu(bytes_of(&(index as u32)), MapFlags::ANY)
+            .map_err(|source| Error::Map {
+                map: name,
+                op: "lookup",
+                source,
+            })?
+            .unwrap_or_default();
+        *total = per_cpu
+            .iter()
+            .filter_map(|bytes| from_bytes::<u64>(bytes))
+            .sum();
+    }
+    Ok(())
 }
 
 fn map_array<T: layout::Pod>(map: &MapMut<'_>, name: &'static str) -> Result<MappedArray<T>> {

@@ -8,7 +8,7 @@ mod common;
 
 use std::os::raw::c_int;
 
-use bpf_prog::{Options, StackRef, WalkError};
+use bpf_prog::{EventProgram, Loss, Options, StackRef, WalkEnd};
 use common::{
     assert_complete, chain_below, chain_fixture, register_process, serial, tracer_or_skip, Symbols,
     Target,
@@ -60,7 +60,7 @@ fn cpu_clock_samples_walk_user_stacks_in_both_modes() {
     tracer.filter_pid(pid).unwrap();
     let event = cpu_clock(pid, 2000);
     let _link = tracer
-        .perf_event_program()
+        .program(EventProgram::PerfEvent)
         .attach_perf_event_with_opts(
             event,
             PerfEventOpts {
@@ -93,7 +93,7 @@ fn cpu_clock_samples_walk_user_stacks_in_both_modes() {
         };
         let stack = tracer.stack(hash).unwrap().expect("stored");
         let names = symbols.frames(&mappings, &stack.pcs);
-        if stack.error == WalkError::Ok {
+        if stack.end == WalkEnd::Complete {
             complete += count.events;
             assert_eq!(
                 names.last().map(String::as_str),
@@ -106,7 +106,7 @@ fn cpu_clock_samples_walk_user_stacks_in_both_modes() {
                 "{names:?}"
             );
         } else {
-            eprintln!("{} partial: {} {names:?}", count.events, stack.error);
+            eprintln!("{} partial: {} {names:?}", count.events, stack.end);
         }
     }
     eprintln!("{total} samples, {complete} complete, {in_kernel} in kernel mode");
@@ -138,7 +138,7 @@ fn syscall_tracepoint_walks_from_the_saved_user_registers() {
     let mappings = register_process(&mut tracer, pid, |_| false);
     tracer.filter_pid(pid).unwrap();
     let _link = tracer
-        .tracepoint_program()
+        .program(EventProgram::Tracepoint)
         .attach_tracepoint_with_opts(
             TracepointCategory::Syscalls,
             "sys_enter_getppid",
@@ -190,7 +190,7 @@ fn pid_filter_keeps_other_processes_out() {
     tracer.filter_pid(pid).unwrap();
     tracer.unfilter_pid(pid).unwrap();
     let _link = tracer
-        .tracepoint_program()
+        .program(EventProgram::Tracepoint)
         .attach_tracepoint_with_opts(
             TracepointCategory::Syscalls,
             "sys_enter_getppid",
@@ -202,5 +202,6 @@ fn pid_filter_keeps_other_processes_out() {
         .expect("attach tracepoint");
     target.run_to_end();
     assert!(tracer.counts().unwrap().is_empty());
-    assert_eq!(tracer.walk_errors().unwrap().iter().sum::<u64>(), 0);
+    assert_eq!(tracer.walk_ends().unwrap().total(), 0);
+    assert_eq!(tracer.losses().unwrap(), [0; Loss::COUNT]);
 }

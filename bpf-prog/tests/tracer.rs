@@ -3,7 +3,7 @@
 
 mod common;
 
-use bpf_prog::{Error, Mapping, Options, TableMap, WalkError};
+use bpf_prog::{Error, EventProgram, Loss, Mapping, Options, TableMap};
 use common::tracer_or_skip;
 use unwind_tables::{Cfa, CompactRow, CompactTable, PageSpan, RbpRule, Rule};
 
@@ -68,7 +68,8 @@ fn every_program_passes_the_verifier() {
         println!("{name}: the verifier processed {verified} instructions");
         assert!(verified > 0, "{name} was not verified");
     }
-    assert_eq!(tracer.walk_errors().unwrap(), [0; WalkError::COUNT]);
+    assert_eq!(tracer.walk_ends().unwrap().total(), 0);
+    assert_eq!(tracer.losses().unwrap(), [0; Loss::COUNT]);
     assert!(tracer.counts().unwrap().is_empty());
     assert_eq!(tracer.stack(12345).unwrap(), None);
     assert!(tracer.kernel_stack(3).unwrap().is_empty());
@@ -305,10 +306,7 @@ fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
 #[test]
 fn only_the_programs_asked_for_are_loaded() {
     let options = Options {
-        programs: bpf_prog::Programs {
-            perf_event: true,
-            ..bpf_prog::Programs::NONE
-        },
+        programs: [EventProgram::PerfEvent].into(),
         ..small()
     };
     let Some(tracer) = tracer_or_skip("only_the_programs_asked_for", &options) else {
@@ -322,7 +320,7 @@ fn only_the_programs_asked_for_are_loaded() {
     );
     assert!(!stats.contains_key("on_uprobe") && !stats.contains_key("on_tracepoint"));
     assert!(tracer
-        .tracepoint_program()
+        .program(EventProgram::Tracepoint)
         .attach_tracepoint(libbpf_rs::TracepointCategory::Syscalls, "sys_enter_getpid")
         .is_err());
 }

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use bpf_prog::{Options, StackRef, WalkError};
+use bpf_prog::{EventProgram, Options, StackRef, WalkEnd};
 use common::{
     chain_below, chain_fixture, register_process, serial, tracer_or_skip, Symbols, Target,
 };
@@ -57,7 +57,7 @@ fn bpf_walk_equals_the_userspace_twin() {
     let mappings = register_process(&mut tracer, pid, |_| false);
     tracer.filter_pid(pid).unwrap();
     let link = tracer
-        .tracepoint_program()
+        .program(EventProgram::Tracepoint)
         .attach_tracepoint_with_opts(
             TracepointCategory::Syscalls,
             "sys_enter_tgkill",
@@ -122,13 +122,13 @@ fn bpf_walk_equals_the_userspace_twin() {
     };
     let stack = tracer.stack(hash).unwrap().expect("stored");
     let names = Symbols::default().frames(&mappings, &stack.pcs);
-    println!("{} frames, {}: {names:?}", stack.pcs.len(), stack.error);
+    println!("{} frames, {}: {names:?}", stack.pcs.len(), stack.end);
     assert_eq!(
         stack.pcs, twin.frames,
         "BPF and twin frames differ: {names:?}"
     );
-    assert_eq!(stack.error, WalkError::from(twin.end));
-    assert_eq!(stack.error, WalkError::Ok, "{names:?}");
+    assert_eq!(stack.end, twin.end);
+    assert_eq!(stack.end, WalkEnd::Complete, "{names:?}");
     // Below libc's raise machinery, the fixture's own chain.
     let chain = chain_below("leaf", depth);
     let at = names

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use bpf_prog::{CountKey, Options, Stack, StackRef, Tracer, WalkError};
+use bpf_prog::{CountKey, EventProgram, Options, Stack, StackRef, Tracer, WalkEnd};
 use common::{
     assert_complete, chain_below, chain_fixture as fixture, register_process, serial,
     tracer_or_skip, Symbols, Target,
@@ -34,9 +34,9 @@ fn attach(
     ret: bool,
 ) -> libbpf_rs::Link {
     let program = if ret {
-        tracer.uretprobe_program()
+        tracer.program(EventProgram::Uretprobe)
     } else {
-        tracer.uprobe_program()
+        tracer.program(EventProgram::Uprobe)
     };
     program
         .attach_uprobe_with_opts(
@@ -95,9 +95,9 @@ fn uprobe_stack_is_walked_to_start() {
     // leaf, c3, c2, c1, rec x 40, main, 2 in libc, _start
     assert_eq!(stack.pcs.len(), 4 + depth + 1 + 2 + 1);
     assert_complete(&stack, &mappings, &chain_below("leaf", depth), &binary);
-    let errors = tracer.walk_errors().expect("walk errors");
-    assert_eq!(errors[WalkError::Ok as usize], calls as u64);
-    assert_eq!(errors.iter().sum::<u64>(), calls as u64, "{errors:?}");
+    let ends = tracer.walk_ends().expect("walk ends");
+    assert_eq!(ends.get(WalkEnd::Complete), calls as u64);
+    assert_eq!(ends.total(), calls as u64, "{ends:?}");
 }
 
 #[test]
@@ -140,15 +140,12 @@ fn depth_cap_keeps_the_first_512_frames() {
 
     let (events, _, stack) = only_stack(&tracer, pid);
     assert_eq!(events, 3);
-    assert_eq!(stack.error, WalkError::DepthCap);
+    assert_eq!(stack.end, WalkEnd::DepthCap);
     assert_eq!(stack.pcs.len(), bpf_prog::MAX_FRAMES);
     let names = Symbols::default().frames(&mappings, &stack.pcs);
     assert_eq!(&names[..4], ["leaf", "c3", "c2", "c1"]);
     assert!(names[4..].iter().all(|name| name == "rec"), "{names:?}");
-    assert_eq!(
-        tracer.walk_errors().unwrap()[WalkError::DepthCap as usize],
-        3
-    );
+    assert_eq!(tracer.walk_ends().unwrap().get(WalkEnd::DepthCap), 3);
 }
 
 #[test]
@@ -166,11 +163,11 @@ fn unregistered_process_counts_no_proc_and_keeps_the_pc() {
 
     let (events, _, stack) = only_stack(&tracer, pid);
     assert_eq!(events, 20);
-    assert_eq!(stack.error, WalkError::NoProc);
+    assert_eq!(stack.end, WalkEnd::NoProcess);
     assert_eq!(Symbols::default().frames(&mappings, &stack.pcs), ["leaf"]);
-    let errors = tracer.walk_errors().unwrap();
-    assert_eq!(errors[WalkError::NoProc as usize], 20);
-    assert_eq!(errors[WalkError::Ok as usize], 0);
+    let ends = tracer.walk_ends().unwrap();
+    assert_eq!(ends.get(WalkEnd::NoProcess), 20);
+    assert_eq!(ends.get(WalkEnd::Complete), 0);
 }
 
 #[test]
@@ -191,7 +188,7 @@ fn missing_mapping_stops_the_walk_and_keeps_the_frames_found() {
 
     let (events, _, stack) = only_stack(&tracer, pid);
     assert_eq!(events, 30);
-    assert_eq!(stack.error, WalkError::NoMapping);
+    assert_eq!(stack.end, WalkEnd::NoMapping);
     let expected = chain_below("leaf", depth);
     let names = Symbols::default().frames(&all, &stack.pcs);
     // The chain up to main, then the return address into libc that has no mapping.
@@ -203,10 +200,7 @@ fn missing_mapping_stops_the_walk_and_keeps_the_frames_found() {
         .find(|m| m.start < last && last <= m.end)
         .expect("mapped");
     assert!(file.path.to_string_lossy().contains("libc"), "{names:?}");
-    assert_eq!(
-        tracer.walk_errors().unwrap()[WalkError::NoMapping as usize],
-        30
-    );
+    assert_eq!(tracer.walk_ends().unwrap().get(WalkEnd::NoMapping), 30);
 }
 
 /// Uprobes at the start of every merged push/pop row of the fixture's chain and at each of
@@ -268,7 +262,7 @@ fn pcs_inside_push_pop_rows_walk_complete_stacks() {
                 .expect("a segment holds the probe");
             let file_offset = address - segment.address() + segment.file_range().0;
             tracer
-                .uprobe_program()
+                .program(EventProgram::Uprobe)
                 .attach_uprobe_with_opts(
                     pid as i32,
                     &binary,
@@ -355,10 +349,10 @@ fn rule_cache_entries_answer_only_for_their_own_mappings() {
         (stack, addresses)
     };
     let (whole, first_addresses) = run(true);
-    assert_eq!(whole.error, WalkError::Ok);
+    assert_eq!(whole.end, WalkEnd::Complete);
     let (partial, second_addresses) = run(false);
     assert_eq!(first_addresses, second_addresses, "ASLR was not off");
-    assert_eq!(partial.error, WalkError::NoMapping);
+    assert_eq!(partial.end, WalkEnd::NoMapping);
     assert_eq!(partial.pcs, whole.pcs[..partial.pcs.len()]);
     assert_eq!(partial.pcs.len(), chain_below("leaf", depth).len() + 1);
 }

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use bpf_prog::{Options, Programs, StackRef, Tracer, WalkError};
+use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer};
 use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind, Rate};
 
@@ -344,18 +344,22 @@ impl Finished {
         for sample in &raw {
             builder.add(sample);
         }
-        let walk_errors = self
+        let walk_ends = self
             .tracer
-            .walk_errors()
+            .walk_ends()
             .context("reading the walk counters")?;
+        let losses = self.tracer.losses().context("reading the loss counters")?;
+        let lost = Loss::ALL
+            .iter()
+            .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
+            .map(|loss| (loss.name(), losses[*loss as usize]));
         let summary = Summary {
-            failures: WalkError::ALL
-                .iter()
-                .filter(|error| !matches!(error, WalkError::Ok | WalkError::InExec))
-                .filter(|error| walk_errors[**error as usize] > 0)
-                .map(|error| (error.name().to_string(), walk_errors[*error as usize]))
+            failures: walk_ends
+                .failures()
+                .chain(lost)
+                .map(|(name, count)| (name.to_string(), count))
                 .collect(),
-            in_exec: walk_errors[WalkError::InExec as usize],
+            in_exec: losses[Loss::InExec as usize],
             without_table: self.tables.coverage.without_table.clone(),
             not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
         };
@@ -500,19 +504,23 @@ fn command_line(cli: &Cli) -> Result<Vec<String>> {
 
 /// The event programs the probes attach (the others are not loaded: the verifier's time
 /// is most of a session's start).
-fn programs_for(probes: &[Probe]) -> Programs {
-    let mut programs = Programs::NONE;
-    for probe in probes {
-        match probe.spec.program_kind() {
-            ProgramKind::Uprobe => programs.uprobe = true,
-            ProgramKind::Uretprobe => programs.uretprobe = true,
-            ProgramKind::PerfEvent => programs.perf_event = true,
-            ProgramKind::Tracepoint => programs.tracepoint = true,
-            ProgramKind::RawTracepoint => programs.raw_tracepoint = true,
-            ProgramKind::Kprobe | ProgramKind::Kretprobe => programs.kprobe = true,
-        }
+fn programs_for(probes: &[Probe]) -> std::collections::BTreeSet<EventProgram> {
+    probes
+        .iter()
+        .map(|probe| event_program(probe.spec.program_kind()))
+        .collect()
+}
+
+/// The BPF program a probe of `kind` attaches.
+fn event_program(kind: ProgramKind) -> EventProgram {
+    match kind {
+        ProgramKind::Uprobe => EventProgram::Uprobe,
+        ProgramKind::Uretprobe => EventProgram::Uretprobe,
+        ProgramKind::PerfEvent => EventProgram::PerfEvent,
+        ProgramKind::Tracepoint => EventProgram::Tracepoint,
+        ProgramKind::RawTracepoint => EventProgram::RawTracepoint,
+        ProgramKind::Kprobe | ProgramKind::Kretprobe => EventProgram::Kprobe,
     }
-    programs
 }
 
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
@@ -521,14 +529,7 @@ fn programs_for(probes: &[Probe]) -> Programs {
 fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for (index, probe) in probes.iter().enumerate() {
-        let program = match probe.spec.program_kind() {
-            ProgramKind::Uprobe => tracer.uprobe_program(),
-            ProgramKind::Uretprobe => tracer.uretprobe_program(),
-            ProgramKind::PerfEvent => tracer.perf_event_program(),
-            ProgramKind::Tracepoint => tracer.tracepoint_program(),
-            ProgramKind::RawTracepoint => tracer.raw_tracepoint_program(),
-            ProgramKind::Kprobe | ProgramKind::Kretprobe => tracer.kprobe_program(),
-        };
+        let program = tracer.program(event_program(probe.spec.program_kind()));
         let fire_in = (!follow).then_some(pid);
         let attached =
             probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)?;
@@ -563,19 +564,28 @@ fn process_exists(pid: u32) -> bool {
 }
 
 /// What the samples of a session weigh: probes that sample on a clock count samples and
-/// the CPU time they stand for; any other probe counts events.
+/// the CPU time they stand for; other probes count what their program calls its events
+/// ("samples" of other perf events, "events"), "events" when the probes' names differ.
 fn value_types(probes: &[Probe]) -> (Vec<ValueType>, Option<(ValueType, i64)>) {
     let periods: Vec<Option<i64>> = probes.iter().map(|p| clock_period_ns(&p.spec)).collect();
     if periods.iter().all(Option::is_some) {
         let cpu = ValueType::new("cpu", "nanoseconds");
         let period = periods.iter().flatten().copied().max().unwrap_or(0);
-        (
+        return (
             vec![ValueType::new("samples", "count"), cpu.clone()],
             Some((cpu, period)),
-        )
-    } else {
-        (vec![ValueType::new("events", "count")], None)
+        );
     }
+    let mut names = probes
+        .iter()
+        .map(|p| event_program(p.spec.program_kind()).count_name());
+    let first = names.next().unwrap_or("events");
+    let name = if names.all(|name| name == first) {
+        first
+    } else {
+        "events"
+    };
+    (vec![ValueType::new(name, "count")], None)
 }
 
 /// Nanoseconds of CPU time one sample of a `profile` probe stands for.
@@ -602,13 +612,10 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
     for (key, count) in counts {
         let (user, truncated) = match key.stack {
             StackRef::None => (Vec::new(), None),
-            StackRef::NotStored => (Vec::new(), Some(WalkError::StackMapFull.name().to_string())),
+            StackRef::NotStored => (Vec::new(), Some(Loss::StackMapFull.name().to_string())),
             StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
                 Some(stack) => {
-                    let truncated = (!stack.is_complete()).then(|| match stack.unsupported {
-                        Some(reason) => format!("{}: {reason:?}", stack.error.name()),
-                        None => stack.error.name().to_string(),
-                    });
+                    let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
                     (stack.pcs, truncated)
                 }
                 None => (Vec::new(), Some("stack lost".to_string())),

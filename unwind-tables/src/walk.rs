@@ -103,10 +103,16 @@ impl<'t> AddressSpace<'t> {
 }
 
 /// Why a walk stopped. Only [`WalkEnd::Complete`] means the whole stack was found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// The one type of walk ends for both walkers: the BPF program stores it with every stack
+/// (`bpf_prog::Stack::end`) and counts each kind (`bpf_prog::WalkCounters`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WalkEnd {
     /// An end-of-stack rule was reached (`_start`, a thread's entry).
     Complete,
+    /// The process has no registered mappings: the BPF walker only, the twin is always
+    /// given an address space.
+    NoProcess,
     /// A pc lies in no mapping of the address space.
     NoMapping,
     /// A pc lies in a gap of its object's table (no CFI covers it).
@@ -119,6 +125,32 @@ pub enum WalkEnd {
     DepthCap,
     /// A return address of 0, or a frame whose CFA did not grow the stack pointer.
     BadReturnAddress,
+}
+
+impl WalkEnd {
+    /// A short lowercase name for reports, e.g. `[truncated: read fault]`; the reason of
+    /// an unsupported rule is left out.
+    pub fn name(self) -> &'static str {
+        match self {
+            WalkEnd::Complete => "complete",
+            WalkEnd::NoProcess => "no process",
+            WalkEnd::NoMapping => "no mapping",
+            WalkEnd::NoRow => "no row",
+            WalkEnd::Unsupported(_) => "unsupported rule",
+            WalkEnd::ReadFault => "read fault",
+            WalkEnd::DepthCap => "depth cap",
+            WalkEnd::BadReturnAddress => "bad return address",
+        }
+    }
+}
+
+impl std::fmt::Display for WalkEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalkEnd::Unsupported(reason) => write!(f, "{}: {reason:?}", self.name()),
+            _ => f.write_str(self.name()),
+        }
+    }
 }
 
 /// The result of a walk: the frames found, innermost first, and why it stopped.
@@ -168,42 +200,85 @@ pub fn walk(
 
 /// One step from `frame` to its caller; `Err` is why the walk stops there.
 fn step(space: &AddressSpace<'_>, frame: Frame, memory: &dyn Memory) -> Result<Frame, WalkEnd> {
+    let pc = frame.regs.rip;
+    let lookup = if frame.exact { pc } else { pc.wrapping_sub(1) };
+    let mapping = space.find(lookup).ok_or(WalkEnd::NoMapping)?;
+    let (rule, row_offset) = mapping
+        .table
+        .lookup_in_row(lookup.wrapping_sub(mapping.bias));
+    let caller = unwind_step(rule, row_offset, frame.regs, memory)?;
+    if caller.must_grow && caller.regs.rsp <= frame.regs.rsp {
+        return Err(WalkEnd::BadReturnAddress);
+    }
+    if caller.regs.rip == 0 {
+        return Err(WalkEnd::BadReturnAddress);
+    }
+    Ok(Frame {
+        regs: caller.regs,
+        exact: caller.exact,
+    })
+}
+
+/// What one rule says of the caller of a frame: see [`unwind_step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The caller's registers (`rdi` unknown: `None`).
+    pub regs: Registers,
+    /// `regs.rip` is a current pc (after a signal frame), not a return address.
+    pub exact: bool,
+    /// The rule is an ordinary frame's: the caller's rsp (the CFA) must lie above this
+    /// frame's, or the walk stops with [`WalkEnd::BadReturnAddress`].
+    pub must_grow: bool,
+}
+
+/// The rule semantics of `docs/walk.md`: the caller of the frame at `regs` by `rule`, the
+/// rule of its pc, `row_offset` bytes past its row's start (as
+/// [`CompactTable::lookup_in_row`] gives it). `Err` for a rule that ends the walk
+/// ([`Rule::End`] with [`WalkEnd::Complete`]) or a failed read. The sanity checks on the
+/// result (a return address of 0, a stack that did not grow) are the walk's, not the rule's.
+pub fn unwind_step(
+    rule: Rule,
+    row_offset: u32,
+    regs: Registers,
+    memory: &dyn Memory,
+) -> Result<Caller, WalkEnd> {
     let Registers {
         rip: pc,
         rsp,
         rbp,
         rdi,
-    } = frame.regs;
-    let lookup = if frame.exact { pc } else { pc.wrapping_sub(1) };
-    let mapping = space.find(lookup).ok_or(WalkEnd::NoMapping)?;
+    } = regs;
     let read = |addr: u64| memory.read_u64(addr).ok_or(WalkEnd::ReadFault);
-    let (rule, row_offset) = mapping
-        .table
-        .lookup_in_row(lookup.wrapping_sub(mapping.bias));
-    let next = match rule {
+    let caller = |rip, rsp, rbp, exact, must_grow| Caller {
+        regs: Registers {
+            rip,
+            rsp,
+            rbp,
+            rdi: None,
+        },
+        exact,
+        must_grow,
+    };
+    Ok(match rule {
         Rule::Gap => return Err(WalkEnd::NoRow),
         Rule::Unsupported(reason) => return Err(WalkEnd::Unsupported(reason)),
         Rule::End => return Err(WalkEnd::Complete),
-        Rule::Signal => Frame {
-            regs: Registers {
-                rip: read(rsp.wrapping_add(sigframe::RIP))?,
-                rsp: read(rsp.wrapping_add(sigframe::RSP))?,
-                rbp: read(rsp.wrapping_add(sigframe::RBP))?,
-                rdi: None,
-            },
-            exact: true,
-        },
+        Rule::Signal => caller(
+            read(rsp.wrapping_add(sigframe::RIP))?,
+            read(rsp.wrapping_add(sigframe::RSP))?,
+            read(rsp.wrapping_add(sigframe::RBP))?,
+            true,
+            false,
+        ),
         // The return address already left the stack: the caller's rsp may be this
-        // frame's, so the growth check below does not apply.
-        Rule::ReturnInRdi(offset) => Frame {
-            regs: Registers {
-                rip: rdi.ok_or(WalkEnd::Unsupported(UnsupportedReason::ReturnAddress))?,
-                rsp: rsp.wrapping_add_signed(offset.into()),
-                rbp,
-                rdi: None,
-            },
-            exact: false,
-        },
+        // frame's, so the growth check does not apply.
+        Rule::ReturnInRdi(offset) => caller(
+            rdi.ok_or(WalkEnd::Unsupported(UnsupportedReason::ReturnAddress))?,
+            rsp.wrapping_add_signed(offset.into()),
+            rbp,
+            false,
+            false,
+        ),
         Rule::Frame { cfa, rbp: rbp_rule } => {
             let cfa = match cfa {
                 Cfa::Rsp(offset) => rsp.wrapping_add_signed(offset.into()),
@@ -237,24 +312,9 @@ fn step(space: &AddressSpace<'_>, frame: Frame, memory: &dyn Memory) -> Result<F
                 RbpRule::AtCfa(offset) => read(cfa.wrapping_add_signed(offset.into()))?,
                 RbpRule::AtRbp(offset) => read(rbp.wrapping_add_signed(offset.into()))?,
             };
-            if cfa <= rsp {
-                return Err(WalkEnd::BadReturnAddress);
-            }
-            Frame {
-                regs: Registers {
-                    rip,
-                    rsp: cfa,
-                    rbp,
-                    rdi: None,
-                },
-                exact: false,
-            }
+            caller(rip, cfa, rbp, false, true)
         }
-    };
-    if next.regs.rip == 0 {
-        return Err(WalkEnd::BadReturnAddress);
-    }
-    Ok(next)
+    })
 }
 
 #[cfg(test)]

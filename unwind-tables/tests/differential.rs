@@ -26,8 +26,8 @@ use gimli::{
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use unwind_tables::rule::rsp_steps_offset;
-use unwind_tables::{compile_file, Cfa, CompactTable, RbpRule, Reg, Rule};
+use unwind_tables::walk::{unwind_step, Memory, Registers, WalkEnd};
+use unwind_tables::{compile_file, Cfa, CompactTable, RbpRule, Rule};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -84,65 +84,32 @@ enum Step {
     },
 }
 
-/// The compact rule's step, as docs/walk.md specifies it; `row_offset` is how far `pc` lies
-/// past its row's start (capped as `CompactTable::lookup_in_row` caps it).
+impl Memory for Machine {
+    fn read_u64(&self, addr: u64) -> Option<u64> {
+        Some(self.read(addr))
+    }
+}
+
+/// The compact rule's step, by the walkers' own rule semantics
+/// ([`unwind_tables::walk::unwind_step`]); `row_offset` is how far `pc` lies past its row's
+/// start (capped as `CompactTable::lookup_in_row` caps it). `Err` carries the rule when it
+/// ends the walk without a caller (a gap, an unsupported row).
 fn compact_step(rule: Rule, row_offset: u32, m: &Machine, pc: u64) -> Result<Step, Rule> {
-    let rsp = m.regs[7];
-    let rbp = m.regs[6];
-    match rule {
-        Rule::End => Ok(Step::End),
-        Rule::Signal => Ok(Step::Caller {
-            rip: m.read(rsp + 168),
-            rsp: m.read(rsp + 160),
-            rbp: m.read(rsp + 120),
+    // The machine is a first frame: rdi is known.
+    let regs = Registers {
+        rip: pc,
+        rsp: m.regs[7],
+        rbp: m.regs[6],
+        rdi: Some(m.regs[5]),
+    };
+    match unwind_step(rule, row_offset, regs, m) {
+        Ok(caller) => Ok(Step::Caller {
+            rip: caller.regs.rip,
+            rsp: caller.regs.rsp,
+            rbp: caller.regs.rbp,
         }),
-        // The machine is a first frame: rdi is known.
-        Rule::ReturnInRdi(offset) => Ok(Step::Caller {
-            rip: m.regs[5],
-            rsp: rsp.wrapping_add_signed(offset.into()),
-            rbp,
-        }),
-        Rule::Frame { cfa, rbp: rbp_rule } => {
-            let reg = |reg: Reg| match reg {
-                Reg::Rsp => rsp,
-                Reg::Rbp => rbp,
-            };
-            let cfa = match cfa {
-                Cfa::Rsp(offset) => rsp.wrapping_add_signed(offset.into()),
-                Cfa::RspSteps {
-                    offset,
-                    pushes,
-                    pops,
-                } => rsp.wrapping_add_signed(rsp_steps_offset(offset, pushes, pops, row_offset)),
-                Cfa::Rbp(offset) => rbp.wrapping_add_signed(offset.into()),
-                Cfa::Plt { threshold } => {
-                    rsp + 8
-                        + if (pc & 15) >= u64::from(threshold) {
-                            8
-                        } else {
-                            0
-                        }
-                }
-                Cfa::Deref {
-                    reg: base,
-                    offset,
-                    add,
-                } => m
-                    .read(reg(base).wrapping_add_signed(offset.into()))
-                    .wrapping_add_signed(add.into()),
-            };
-            let caller_rbp = match rbp_rule {
-                RbpRule::Same => rbp,
-                RbpRule::AtCfa(offset) => m.read(cfa.wrapping_add_signed(offset.into())),
-                RbpRule::AtRbp(offset) => m.read(rbp.wrapping_add_signed(offset.into())),
-            };
-            Ok(Step::Caller {
-                rip: m.read(cfa.wrapping_sub(8)),
-                rsp: cfa,
-                rbp: caller_rbp,
-            })
-        }
-        Rule::Gap | Rule::Unsupported(_) => Err(rule),
+        Err(WalkEnd::Complete) => Ok(Step::End),
+        Err(_) => Err(rule),
     }
 }
 

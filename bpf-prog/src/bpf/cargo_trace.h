@@ -76,6 +76,13 @@ enum ct_limits {
 	 */
 	CT_RULE_CACHE_SLOTS = 4096,
 	/*
+	 * Stacks found stored, cached per CPU (an element of the known_cache
+	 * map per possible CPU), direct-mapped by key: an event whose stacks
+	 * were seen before, the common case, finds them with an array lookup
+	 * instead of a hash map's.
+	 */
+	CT_KNOWN_CACHE_SLOTS = 4096,
+	/*
 	 * The steps of a CT_RULE_CFA_RSP_STEPS row lie 1..CT_STEP_WINDOW bytes
 	 * past its start, all in the row's own 64 KiB page; row offsets are
 	 * capped at this, and a row from an earlier page is that far behind.
@@ -187,6 +194,18 @@ struct ct_rule_cache {
 	struct ct_rule_cache_entry entries[CT_RULE_CACHE_SLOTS];
 };
 
+/* A stack found stored: its key and its ct_stack.check. */
+struct ct_known_entry {
+	__u64 key;
+	__u64 check;
+};
+
+/* One element of the known_cache map: one CPU's cache, behind one lookup
+ * per event. */
+struct ct_known_cache {
+	struct ct_known_entry entries[CT_KNOWN_CACHE_SLOTS];
+};
+
 struct ct_page {
 	__u32 first_row; /* global index into the rows map */
 	__u32 nrows;	 /* rows starting in this 64 KiB page */
@@ -226,13 +245,13 @@ struct ct_proc {
 };
 
 /*
- * Why a walk stopped, and the other per-event failures. Index into the
- * walk_errors per-CPU array: every walk adds 1 to exactly one of the first
- * CT_WALK_STOP_COUNT entries (OK included, so their sum is the number of
- * walks); the entries after count events that lost something else.
+ * How a walk ended: unwind_tables::walk::WalkEnd (an unsupported row's reason
+ * travels beside it, in ct_stack.reason). Index into the walk_ends per-CPU
+ * array: every walk adds 1 to exactly one entry, so their sum is the number
+ * of walks.
  */
-enum ct_walk_error {
-	CT_WALK_OK = 0,		 /* reached an end-of-stack rule */
+enum ct_walk_end {
+	CT_WALK_COMPLETE = 0,	 /* reached an end-of-stack rule */
 	CT_WALK_NO_PROC = 1,	 /* process has no registered mappings */
 	CT_WALK_NO_MAPPING = 2,	 /* pc is in no known executable mapping */
 	CT_WALK_NO_ROW = 3,	 /* pc is in a gap of the table */
@@ -240,19 +259,25 @@ enum ct_walk_error {
 	CT_WALK_READ_FAULT = 5,	 /* bpf_probe_read_user failed */
 	CT_WALK_DEPTH_CAP = 6,	 /* CT_MAX_FRAMES frames and still going */
 	CT_WALK_BAD_RA = 7,	 /* return address 0 or CFA did not grow */
-	CT_WALK_STOP_COUNT = 8,
-	/* Not walk ends: events that lost something after the walk. */
-	CT_WALK_STACK_MAP_FULL = 8,  /* stacks map full: stack not stored */
-	CT_WALK_COUNT_MAP_FULL = 9,  /* counts map full: event not counted */
-	CT_WALK_HASH_COLLISION = 10, /* distinct stacks with one hash; stored under the next slot */
-	CT_WALK_KSTACK_LOST = 11,    /* no kernel stack: bpf_get_stack failed or the
-				      * stacks map was full */
-	CT_WALK_TOO_NESTED = 12,     /* CT_NEST_LEVELS walks in progress on the CPU:
-				      * counted without its stacks */
-	CT_WALK_IN_EXEC = 13,	     /* inside execve with no user stack to walk (see
-				      * walk_user_stack): counted with its kernel stack
-				      * only, and not as a walk */
-	CT_WALK_ERROR_COUNT = 14,
+	CT_WALK_END_COUNT = 8,
+};
+
+/*
+ * Events that lost something, apart from how their walk ended: index into
+ * the losses per-CPU array (bpf_prog::Loss).
+ */
+enum ct_loss {
+	CT_LOSS_STACK_MAP_FULL = 0, /* stacks map full: stack not stored */
+	CT_LOSS_COUNT_MAP_FULL = 1, /* counts map full: event not counted */
+	CT_LOSS_HASH_COLLISION = 2, /* distinct stacks with one hash; stored under the next slot */
+	CT_LOSS_KSTACK_LOST = 3,    /* no kernel stack: bpf_get_stack failed or the
+				     * stacks map was full */
+	CT_LOSS_TOO_NESTED = 4,	    /* CT_NEST_LEVELS walks in progress on the CPU:
+				     * counted without its stacks */
+	CT_LOSS_IN_EXEC = 5,	    /* inside execve with no user stack to walk (see
+				     * take_user_stack): counted with its kernel stack
+				     * only, and not as a walk */
+	CT_LOSS_COUNT = 6,
 };
 
 /* A user stack, or a kernel stack (at most CT_KSTACK_DEPTH frames, error 0),
@@ -260,7 +285,7 @@ enum ct_walk_error {
 struct ct_stack {
 	__u64 check;		  /* second, independent hash of the frames: detects collisions */
 	__u32 len;		  /* frames in pcs */
-	__u16 error;		  /* enum ct_walk_error that ended the walk (0: complete) */
+	__u16 error;		  /* enum ct_walk_end of the walk (0: complete) */
 	__u16 reason;		  /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
 	__u64 pcs[CT_MAX_FRAMES]; /* pcs[0] = innermost; return addresses as read */
 };
@@ -275,9 +300,7 @@ struct ct_count_key {
 
 struct ct_count {
 	__u64 events;
-	__u64 bytes; /* probe-defined amount (e.g. allocation size) */
-	__u64 check; /* ct_stack.check of the stack counted: lets an event whose
-		      * stack is already stored skip the stacks map */
+	__u64 amount; /* sum of a probe-defined amount per event (e.g. bytes allocated) */
 };
 
 #endif /* CARGO_TRACE_H */

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
-use bpf_prog::{Mapping, Options, Stack, TableId, Tracer, WalkError};
+use bpf_prog::{Mapping, Options, Stack, TableId, Tracer, WalkEnd};
 use cargo_trace_tests::process;
 use object::{Object, ObjectSymbol, SymbolKind};
 
@@ -394,8 +394,8 @@ pub fn assert_complete(
 ) {
     let names = Symbols::default().frames(mappings, &stack.pcs);
     assert_eq!(
-        stack.error,
-        WalkError::Ok,
+        stack.end,
+        WalkEnd::Complete,
         "walk did not complete: {names:?}"
     );
     assert_eq!(&names[..expected.len()], expected, "frames: {names:?}");

@@ -1,0 +1,543 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The user stack walker, included by trace.bpf.c: docs/walk.md executed over
+ * the unwind tables userspace loaded (the userspace twin is
+ * unwind_tables::walk). walk_user_stack() walks from a thread's registers
+ * into a struct walk_state and says how the walk ended (w->error, an enum
+ * ct_walk_end); storing and counting the stack is the includer's business.
+ *
+ * Per frame, no helper call: the rule comes from a per-CPU cache keyed by the
+ * address (rule_cache) or, on a miss, from the mapping (the previous frame's
+ * tried first) and a branch-free binary search of the rows of its 64 KiB
+ * page, and reads are served from pages of stack copied once per walk
+ * (page_cache): one bpf_probe_read_user costs ~90 ns where the kernel
+ * mitigates return speculation, about as much as the rest of a frame.
+ */
+#ifndef WALK_BPF_H
+#define WALK_BPF_H
+
+/* Map sizes here are defaults; userspace may resize them before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ct_row_chunk);
+	__uint(max_entries, 8192); /* 8M rows, 32 MiB */
+} rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ct_page);
+	__uint(max_entries, 262144); /* 16 GiB of code, 2 MiB */
+} pages SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ct_rule);
+	__uint(max_entries, 262144); /* 4 MiB */
+} rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_table);
+	__uint(max_entries, 4096);
+} tables SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* 16 KiB values: allocate on use */
+	__type(key, __u32);		      /* tgid */
+	__type(value, struct ct_proc);
+	__uint(max_entries, 4096);
+} procs SEC(".maps");
+
+/*
+ * The walk's state, and the stack it builds. The includer keeps it in a map
+ * rather than on the BPF stack for two reasons: a ct_stack does not fit in
+ * 512 bytes of stack, and values loaded from a map are unknown to the
+ * verifier, so it checks one iteration of the walk for every frame count
+ * instead of simulating CT_MAX_FRAMES iterations with a known counter.
+ * One per nesting level of each CPU (see CT_NEST_LEVELS): programs do
+ * interrupt each other's walks.
+ */
+struct walk_state {
+	struct ct_stack stack;	       /* stack.len counts the frames found so far */
+	__u64 page_tag[CT_PAGE_SLOTS]; /* user page number + 1 held by each slot; 0: none */
+	__u16 page_lo[CT_PAGE_SLOTS];  /* the slot holds bytes [page_lo, page end) of it, from 0 */
+	__u32 use_rule_cache;	       /* level 0 only: see CT_NEST_LEVELS */
+	struct ct_rule rule;	       /* the rule of the current step, when not from the cache */
+	__u64 pc;
+	__u64 rsp;
+	__u64 rbp;
+	__u64 hash;
+	__u64 check;
+	__u32 nmappings;
+	__u32 mapping; /* index of the mapping of the previous pc: tried first */
+	__u32 exact;   /* pc is a current pc, not a return address */
+	__u32 generation; /* of the process's mappings (ct_proc.generation) */
+	__u64 rdi;	  /* the thread's: known at the first frame (stack.len 1) only */
+	__u16 error;  /* enum ct_walk_end, once the walk stopped */
+	__u16 reason; /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
+};
+
+/* Pages of user stack read during the current walk: an element per level
+ * per CPU (key cpu * CT_NEST_LEVELS + level), sized by userspace to the
+ * number of possible CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_user_pages);
+	__uint(max_entries, 64 * CT_NEST_LEVELS);
+} page_cache SEC(".maps");
+
+/* See CT_RULE_CACHE_SLOTS: an element per CPU, sized by userspace to the
+ * number of possible CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_rule_cache);
+	__uint(max_entries, 64);
+} rule_cache SEC(".maps");
+
+/*
+ * Frames walked per bpf_loop iteration. Each iteration is a call and a
+ * return of the callback, and returns are expensive where the kernel
+ * mitigates return-address speculation (SRSO safe RET here): four steps per
+ * call took ~3.5 ns off each frame, at 4x the verifier's work.
+ */
+#define STEPS_PER_CALL 4
+
+/*
+ * What bpf_loop passes to each step (it must live on the BPF stack): the
+ * walk's state, the process's mappings, and this walk's page slots and
+ * this CPU's rule cache, looked up once per walk rather than once a frame.
+ */
+struct walk_ctx {
+	struct walk_state *w;
+	struct ct_proc *proc;
+	struct ct_user_pages *pages;
+	struct ct_rule_cache *rules;
+};
+
+/* Two independent 64-bit hashes of the frames (multiply-xorshift with
+ * unrelated constants), finished with murmur3's fmix64. */
+static __always_inline __u64 hash_step(__u64 hash, __u64 pc)
+{
+	hash = (hash ^ pc) * 0x9e3779b97f4a7c15ULL;
+	return hash ^ (hash >> 29);
+}
+
+static __always_inline __u64 check_step(__u64 check, __u64 pc)
+{
+	check = (check + pc) * 0xc2b2ae3d27d4eb4fULL;
+	return (check << 31) | (check >> 33);
+}
+
+static __always_inline __u64 fmix64(__u64 k)
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdULL;
+	k ^= k >> 33;
+	k *= 0xc4ceb9fe1a85ec53ULL;
+	k ^= k >> 33;
+	return k;
+}
+
+/*
+ * The binary searches below are branch-free apart from their exit test: a
+ * comparison becomes an all-ones/all-zeros mask. This keeps the verifier on
+ * one path per step (a branchy search forks its state at every step and blows
+ * the 1M-instruction budget) and spares the CPU a mispredicted branch per
+ * step. The empty asm keeps clang from turning the mask back into a branch.
+ */
+static __always_inline __u64 mask_if_negative(__s64 value)
+{
+	asm volatile("" : "+r"(value));
+	return (__u64)(value >> 63);
+}
+
+/* Index of the mapping holding addr, or CT_MAX_MAPPINGS if none does. */
+static __always_inline __u32 find_mapping(struct ct_proc *proc, __u32 n, __u64 addr)
+{
+	/* lo = number of mappings that start at or before addr */
+	__u32 lo = 0, len = n;
+
+	for (int step = 0; step < CT_MAPPING_SEARCH_STEPS; step++) {
+		if (len == 0)
+			break;
+		__u32 half = len >> 1;
+		__u64 start = proc->mappings[(lo + half) & (CT_MAX_MAPPINGS - 1)].start;
+		/* start <= addr; user addresses are below 2^63 */
+		__u32 take = mask_if_negative(start - addr - 1);
+		lo += (half + 1) & take;
+		len = half - (take & ((len & 1) ^ 1));
+	}
+	if (lo == 0)
+		return CT_MAX_MAPPINGS;
+	lo -= 1;
+	if (addr >= proc->mappings[lo & (CT_MAX_MAPPINGS - 1)].end)
+		return CT_MAX_MAPPINGS;
+	return lo;
+}
+
+static __always_inline struct ct_row *row_at(__u32 index)
+{
+	__u32 chunk_index = index / CT_ROWS_PER_CHUNK;
+	struct ct_row_chunk *chunk = bpf_map_lookup_elem(&rows, &chunk_index);
+
+	if (!chunk)
+		return NULL;
+	return &chunk->rows[index % CT_ROWS_PER_CHUNK];
+}
+
+/* The index in the rules map of the rule governing ELF address addr in
+ * table t, -1 when the table has none (a gap); *row_offset is addr's offset
+ * past the row's start, capped at CT_STEP_WINDOW. */
+static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr, __u32 *row_offset)
+{
+	__u64 page_index = (addr >> CT_PAGE_SHIFT) - t->first_page;
+
+	/* below first_page the subtraction wraps to a huge index */
+	if (page_index >= t->npages)
+		return -1;
+	__u32 key = t->pages_base + (__u32)page_index;
+	struct ct_page *page = bpf_map_lookup_elem(&pages, &key);
+	if (!page)
+		return -1;
+
+	/* the last row of the page whose addr_lo <= the low bits of addr */
+	__u32 addr_lo = addr & 0xffff;
+	__u32 first = page->first_row;
+	__u32 lo = 0, len = page->nrows;
+	__u32 rule = 0, row_lo = 0;
+	for (int step = 0; step < CT_ROW_SEARCH_STEPS; step++) {
+		if (len == 0)
+			break;
+		__u32 half = len >> 1;
+		struct ct_row *row = row_at(first + lo + half);
+		if (!row)
+			return -1;
+		/* row->addr_lo <= addr_lo */
+		__u32 take = mask_if_negative((__s64)row->addr_lo - addr_lo - 1);
+		lo += (half + 1) & take;
+		len = half - (take & ((len & 1) ^ 1));
+		rule = (row->rule & take) | (rule & ~take);
+		row_lo = (row->addr_lo & take) | (row_lo & ~take);
+	}
+	if (lo == 0) {
+		/* no row of this page starts at or before addr: the row before
+		 * the page governs, if the table has one; it started in an
+		 * earlier page, so every step of it lies behind addr */
+		if (first <= t->rows_base)
+			return -1;
+		struct ct_row *row = row_at(first - 1);
+		if (!row)
+			return -1;
+		rule = row->rule;
+		*row_offset = CT_STEP_WINDOW;
+	} else {
+		__u32 offset = addr_lo - row_lo;
+		*row_offset = offset < CT_STEP_WINDOW ? offset : CT_STEP_WINDOW;
+	}
+	return t->rules_base + rule;
+}
+
+/*
+ * How far a CT_RULE_CFA_RSP_STEPS rule has moved rsp, in 8-byte slots,
+ * row_offset (<= CT_STEP_WINDOW) bytes past its row's start: pushes minus
+ * pops among the steps at row offsets 1..row_offset. Both 16-bit halves are
+ * counted at once, branch-free (the classic SWAR popcount; BPF has none).
+ */
+static __always_inline __s64 steps_moved(__u32 steps, __u32 row_offset)
+{
+	__u32 happened = (1U << row_offset) - 1;
+	__u32 x = steps & (happened | happened << 16);
+
+	x -= (x >> 1) & 0x55555555;
+	x = (x & 0x33333333) + ((x >> 2) & 0x33333333);
+	x = (x + (x >> 4)) & 0x0f0f0f0f;
+	x += x >> 8; /* pushes in bits 0-4, pops in bits 16-20 */
+	return (__s64)(x & 0x1f) - (__s64)((x >> 16) & 0x1f);
+}
+
+/*
+ * The rule for runtime address lookup (the pc, or a return address - 1) in
+ * the process whose mappings proc holds, as the per-CPU rule cache keeps
+ * it: a CT_RULE_CFA_RSP_STEPS row resolved to the CT_RULE_CFA_RSP in effect
+ * at that address. NULL when the walk must stop; w->error says why.
+ *
+ * The cache is keyed by (address, generation of the process's mappings):
+ * userspace gives every mapping set it registers a new generation, so an
+ * entry can never answer for other mappings, and a hit costs no mapping
+ * search, no table search and no rules lookup.
+ */
+static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_proc *proc,
+						struct ct_rule_cache *cache, __u64 lookup)
+{
+	__u32 generation = w->generation;
+	struct ct_rule_cache_entry *entry = NULL;
+
+	if (w->use_rule_cache) {
+		__u32 slot = ((lookup ^ ((__u64)generation << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
+		entry = &cache->entries[slot & (CT_RULE_CACHE_SLOTS - 1)];
+		if (entry->addr == lookup && entry->generation == generation)
+			return &entry->rule;
+	}
+
+	__u32 mi = w->mapping;
+	if (mi >= CT_MAX_MAPPINGS) {
+		w->error = CT_WALK_NO_MAPPING;
+		return NULL;
+	}
+	struct ct_mapping *m = &proc->mappings[mi];
+	if (lookup < m->start || lookup >= m->end) {
+		mi = find_mapping(proc, w->nmappings, lookup);
+		if (mi >= CT_MAX_MAPPINGS) {
+			w->error = CT_WALK_NO_MAPPING;
+			return NULL;
+		}
+		m = &proc->mappings[mi];
+		w->mapping = mi;
+	}
+	__u32 table_id = m->table_id;
+	struct ct_table *t = bpf_map_lookup_elem(&tables, &table_id);
+	if ((m->flags & CT_MAPPING_NO_TABLE) || !t) {
+		w->error = CT_WALK_NO_ROW;
+		return NULL;
+	}
+	__u32 row_offset = 0;
+	__s64 found = find_rule(t, lookup - m->bias, &row_offset);
+	if (found < 0) {
+		w->error = CT_WALK_NO_ROW;
+		return NULL;
+	}
+	__u32 index = found;
+	struct ct_rule *rule = bpf_map_lookup_elem(&rules, &index);
+	if (!rule) {
+		w->error = CT_WALK_NO_ROW;
+		return NULL;
+	}
+	w->rule = *rule;
+	if (rule->kind == CT_RULE_CFA_RSP_STEPS) {
+		w->rule.kind = CT_RULE_CFA_RSP;
+		w->rule.cfa_off += 8 * steps_moved(rule->cfa_arg, row_offset);
+	}
+	if (entry) {
+		entry->rule = w->rule;
+		entry->addr = lookup;
+		entry->generation = generation;
+	}
+	return &w->rule;
+}
+
+/*
+ * Reads the u64 at user address addr through the page cache. Equivalent to
+ * bpf_probe_read_user of those 8 bytes: a copy succeeds exactly when the
+ * bytes it takes are mapped, readable and present, and it never leaves the
+ * page of addr. Returns 0 on success.
+ */
+static __always_inline int read_user(struct walk_state *w, struct ct_user_pages *pages,
+				     __u64 addr, __u64 *value)
+{
+	if (addr & (sizeof(__u64) - 1))
+		/* misaligned (stack slots never are), maybe across two pages:
+		 * read directly. Aligned, the word is one of its page's. */
+		return bpf_probe_read_user(value, sizeof(*value), (void *)addr);
+
+	__u32 offset = addr & (CT_USER_PAGE_SIZE - 1);
+	__u64 page = addr / CT_USER_PAGE_SIZE;
+	__u32 slot = page & (CT_PAGE_SLOTS - 1);
+	struct ct_user_page *copy = &pages->slots[slot];
+	if (w->page_tag[slot] != page + 1 || offset < w->page_lo[slot]) {
+		__u32 lo = offset & ~63U;
+		lo = lo > CT_READ_BELOW ? lo - CT_READ_BELOW : 0;
+		__u32 size = CT_USER_PAGE_SIZE - lo;
+		/* a bound the verifier can follow (the empty asm keeps clang
+		 * from folding it away) */
+		asm volatile("" : "+r"(size));
+		if (size > CT_USER_PAGE_SIZE)
+			return -1;
+		if (bpf_probe_read_user(copy->words, size, (void *)(page * CT_USER_PAGE_SIZE + lo))) {
+			w->page_tag[slot] = 0;
+			return -1;
+		}
+		w->page_tag[slot] = page + 1;
+		w->page_lo[slot] = lo;
+	}
+	/* a word index: page_lo is a multiple of 64 */
+	__u32 at = (offset - w->page_lo[slot]) / sizeof(__u64);
+	if (at >= CT_USER_PAGE_SIZE / sizeof(__u64))
+		return -1;
+	/* one load: through a byte array, clang would assemble the word from
+	 * eight byte loads (BPF has no unaligned access) */
+	*value = copy->words[at];
+	return 0;
+}
+
+static __always_inline int stop(struct walk_state *w, __u16 error)
+{
+	w->error = error;
+	return 1;
+}
+
+/* One step of docs/walk.md: from the frame at w->pc to its caller. */
+static __always_inline int walk_step(struct walk_state *w, struct ct_proc *proc,
+				     struct ct_user_pages *pages, struct ct_rule_cache *cache)
+{
+	__u64 lookup = w->exact ? w->pc : w->pc - 1;
+	struct ct_rule *rule = rule_for(w, proc, cache, lookup);
+	if (!rule)
+		return 1;
+
+	__u64 rsp = w->rsp, rbp = w->rbp;
+	__u64 cfa, ra;
+	__u32 exact = 0;
+	switch (rule->kind) {
+	case CT_RULE_CFA_RSP:
+		cfa = rsp + (__s64)rule->cfa_off;
+		break;
+	case CT_RULE_CFA_RBP:
+		cfa = rbp + (__s64)rule->cfa_off;
+		break;
+	case CT_RULE_PLT:
+		cfa = rsp + 8 + ((w->pc & 15) >= (__u64)rule->cfa_off ? 8 : 0);
+		break;
+	case CT_RULE_CFA_DEREF: {
+		__u64 base = rule->cfa_reg == CT_REG_RBP ? rbp : rsp;
+		if (read_user(w, pages, base + (__s64)rule->cfa_off, &cfa))
+			return stop(w, CT_WALK_READ_FAULT);
+		cfa += (__s64)(__s32)rule->cfa_arg;
+		break;
+	}
+	case CT_RULE_END:
+		return stop(w, CT_WALK_COMPLETE);
+	case CT_RULE_RETURN_IN_RDI:
+		/* the return address left the stack: the caller's rsp may be
+		 * this frame's, so no growth check */
+		if (w->stack.len != 1) {
+			w->reason = CT_UNSUPPORTED_RETURN_ADDRESS;
+			return stop(w, CT_WALK_UNSUPPORTED);
+		}
+		ra = w->rdi;
+		cfa = rsp + (__s64)rule->cfa_off;
+		goto push;
+	case CT_RULE_SIGNAL:
+		/* rip, rsp and rbp of the interrupted code, from the ucontext */
+		if (read_user(w, pages, rsp + CT_SIGFRAME_RIP, &ra) ||
+		    read_user(w, pages, rsp + CT_SIGFRAME_RSP, &cfa) ||
+		    read_user(w, pages, rsp + CT_SIGFRAME_RBP, &rbp))
+			return stop(w, CT_WALK_READ_FAULT);
+		exact = 1;
+		goto push;
+	case CT_RULE_UNSUPPORTED:
+		w->reason = rule->reason;
+		return stop(w, CT_WALK_UNSUPPORTED);
+	case CT_RULE_GAP:
+		return stop(w, CT_WALK_NO_ROW);
+	default:
+		/* a kind this program does not know: never guess */
+		return stop(w, CT_WALK_UNSUPPORTED);
+	}
+
+	if (read_user(w, pages, cfa - 8, &ra))
+		return stop(w, CT_WALK_READ_FAULT);
+	if (rule->rbp_kind == CT_RBP_AT_CFA) {
+		if (read_user(w, pages, cfa + (__s64)rule->rbp_off, &rbp))
+			return stop(w, CT_WALK_READ_FAULT);
+	} else if (rule->rbp_kind == CT_RBP_AT_RBP) {
+		if (read_user(w, pages, rbp + (__s64)rule->rbp_off, &rbp))
+			return stop(w, CT_WALK_READ_FAULT);
+	}
+	if (cfa <= rsp)
+		return stop(w, CT_WALK_BAD_RA);
+
+push:
+	if (ra == 0)
+		return stop(w, CT_WALK_BAD_RA);
+	__u32 len = w->stack.len;
+	if (len >= CT_MAX_FRAMES)
+		return stop(w, CT_WALK_DEPTH_CAP);
+	w->stack.pcs[len & (CT_MAX_FRAMES - 1)] = ra;
+	w->stack.len = len + 1;
+	w->hash = hash_step(w->hash, ra);
+	w->check = check_step(w->check, ra);
+	w->pc = ra;
+	w->rsp = cfa;
+	w->rbp = rbp;
+	w->exact = exact;
+	return 0;
+}
+
+/* bpf_loop callback: up to STEPS_PER_CALL steps; 1 once the walk stopped. */
+static int walk_steps(__u32 index, void *arg)
+{
+	struct walk_ctx *ctx = arg;
+	struct walk_state *w = ctx->w;
+	struct ct_proc *proc = ctx->proc;
+	struct ct_user_pages *pages = ctx->pages;
+	struct ct_rule_cache *cache = ctx->rules;
+
+	for (int i = 0; i < STEPS_PER_CALL; i++)
+		if (walk_step(w, proc, pages, cache))
+			return 1;
+	return 0;
+}
+
+/*
+ * Walks the user stack of process tgid from the given registers into w,
+ * using the page slots of nesting level `level` (and the rule cache at level
+ * 0): w->stack holds the frames found, w->error how the walk ended (an enum
+ * ct_walk_end), w->reason the reason of an unsupported row, and w->hash and
+ * w->check the two hashes of the frames, unfinished (see finish_hashes).
+ */
+static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, __u32 tgid,
+					    __u64 rip, __u64 rsp, __u64 rbp, __u64 rdi)
+{
+	struct ct_stack *stack = &w->stack;
+	stack->pcs[0] = rip;
+	stack->len = 1;
+	w->pc = rip;
+	w->rsp = rsp;
+	w->rbp = rbp;
+	w->hash = hash_step(0, rip);
+	w->check = check_step(0x5851f42d4c957f2dULL, rip);
+	w->mapping = 0;
+	w->exact = 1;
+	w->rdi = rdi;
+	w->error = CT_WALK_COMPLETE;
+	w->reason = 0;
+	w->use_rule_cache = level == 0;
+	for (int slot = 0; slot < CT_PAGE_SLOTS; slot++)
+		w->page_tag[slot] = 0;
+
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 pages_key = cpu * CT_NEST_LEVELS + level;
+	struct ct_user_pages *pages = bpf_map_lookup_elem(&page_cache, &pages_key);
+	struct ct_rule_cache *cache = bpf_map_lookup_elem(&rule_cache, &cpu);
+	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &tgid);
+	if (!pages || !cache) {
+		/* never: both maps have an element per possible CPU */
+		w->error = CT_WALK_READ_FAULT;
+	} else if (proc) {
+		struct walk_ctx ctx = { .w = w, .proc = proc, .pages = pages, .rules = cache };
+		__u32 n = proc->nmappings;
+		w->nmappings = n < CT_MAX_MAPPINGS ? n : CT_MAX_MAPPINGS;
+		w->generation = proc->generation;
+		/* Each step either stops or adds a frame, and the step that
+		 * would add frame CT_MAX_FRAMES + 1 stops with DEPTH_CAP, so
+		 * CT_MAX_FRAMES steps always reach a stop: the bound is never
+		 * what ends a walk. */
+		bpf_loop(CT_MAX_FRAMES / STEPS_PER_CALL + 1, walk_steps, &ctx, 0);
+	} else {
+		w->error = CT_WALK_NO_PROC;
+	}
+	stack->error = w->error;
+	stack->reason = w->reason;
+}
+
+#endif /* WALK_BPF_H */

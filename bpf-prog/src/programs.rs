@@ -1,0 +1,90 @@
+//! The one list of event programs: for each, its kind, its program in the skeleton, the
+//! name its statistics go by, and what its events are called. [`Tracer::load`] loads the
+//! kinds [`Options::programs`] names, [`Tracer::program`] hands them out to attach, and
+//! [`Tracer::program_stats`] reports them. Adding a probe kind is one line here (and the
+//! probe spec's mapping onto it).
+//!
+//! [`Tracer::load`]: crate::Tracer::load
+//! [`Tracer::program`]: crate::Tracer::program
+//! [`Tracer::program_stats`]: crate::Tracer::program_stats
+//! [`Options::programs`]: crate::Options::programs
+
+use libbpf_rs::{OpenProgramMut, ProgramMut};
+
+use crate::skel::{OpenTraceProgs, TraceProgs};
+
+macro_rules! event_programs {
+    ($($(#[doc = $doc:literal])* $kind:ident => $program:ident, $count_name:literal;)*) => {
+        /// An event program of the BPF object (see the crate docs for what each does).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum EventProgram {
+            $($(#[doc = $doc])* $kind,)*
+        }
+
+        impl EventProgram {
+            /// Every event program.
+            pub const ALL: &'static [EventProgram] = &[$(EventProgram::$kind),*];
+
+            /// The program's name in the object, as its statistics go by.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(EventProgram::$kind => stringify!($program),)*
+                }
+            }
+
+            /// What one of its events is called in reports: "samples" for perf events,
+            /// "events" for the others.
+            pub fn count_name(self) -> &'static str {
+                match self {
+                    $(EventProgram::$kind => $count_name,)*
+                }
+            }
+
+            pub(crate) fn of<'a, 'obj>(self, progs: &'a TraceProgs<'obj>) -> &'a ProgramMut<'obj> {
+                match self {
+                    $(EventProgram::$kind => &progs.$program,)*
+                }
+            }
+
+            pub(crate) fn of_open<'a, 'obj>(
+                self,
+                progs: &'a mut OpenTraceProgs<'obj>,
+            ) -> &'a mut OpenProgramMut<'obj> {
+                match self {
+                    $(EventProgram::$kind => &mut progs.$program,)*
+                }
+            }
+        }
+    };
+}
+
+event_programs! {
+    /// A uprobe (`attach_uprobe_with_opts`); the cookie becomes the probe id of its counts.
+    Uprobe => on_uprobe, "events";
+    /// A uretprobe (`retprobe: true`): the stack from the return site.
+    Uretprobe => on_uretprobe, "events";
+    /// A uprobe that only counts, without a stack: the benchmarks' baseline.
+    UprobeCount => on_uprobe_count, "events";
+    /// Perf events (`attach_perf_event_with_opts`), e.g. a software cpu-clock event per CPU.
+    PerfEvent => on_perf_event, "samples";
+    /// A tracepoint (`attach_tracepoint_with_opts`).
+    Tracepoint => on_tracepoint, "events";
+    /// A kprobe or kretprobe (`attach_kprobe_with_opts`).
+    Kprobe => on_kprobe, "events";
+    /// A raw tracepoint (`attach_raw_tracepoint_with_opts`).
+    RawTracepoint => on_raw_tracepoint, "events";
+}
+
+/// The programs that follow children, loaded whatever [`Options::programs`] says, by name
+/// (for [`Tracer::program_stats`](crate::Tracer::program_stats)).
+///
+/// [`Options::programs`]: crate::Options::programs
+pub(crate) fn child_programs<'a, 'obj>(
+    progs: &'a TraceProgs<'obj>,
+) -> [(&'static str, &'a ProgramMut<'obj>); 3] {
+    [
+        ("on_fork", &progs.on_fork),
+        ("on_exec", &progs.on_exec),
+        ("on_start_main", &progs.on_start_main),
+    ]
+}
