@@ -10,6 +10,7 @@ mod cargo;
 mod cli;
 mod elf_symbols;
 mod guard;
+mod invoker;
 mod launch;
 mod maps;
 mod report;

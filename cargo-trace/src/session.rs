@@ -65,8 +65,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
     })?;
     // Before anything can be stopped: resumes what is, should cargo-trace die.
     let guard = Guard::spawn(tracer.pid_filter_fd()).context("starting the guard process")?;
-    let scratch = ScratchDir::create()?;
-    let mut tables = ProcessTables::new(scratch.0.clone());
+    let mut tables = ProcessTables::new();
 
     // Launched: stopped at its entry point until the probes are live.
     let (pid, stopped) = match (&argv, cli.pid) {
@@ -197,7 +196,6 @@ pub fn run(cli: &Cli) -> Result<i32> {
     if !written.is_empty() {
         eprintln!("cargo-trace: wrote {}", written.join(", "));
     }
-    drop(scratch);
 
     Ok(match exit {
         Some(exit) => {
@@ -548,23 +546,4 @@ fn signal_name(signal: i32) -> String {
     nix::sys::signal::Signal::try_from(signal)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| format!("signal {signal}"))
-}
-
-/// A private directory for the session's scratch files (vDSO copies), removed
-/// when the session ends, however it ends.
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn create() -> Result<ScratchDir> {
-        let dir = std::env::temp_dir().join(format!("cargo-trace-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("creating the scratch directory {}", dir.display()))?;
-        Ok(ScratchDir(dir))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
