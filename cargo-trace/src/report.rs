@@ -2,8 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::Path;
 
 use anyhow::{Context, Result};
 
@@ -103,12 +101,8 @@ impl Folded {
         text
     }
 
-    pub fn write_folded(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_text())
-            .with_context(|| format!("writing folded stacks to {}", path.display()))
-    }
-
-    pub fn write_svg(&self, path: &Path, title: &str, count_name: &str) -> Result<()> {
+    /// The flamegraph of these stacks, as SVG.
+    pub fn svg(&self, title: &str, count_name: &str) -> Result<Vec<u8>> {
         let mut options = inferno::flamegraph::Options::default();
         options.title = title.to_string();
         options.count_name = count_name.to_string();
@@ -122,10 +116,7 @@ impl Folded {
             inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)
         }
         .context("rendering the flamegraph")?;
-        let mut file =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        file.write_all(&svg)
-            .with_context(|| format!("writing {}", path.display()))
+        Ok(svg)
     }
 }
 
@@ -154,23 +145,18 @@ mod tests {
 
     #[test]
     fn svg_of_folded_lines_and_of_nothing() {
-        let dir = std::env::temp_dir().join(format!("ct-report-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
         let mut lines = BTreeMap::new();
         lines.insert("main;work;leaf".to_string(), 3);
         lines.insert("main;other".to_string(), 1);
         let folded = Folded { lines };
         assert_eq!(folded.total(), 4);
         assert_eq!(folded.to_text(), "main;other 1\nmain;work;leaf 3\n");
-        let svg = dir.join("a.svg");
-        folded.write_svg(&svg, "t", "samples").unwrap();
-        let text = std::fs::read_to_string(&svg).unwrap();
+        let text = String::from_utf8(folded.svg("t", "samples").unwrap()).unwrap();
         assert!(text.starts_with("<?xml") && text.contains("leaf"));
         let empty = Folded {
             lines: BTreeMap::new(),
         };
-        empty.write_svg(&svg, "t", "samples").unwrap();
-        assert!(std::fs::read_to_string(&svg).unwrap().contains("no events"));
-        std::fs::remove_dir_all(dir).unwrap();
+        let text = String::from_utf8(empty.svg("t", "samples").unwrap()).unwrap();
+        assert!(text.contains("no events"));
     }
 }

@@ -19,6 +19,7 @@ use probes::{ProbeSpec, ProgramKind};
 use crate::cli::Cli;
 use crate::guard::Guard;
 use crate::launch::{self, Exit};
+use crate::output::{self, Destination};
 use crate::report::{self, Sample};
 use crate::signals;
 use crate::symbolize::Symbolizer;
@@ -43,6 +44,8 @@ enum Target {
 
 pub fn run(cli: &Cli) -> Result<i32> {
     let probes = parse_probes(&cli.probes)?;
+    // Checked before anything runs: a bad path must not cost the run.
+    let [folded_output, svg_output] = open_outputs(cli)?;
     let argv = match cli.pid {
         Some(_) => None,
         None => Some(command_line(cli)?),
@@ -76,6 +79,9 @@ pub fn run(cli: &Cli) -> Result<i32> {
         (None, Some(pid)) => {
             if !process_exists(pid) {
                 bail!("no process {pid}");
+            }
+            if !process_alive(pid) {
+                bail!("process {pid} has exited (a zombie its parent has not reaped): nothing to trace");
             }
             (pid, None)
         }
@@ -120,6 +126,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
         started: &started_images,
     };
     let exit = wait(&target, &mut tracer, &mut tables, &children, deadline)?;
+    let untraced = still_running(&tracer, pid);
     // No child stops at its start once the links are gone; one that stopped
     // since the last poll must not stay stopped.
     drop(links);
@@ -146,15 +153,16 @@ pub fn run(cli: &Cli) -> Result<i32> {
     let names: Vec<String> = probes.iter().map(|p| p.text.clone()).collect();
     let folded = report::fold(&samples, &names, &mut symbolizer, cli.line_numbers);
 
-    if let Some(path) = &cli.folded {
-        folded.write_folded(path)?;
+    let mut written = output::Written::default();
+    if let Some(destination) = &folded_output {
+        written.write(destination, || Ok(folded.to_text().into_bytes()));
     }
-    if !cli.no_svg {
+    if let Some(destination) = &svg_output {
         let title = cli
             .title
             .clone()
             .unwrap_or_else(|| default_title(&names, &argv, pid));
-        folded.write_svg(&cli.output, &title, count_name(&probes))?;
+        written.write(destination, || folded.svg(&title, count_name(&probes)));
     }
 
     let walk_errors = tracer.walk_errors().context("reading the walk counters")?;
@@ -186,18 +194,14 @@ pub fn run(cli: &Cli) -> Result<i32> {
         }
     }
     drop(stats_guard);
-    let mut written = Vec::new();
-    if !cli.no_svg {
-        written.push(cli.output.display().to_string());
+    if let Some(line) = written.summary() {
+        eprintln!("{line}");
     }
-    if let Some(path) = &cli.folded {
-        written.push(path.display().to_string());
-    }
-    if !written.is_empty() {
-        eprintln!("cargo-trace: wrote {}", written.join(", "));
+    for pid in untraced {
+        eprintln!("cargo-trace: process {pid} still running, untraced");
     }
 
-    Ok(match exit {
+    let (code, fate) = match exit {
         Some(exit) => {
             if let Exit::Signal(signal) = exit {
                 eprintln!(
@@ -205,18 +209,39 @@ pub fn run(cli: &Cli) -> Result<i32> {
                     signal_name(signal)
                 );
             }
-            exit.code()
+            (
+                exit.code(),
+                format!("the target exited with code {}", exit.code()),
+            )
         }
-        None => {
-            if let Target::Launched(running) = &target {
+        None => match &target {
+            Target::Launched(running) => {
                 eprintln!(
                     "cargo-trace: stopped tracing after the duration; process {} runs on",
                     running.pid()
                 );
+                (0, format!("process {} runs on", running.pid()))
             }
-            0
-        }
-    })
+            Target::Attached(pid) if !process_alive(*pid) => {
+                eprintln!("cargo-trace: process {pid} exited");
+                (0, format!("process {pid} exited"))
+            }
+            Target::Attached(pid) => (0, format!("process {pid} runs on")),
+        },
+    };
+    written.check(&fate)?;
+    Ok(code)
+}
+
+/// The output files the command line asks for, checked: folded stacks, flamegraph.
+fn open_outputs(cli: &Cli) -> Result<[Option<Destination>; 2]> {
+    let svg = (!cli.no_svg).then_some(cli.output.as_path());
+    let mut opened = output::open_all(&[
+        (cli.folded.as_deref(), "folded stacks"),
+        (svg, "flamegraph"),
+    ])?
+    .into_iter();
+    Ok([opened.next().flatten(), opened.next().flatten()])
 }
 
 fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
@@ -372,6 +397,7 @@ fn wait(
     deadline: Option<Instant>,
 ) -> Result<Option<Exit>> {
     let mut last_refresh = Instant::now();
+    let mut waiting_notice = signals::WaitingNotice::default();
     loop {
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Ok(None);
@@ -381,9 +407,10 @@ fn wait(
                 if let Some(exit) = running.try_wait()? {
                     return Ok(Some(exit));
                 }
+                waiting_notice.tell_if_waiting(running.pid());
             }
             Target::Attached(pid) => {
-                if signals::stop_requested() || !process_exists(*pid) {
+                if signals::stop_requested() || !process_alive(*pid) {
                     return Ok(None);
                 }
             }
@@ -438,6 +465,30 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
 
 fn process_exists(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+fn process_alive(pid: u32) -> bool {
+    process_state(pid).is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// The state letter of /proc/PID/stat ('R', 'S', 'Z', ...).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ...": the state follows the last ')' (comm may hold any byte).
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// The traced processes other than `target` still running once the session ends (a
+/// daemon the target left behind): they run on without being traced.
+fn still_running(tracer: &Tracer, target: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = tracer
+        .filtered_pids()
+        .into_iter()
+        .filter(|&pid| pid != target && process_alive(pid))
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// Every counter with its stacks, as [`report::fold`] takes them.
