@@ -46,6 +46,9 @@ pub fn run(cli: &Cli) -> Result<i32> {
     let probes = parse_probes(&cli.probes)?;
     // Checked before anything runs: a bad path must not cost the run.
     let [folded_output, svg_output] = open_outputs(cli)?;
+    if let Some(pid) = cli.pid {
+        check_attachable(pid)?;
+    }
     let argv = match cli.pid {
         Some(_) => None,
         None => Some(command_line(cli)?),
@@ -76,15 +79,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
             let stopped = launch::start(argv)?;
             (stopped.pid(), Some(stopped))
         }
-        (None, Some(pid)) => {
-            if !process_exists(pid) {
-                bail!("no process {pid}");
-            }
-            if !process_alive(pid) {
-                bail!("process {pid} has exited (a zombie its parent has not reaped): nothing to trace");
-            }
-            (pid, None)
-        }
+        (None, Some(pid)) => (pid, None),
         (None, None) => unreachable!("either a command or a pid"),
     };
     signals::install(stopped.as_ref().map(|s| s.pid()))?;
@@ -231,6 +226,18 @@ pub fn run(cli: &Cli) -> Result<i32> {
     };
     written.check(&fate)?;
     Ok(code)
+}
+
+/// Refuses a pid that names no process, or one that has exited (a zombie its parent has
+/// not reaped), before anything starts.
+fn check_attachable(pid: u32) -> Result<()> {
+    if !process_exists(pid) {
+        bail!("no process {pid}");
+    }
+    if !process_alive(pid) {
+        bail!("process {pid} has exited (a zombie its parent has not reaped): nothing to trace");
+    }
+    Ok(())
 }
 
 /// The output files the command line asks for, checked: folded stacks, flamegraph.
