@@ -7,6 +7,8 @@
 #               from its committed prebuilt object; see bpf-prog's crate docs)
 #   libelf-dev  libbpf-sys builds the vendored libbpf against libelf
 #   bpftool     regenerates bpf-prog/src/bpf/vmlinux.h (not needed to build)
+# and what the security tests use, present on Debian but not on every minimal image:
+#   passwd (useradd), util-linux (setpriv), perl-base (perl)
 # apt-get update runs only when a package is missing, so a prepared machine
 # does no network access at all.
 #
@@ -29,6 +31,10 @@ declare -A wanted=(
     [bpftool]=/usr/sbin/bpftool
     # debug info for libc: symbolized frames inside libc, .debug_frame fallback
     [libc6-dbg]=/usr/share/doc/libc6-dbg/copyright
+    # the security tests create an unprivileged user (useradd) and act as it (setpriv)
+    [passwd]=/usr/sbin/useradd
+    [util-linux]=/usr/bin/setpriv
+    [perl-base]=/usr/bin/perl
 )
 
 missing=()
