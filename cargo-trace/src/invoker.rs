@@ -10,8 +10,6 @@
 //! Run as root without sudo, root owns everything and the cache follows `XDG_CACHE_HOME` or
 //! `HOME`, where the cache refuses any directory that is not root's.
 
-use std::path::PathBuf;
-
 use unwind_tables::cache::{Cache, Owner};
 
 /// The user sudo ran cargo-trace for, if it runs as root under sudo.
@@ -39,6 +37,6 @@ pub fn unwind_cache() -> Option<Cache> {
         return Cache::default_dir().map(Cache::new);
     };
     let user = nix::unistd::User::from_uid(owner.uid.into()).ok()??;
-    let dir = PathBuf::from(user.dir).join(".cache/cargo-trace/unwind");
+    let dir = user.dir.join(".cache/cargo-trace/unwind");
     Some(Cache::new(dir).with_owner(owner))
 }
