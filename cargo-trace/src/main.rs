@@ -14,6 +14,7 @@ mod invoker;
 mod launch;
 mod maps;
 mod output;
+mod process;
 mod report;
 mod session;
 mod signals;

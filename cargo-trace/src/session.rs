@@ -20,6 +20,7 @@ use crate::cli::Cli;
 use crate::guard::Guard;
 use crate::launch::{self, Exit};
 use crate::output::{self, Destination};
+use crate::process;
 use crate::report::{self, Sample};
 use crate::signals;
 use crate::symbolize::Symbolizer;
@@ -47,7 +48,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
     // Checked before anything runs: a bad path must not cost the run.
     let [folded_output, svg_output] = open_outputs(cli)?;
     if let Some(pid) = cli.pid {
-        check_attachable(pid)?;
+        process::check_attachable(pid)?;
     }
     let argv = match cli.pid {
         Some(_) => None,
@@ -121,7 +122,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
         started: &started_images,
     };
     let exit = wait(&target, &mut tracer, &mut tables, &children, deadline)?;
-    let untraced = still_running(&tracer, pid);
+    let untraced = process::still_running(tracer.filtered_pids(), pid);
     // No child stops at its start once the links are gone; one that stopped
     // since the last poll must not stay stopped.
     drop(links);
@@ -217,7 +218,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
                 );
                 (0, format!("process {} runs on", running.pid()))
             }
-            Target::Attached(pid) if !process_alive(*pid) => {
+            Target::Attached(pid) if !process::alive(*pid) => {
                 eprintln!("cargo-trace: process {pid} exited");
                 (0, format!("process {pid} exited"))
             }
@@ -226,18 +227,6 @@ pub fn run(cli: &Cli) -> Result<i32> {
     };
     written.check(&fate)?;
     Ok(code)
-}
-
-/// Refuses a pid that names no process, or one that has exited (a zombie its parent has
-/// not reaped), before anything starts.
-fn check_attachable(pid: u32) -> Result<()> {
-    if !process_exists(pid) {
-        bail!("no process {pid}");
-    }
-    if !process_alive(pid) {
-        bail!("process {pid} has exited (a zombie its parent has not reaped): nothing to trace");
-    }
-    Ok(())
 }
 
 /// The output files the command line asks for, checked: folded stacks, flamegraph.
@@ -417,7 +406,7 @@ fn wait(
                 waiting_notice.tell_if_waiting(running.pid());
             }
             Target::Attached(pid) => {
-                if signals::stop_requested() || !process_alive(*pid) {
+                if signals::stop_requested() || !process::alive(*pid) {
                     return Ok(None);
                 }
             }
@@ -472,30 +461,6 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
 
 fn process_exists(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
-}
-
-/// Whether process `pid` exists and has not exited (a zombie has).
-fn process_alive(pid: u32) -> bool {
-    process_state(pid).is_some_and(|state| state != 'Z' && state != 'X')
-}
-
-/// The state letter of /proc/PID/stat ('R', 'S', 'Z', ...).
-fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ...": the state follows the last ')' (comm may hold any byte).
-    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
-}
-
-/// The traced processes other than `target` still running once the session ends (a
-/// daemon the target left behind): they run on without being traced.
-fn still_running(tracer: &Tracer, target: u32) -> Vec<u32> {
-    let mut pids: Vec<u32> = tracer
-        .filtered_pids()
-        .into_iter()
-        .filter(|&pid| pid != target && process_alive(pid))
-        .collect();
-    pids.sort_unstable();
-    pids
 }
 
 /// Every counter with its stacks, as [`report::fold`] takes them.

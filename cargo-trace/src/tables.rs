@@ -228,8 +228,18 @@ impl ProcessTables {
         let object = match &self.cache {
             Some(cache) => {
                 let loaded = cache.load_or_compile(path)?;
-                if matches!(loaded.outcome, Outcome::Hit) {
-                    self.coverage.cached += 1;
+                match &loaded.outcome {
+                    Outcome::Hit => self.coverage.cached += 1,
+                    // The cache's directory is not safe to use (another user's, a link):
+                    // said once, and the run goes on without it.
+                    Outcome::Compiled {
+                        store_error: Some(error),
+                        ..
+                    } if error.kind() == std::io::ErrorKind::PermissionDenied => {
+                        eprintln!("cargo-trace: note: the unwind cache is not used: {error}");
+                        self.cache = None;
+                    }
+                    Outcome::Compiled { .. } => {}
                 }
                 loaded.object
             }

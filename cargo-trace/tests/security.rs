@@ -325,6 +325,7 @@ fn the_unwind_cache_under_sudo_is_the_users_and_planted_names_are_not_followed()
         command.arg("-o").arg(out.path("out.svg"));
         let output = run(command, what);
         assert!(output.status.success(), "{what}: {}", stderr(&output));
+        stderr(&output)
     };
 
     // A fresh home: the cache is created, and everything in it is the user's.
@@ -386,7 +387,8 @@ fn the_unwind_cache_under_sudo_is_the_users_and_planted_names_are_not_followed()
             &victim.dir.display().to_string(),
         ],
     );
-    trace("the cache directory a link");
+    let said = trace("the cache directory a link");
+    assert!(said.contains("the unwind cache is not used"), "{said}");
     victim.assert_untouched("cache entries through a linked cache directory");
     let _ = std::fs::remove_dir_all(&dot_cache);
 
@@ -398,6 +400,7 @@ fn the_unwind_cache_under_sudo_is_the_users_and_planted_names_are_not_followed()
         .env("HOME", &user.home);
     let output = run(command, "root with the user's HOME");
     assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("the unwind cache is not used"));
     assert!(
         !dot_cache.exists(),
         "root created {} in the user's home",
