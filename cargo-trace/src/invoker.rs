@@ -40,3 +40,20 @@ pub fn unwind_cache() -> Option<Cache> {
     let dir = user.dir.join(".cache/cargo-trace/unwind");
     Some(Cache::new(dir).with_owner(owner))
 }
+
+/// The groups `owner` belongs to: their primary group and the supplementary ones the group
+/// database gives them.
+pub fn groups(owner: Owner) -> Vec<u32> {
+    let user = nix::unistd::User::from_uid(owner.uid.into()).ok().flatten();
+    let supplementary = user.and_then(|user| {
+        let name = std::ffi::CString::new(user.name).ok()?;
+        nix::unistd::getgrouplist(&name, owner.gid.into()).ok()
+    });
+    let mut groups: Vec<u32> = supplementary
+        .unwrap_or_default()
+        .into_iter()
+        .map(|gid| gid.as_raw())
+        .collect();
+    groups.push(owner.gid);
+    groups
+}

@@ -4,8 +4,9 @@
 //! cargo-trace runs as root, often in a directory other users can write to (or one the
 //! sudo user owns). So an output is never opened by its path at the end of the run:
 //! [`Destination::open`] checks the path when the session starts (its directory exists and
-//! takes a new file, the path is not a directory or a special file such as `/dev/full`),
-//! keeps the directory open, and [`Destination::write`] creates a file with a random name
+//! takes a new file, is not reached through a link another user owns and, under sudo, is
+//! one the sudo user may write to; the path is not a directory or a special file such as
+//! `/dev/full`), keeps the directory open, and [`Destination::write`] creates a file with a random name
 //! in that directory exclusively, fills it, gives it to the user the run works for
 //! ([`crate::invoker`]) and renames it over the path: a link found there is replaced, never
 //! followed, and readers see the old file or the new one, whole.
@@ -20,6 +21,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use unwind_tables::cache::Owner;
 
 /// Outputs are readable by all, like the files a user's shell would create.
 const MODE: u32 = 0o644;
@@ -46,12 +48,29 @@ impl Destination {
             Some(parent) if !parent.as_os_str().is_empty() => parent,
             _ => Path::new("."),
         };
+        let owner = crate::invoker::owner();
+        if let Some(link) = foreign_link(parent, owner) {
+            bail!(
+                "the {what} cannot go in {}: {} is a link another user owns",
+                parent.display(),
+                link.display()
+            );
+        }
         let dir = File::open(parent)
             .with_context(|| format!("the {what} cannot go in {}", parent.display()))?;
-        if !dir.metadata()?.is_dir() {
+        let metadata = dir.metadata()?;
+        if !metadata.is_dir() {
             bail!(
                 "the {what} cannot go in {}: not a directory",
                 parent.display()
+            );
+        }
+        // Root writes for the sudo user only where that user may write.
+        if crate::invoker::sudo_user().is_some() && !may_write(&metadata, owner) {
+            bail!(
+                "the {what} cannot go in {}: under sudo, outputs go where user {} may write",
+                parent.display(),
+                owner.uid
             );
         }
         let destination = Destination {
@@ -144,6 +163,33 @@ impl Destination {
         let id = |dir: &File| dir.metadata().map(|m| (m.dev(), m.ino())).ok();
         self.name == other.name && id(&self.dir) == id(&other.dir)
     }
+}
+
+/// The first link on the way to directory `dir` (as written) owned by someone other than
+/// root or `owner`: a path through it goes where that user decides.
+fn foreign_link(dir: &Path, owner: Owner) -> Option<PathBuf> {
+    let mut prefix = PathBuf::new();
+    for component in dir.components() {
+        prefix.push(component);
+        let metadata = std::fs::symlink_metadata(&prefix).ok()?;
+        if metadata.is_symlink() && metadata.uid() != 0 && metadata.uid() != owner.uid {
+            return Some(prefix);
+        }
+    }
+    None
+}
+
+/// Whether `owner` may create files in the directory `metadata` describes, by its mode
+/// bits (an ACL that grants more is not consulted: refused rather than guessed).
+fn may_write(metadata: &std::fs::Metadata, owner: Owner) -> bool {
+    let mode = metadata.mode();
+    if metadata.uid() == owner.uid {
+        return mode & 0o300 == 0o300;
+    }
+    if crate::invoker::groups(owner).contains(&metadata.gid()) {
+        return mode & 0o030 == 0o030;
+    }
+    mode & 0o003 == 0o003
 }
 
 /// Opens every output asked for (`None`: not asked for), in order, refusing two that

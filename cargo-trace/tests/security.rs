@@ -317,12 +317,14 @@ fn the_unwind_cache_under_sudo_is_the_users_and_planted_names_are_not_followed()
     let _turn = attacker_home_lock();
     let user = attacker();
     let victim = Victim::new();
-    let out = Scratch::new("cache-out");
+    let scratch = Scratch::new("cache-out");
+    // Under sudo, outputs go where the user may write.
+    let out = attacker_dir(&scratch, "out").join("out.svg");
     let dot_cache = user.home.join(".cache");
     let _ = std::fs::remove_dir_all(&dot_cache);
     let trace = |what: &str| {
         let mut command = cargo_trace_under_sudo(&["profile:hz:99", "-c", "true"]);
-        command.arg("-o").arg(out.path("out.svg"));
+        command.arg("-o").arg(&out);
         let output = run(command, what);
         assert!(output.status.success(), "{what}: {}", stderr(&output));
         stderr(&output)
@@ -394,10 +396,7 @@ fn the_unwind_cache_under_sudo_is_the_users_and_planted_names_are_not_followed()
 
     // Root without sudo, with the user's HOME (su -p): nothing created in that home.
     let mut command = cargo_trace(&["profile:hz:99", "-c", "true"]);
-    command
-        .arg("-o")
-        .arg(out.path("out.svg"))
-        .env("HOME", &user.home);
+    command.arg("-o").arg(&out).env("HOME", &user.home);
     let output = run(command, "root with the user's HOME");
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(stderr(&output).contains("the unwind cache is not used"));
@@ -445,6 +444,46 @@ fn outputs_under_sudo_replace_planted_links_and_belong_to_the_user() {
     let svg = std::fs::read_to_string(work.join("flamegraph.svg")).unwrap();
     assert!(svg.starts_with("<?xml"));
     assert_eq!(listing(&work), ["flamegraph.svg", "out.folded"]);
+}
+
+#[test]
+fn outputs_never_go_through_another_users_link_or_where_the_sudo_user_may_not_write() {
+    if !bpf_available("output directories") {
+        return;
+    }
+    let _turn = attacker_home_lock();
+    let victim = Victim::new();
+    let scratch = Scratch::new("output-dirs");
+    let work = attacker_dir(&scratch, "work");
+    let marker = scratch.path("started");
+    let command = format!("touch {}", common::quoted(&marker));
+    // A directory of the attacker's with a link to the victim's directory in it.
+    as_attacker(
+        r#"my ($dir, $target) = @ARGV; symlink $target, "$dir/out" or die "ln: $!";"#,
+        &[
+            &work.display().to_string(),
+            &victim.dir.display().to_string(),
+        ],
+    );
+    let through_link = work.join("out/victim");
+    let through_link = through_link.display().to_string();
+    let output = run(
+        cargo_trace(&["profile:hz:99", "-c", &command, "-o", &through_link]),
+        "root, output through the attacker's link",
+    );
+    assert_one_line_error(output.status, &stderr(&output), "a link another user owns");
+    // Under sudo, the same link is the user's own, but the directory it leads to is not
+    // theirs to write; nor is the victim's directory named directly.
+    let direct = victim.file.display().to_string();
+    for path in [&through_link, &direct] {
+        let output = run(
+            cargo_trace_under_sudo(&["profile:hz:99", "-c", &command, "-o", path]),
+            "sudo, output where the user may not write",
+        );
+        assert_one_line_error(output.status, &stderr(&output), "under sudo");
+    }
+    assert!(!marker.exists(), "the target ran");
+    victim.assert_untouched("outputs in a directory the user may not write");
 }
 
 #[test]
