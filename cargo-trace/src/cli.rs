@@ -87,6 +87,10 @@ pub struct Cli {
     #[arg(long = "title", value_name = "TEXT")]
     pub title: Option<String>,
 
+    /// Show what libbpf says while loading and attaching (its own messages).
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
+
     #[command(flatten)]
     pub cargo: CargoArgs,
 
@@ -152,9 +156,10 @@ impl Cli {
         outputs
     }
 
-    /// Parse the process arguments, whether cargo or a user invoked the binary.
-    pub fn parse_from_env() -> Self {
-        Self::parse_from(normalize_args(std::env::args_os().collect())).with_defaults()
+    /// Parse the process arguments, whether cargo or a user invoked the binary. An error
+    /// is one line (clap's hints dropped); help and version are printed as clap has them.
+    pub fn parse_from_env() -> Result<Self, clap::Error> {
+        Self::try_parse_from(normalize_args(std::env::args_os().collect())).map(Self::with_defaults)
     }
 
     /// No probe means sampling on-CPU stacks at 99 Hz, like a profiler.
@@ -166,12 +171,32 @@ impl Cli {
     }
 }
 
+/// The longest `-d` taken: a deadline must be a time the clock can reach.
+const MAX_DURATION_SECONDS: f64 = 100.0 * 365.25 * 24.0 * 3600.0;
+
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    text.parse::<f64>()
+    let seconds = text
+        .parse::<f64>()
         .ok()
         .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
-        .map(std::time::Duration::from_secs_f64)
-        .ok_or_else(|| format!("'{text}' is not a positive number of seconds"))
+        .ok_or_else(|| format!("'{text}' is not a positive number of seconds"))?;
+    if seconds > MAX_DURATION_SECONDS {
+        return Err(format!("'{text}' seconds is more than 100 years"));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
+/// The one line an argument error prints (clap's usage and hints left out).
+pub fn error_line(error: &clap::Error) -> String {
+    let text = error.kind().to_string();
+    let rendered = error.to_string();
+    let first = rendered
+        .lines()
+        .next()
+        .map(|line| line.trim_start_matches("error: ").to_string())
+        .filter(|line| !line.is_empty())
+        .unwrap_or(text);
+    format!("cargo-trace: error: {first}")
 }
 
 const DEFAULT_PROBE: &str = "profile:hz:99";
@@ -201,7 +226,10 @@ pub fn normalize_args(mut args: Vec<OsString>) -> Vec<OsString> {
         };
         match flag_value {
             Some(value) => {
-                let is_pid = value.to_str().is_some_and(|v| v.parse::<u32>().is_ok());
+                // Digits are a pid, even too many for one (an error then, not a package).
+                let is_pid = value
+                    .to_str()
+                    .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
                 out.push(if is_pid { "--pid" } else { "--package" }.into());
                 out.push(value);
             }
@@ -236,6 +264,26 @@ mod tests {
         let cli = parse(&["cargo-trace", "profile:hz:99", "-p", "server", "--bin", "s"]);
         assert_eq!(cli.pid, None);
         assert_eq!(cli.cargo.package.as_deref(), Some("server"));
+    }
+
+    #[test]
+    fn huge_numbers_are_errors_not_packages_or_panics() {
+        let args = ["cargo-trace", "profile:hz:99", "-p", "99999999999999999999"];
+        let error = Cli::try_parse_from(normalize_args(args.map(OsString::from).to_vec()))
+            .expect_err("not a pid");
+        let line = error_line(&error);
+        assert!(line.contains("99999999999999999999"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        for duration in ["1e20", "1e19", "inf", "-1", "0"] {
+            let args = ["cargo-trace", "-d", duration, "-c", "true"];
+            let error = Cli::try_parse_from(normalize_args(args.map(OsString::from).to_vec()))
+                .expect_err(duration);
+            assert!(error_line(&error).contains(duration), "{duration}");
+        }
+        assert_eq!(
+            parse_duration("0.5"),
+            Ok(std::time::Duration::from_millis(500))
+        );
     }
 
     #[test]

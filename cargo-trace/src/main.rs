@@ -13,7 +13,10 @@ mod children;
 mod cli;
 mod elf_symbols;
 mod guard;
+mod invoker;
 mod launch;
+mod output;
+mod process;
 mod profile;
 mod session;
 mod signals;
@@ -24,7 +27,19 @@ mod writers;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse_from_env();
+    let cli = match cli::Cli::parse_from_env() {
+        Ok(cli) => cli,
+        Err(error) if error.use_stderr() => {
+            eprintln!("{}", cli::error_line(&error));
+            return ExitCode::from(2);
+        }
+        // --help, --version.
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    route_libbpf_messages(cli.verbose);
     match session::run(&cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(error) => {
@@ -32,4 +47,14 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// libbpf prints its own lines (failed loads, missing kernel features) before the error
+/// cargo-trace reports in one line: shown with `--verbose` only.
+fn route_libbpf_messages(verbose: bool) {
+    use libbpf_rs::PrintLevel;
+    fn print(_: PrintLevel, message: String) {
+        eprint!("cargo-trace: {message}");
+    }
+    libbpf_rs::set_print(verbose.then_some((PrintLevel::Info, print as libbpf_rs::PrintCallback)));
 }

@@ -3,7 +3,6 @@
 //! says why on stderr.
 
 use std::fs;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -51,25 +50,17 @@ const KINDS: [&str; 6] = [
 
 struct Loaded {
     object: Object,
-    _dir: TempDir,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+    _dir: tempfile::TempDir,
 }
 
 /// Builds and loads the program object, or says why it cannot and returns `None`.
 fn load(test: &str) -> Option<Loaded> {
-    let dir = std::env::temp_dir().join(format!("probes-attach-{test}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    let dir = TempDir(dir);
-    let source = dir.0.join("prog.bpf.c");
-    let object = dir.0.join("prog.bpf.o");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("probes-attach-{test}-"))
+        .tempdir()
+        .unwrap();
+    let source = dir.path().join("prog.bpf.c");
+    let object = dir.path().join("prog.bpf.o");
     fs::write(&source, PROGRAM).unwrap();
     // The compilers bpf-prog's build looks for, in its order.
     let compilers = std::env::var("BPF_CLANG")

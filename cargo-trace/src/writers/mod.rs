@@ -29,9 +29,9 @@ impl Format {
     /// What the file holds, for messages.
     pub fn describe(self) -> &'static str {
         match self {
-            Format::Svg => "the flamegraph",
+            Format::Svg => "flamegraph",
             Format::Folded => "folded stacks",
-            Format::Pprof => "the pprof profile",
+            Format::Pprof => "pprof profile",
         }
     }
 
