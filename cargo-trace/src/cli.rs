@@ -72,6 +72,12 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// Accept uprobes at raw addresses that are in no known function (or in code that
+    /// does not decode), where nothing checks that they start an instruction; one that
+    /// does not crashes every process running the file.
+    #[arg(long = "unsafe")]
+    pub unsafe_addresses: bool,
+
     /// Don't write the flamegraph SVG (e.g. with --folded only).
     #[arg(long = "no-svg")]
     pub no_svg: bool,

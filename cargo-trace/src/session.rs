@@ -88,7 +88,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
     tracer
         .filter_pid(pid)
         .context("adding the target to the event filter")?;
-    let mut links = attach_all(&tracer, &probes, pid, follow)?;
+    let mut links = attach_all(&tracer, &probes, pid, follow, cli.unsafe_addresses)?;
     // Processes the program stops at their start, for their mappings to be registered.
     let started_images = Rc::new(RefCell::new(Vec::new()));
     let new_images = if follow {
@@ -277,7 +277,13 @@ fn programs_for(probes: &[Probe]) -> Programs {
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
 /// `follow`: uprobes fire in every process (the program keeps the target and its
 /// children); else in the target only.
-fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Result<Vec<Link>> {
+fn attach_all(
+    tracer: &Tracer,
+    probes: &[Probe],
+    pid: u32,
+    follow: bool,
+    unsafe_addresses: bool,
+) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for (index, probe) in probes.iter().enumerate() {
         let program = match probe.spec.program_kind() {
@@ -288,11 +294,17 @@ fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Resu
             ProgramKind::RawTracepoint => tracer.raw_tracepoint_program(),
             ProgramKind::Kprobe | ProgramKind::Kretprobe => tracer.kprobe_program(),
         };
-        let fire_in = (!follow).then_some(pid);
-        let attached =
-            probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)
-                .map_err(|error| anyhow::anyhow!("{error}"))?;
-        links.extend(attached);
+        let options = probes::AttachOptions {
+            resolve_in: Some(pid),
+            fire_in: (!follow).then_some(pid),
+            unsafe_addresses,
+        };
+        let attached = probes::attach_probe_with(program, &probe.spec, &options, index as u64)
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+        for notice in &attached.notices {
+            eprintln!("cargo-trace: {}: {notice}", notice.level());
+        }
+        links.extend(attached.links);
     }
     Ok(links)
 }

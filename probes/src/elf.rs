@@ -51,6 +51,8 @@ pub(crate) struct ElfInfo {
     pub has_symtab: bool,
     pub segments: Vec<Segment>,
     pub usdt: Vec<UsdtNote>,
+    /// The file's bytes, for the code of the functions probed at an offset.
+    pub data: Vec<u8>,
 }
 
 impl ElfInfo {
@@ -60,9 +62,12 @@ impl ElfInfo {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(path, &data)
+        let mut info = Self::parse(path, &data)?;
+        info.data = data;
+        Ok(info)
     }
 
+    /// Indexes `data`, the contents of `path`; [`ElfInfo::data`] is left empty.
     pub fn parse(path: &Path, data: &[u8]) -> Result<Self, ResolveError> {
         if !data.starts_with(&elf::ELFMAG) {
             return Err(ResolveError::NotElf {
@@ -166,7 +171,19 @@ impl ElfInfo {
             has_symtab: !symtab.is_empty(),
             segments,
             usdt,
+            data: Vec::new(),
         })
+    }
+
+    /// The bytes of the file from virtual address `address` to the end of the
+    /// executable segment that holds it.
+    pub fn code_from(&self, address: u64) -> Option<&[u8]> {
+        let segment = self.segments.iter().find(|s| {
+            s.executable && address >= s.vaddr && address - s.vaddr < s.filesz.min(s.memsz)
+        })?;
+        let start = usize::try_from(address - segment.vaddr + segment.offset).ok()?;
+        let end = usize::try_from(segment.offset + segment.filesz.min(segment.memsz)).ok()?;
+        self.data.get(start..end.min(self.data.len()))
     }
 
     /// The file offset of a virtual address, through the PT_LOAD segment holding it.
@@ -315,6 +332,7 @@ mod tests {
                 },
             ],
             usdt: vec![],
+            data: vec![],
         };
         assert_eq!(info.file_offset(0x401234, true), Some(0x1234));
         assert_eq!(info.file_offset(0x500, true), None);

@@ -41,6 +41,9 @@
 mod attach;
 mod elf;
 mod features;
+mod instructions;
+mod maps;
+mod notice;
 mod resolve;
 mod spec;
 mod suggest;
@@ -52,11 +55,16 @@ mod wildcard;
 
 pub use attach::{
     attach_interval, attach_kprobe, attach_perf_event_per_cpu, attach_probe, attach_probe_for,
-    attach_profile, attach_raw_tracepoint, attach_tracepoint, attach_uprobe, online_cpus,
-    open_perf_events_per_cpu, AttachError, Error, PerfEventKind,
+    attach_probe_with, attach_profile, attach_raw_tracepoint, attach_tracepoint, attach_uprobe,
+    online_cpus, open_perf_events_per_cpu, AttachError, AttachOptions, Attached, Error,
+    PerfEventKind,
 };
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
-pub use resolve::{resolve_binary, resolve_uprobe, resolve_usdt, ResolveError, UprobeTarget};
+pub use notice::Notice;
+pub use resolve::{
+    resolve_binary, resolve_uprobe, resolve_uprobe_with, resolve_usdt, ResolveError,
+    ResolveOptions, UprobeTarget,
+};
 pub use spec::{
     parse, HardwareEvent, KprobeSpec, Lang, ParseError, ProbeSpec, ProgramKind, Rate, Sampling,
     SoftwareEvent, UprobeLocation, UprobeSpec, UsdtSpec,

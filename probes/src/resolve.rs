@@ -7,7 +7,8 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::elf::ElfInfo;
+use crate::elf::{ElfInfo, Function};
+use crate::instructions::{placement, Placement};
 use crate::spec::{Lang, UprobeLocation, UprobeSpec, UsdtSpec};
 use crate::wildcard::{has_wildcard, matches};
 
@@ -119,6 +120,37 @@ pub enum ResolveError {
     },
     #[error("address {address:#x} is not in an executable segment of {}", path.display())]
     AddressNotInCode { address: u64, path: PathBuf },
+    #[error(
+        "{location} is inside an instruction of {function} in {}: a uprobe there would \
+         crash every process running the file; the nearest instruction boundaries are \
+         {before} and {after}",
+        path.display()
+    )]
+    InsideInstruction {
+        location: String,
+        function: String,
+        path: PathBuf,
+        before: String,
+        after: String,
+    },
+    #[error(
+        "cannot check that {location} starts an instruction: {function} in {} does not \
+         decode at {at:#x}; probe the function's start, or pass --unsafe to probe it anyway",
+        path.display()
+    )]
+    Undecodable {
+        location: String,
+        function: String,
+        path: PathBuf,
+        at: u64,
+    },
+    #[error(
+        "address {address:#x} is in no known function of {}, so it cannot be checked to \
+         start an instruction (a uprobe inside one crashes every process running the file); \
+         probe FUNCTION+OFFSET instead, or pass --unsafe to probe it anyway",
+        path.display()
+    )]
+    OutsideFunctions { address: u64, path: PathBuf },
     #[error("no USDT probe '{probe}' in {}{}", path.display(), usdt_listing(available, *total))]
     UsdtNotFound {
         probe: String,
@@ -147,19 +179,47 @@ fn usdt_listing(available: &[String], total: usize) -> String {
     }
 }
 
-/// Resolves a uprobe spec to the places to probe.
-///
-/// `pid` is the process the probe is for, if known: library short names are looked up
-/// in its mappings first, an omitted binary means its executable, and paths are read
-/// through its mount namespace.
-///
-/// One target, except for patterns (`*`) and `cpp:` specs, which yield one per distinct
-/// address. A name matching several functions at different addresses is an error
-/// listing them; several symbols at one address (aliases) are one target.
+/// How a uprobe spec is resolved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResolveOptions {
+    /// The process the probe is for, if known: library short names are looked up in
+    /// its mappings first, an omitted binary means its executable, and paths are read
+    /// through its mount namespace.
+    pub pid: Option<u32>,
+    /// Accept a raw address that lies in no known function, or in code that does not
+    /// decode, without knowing that it starts an instruction (bpftrace's `--unsafe`).
+    /// An address known to be inside an instruction is refused all the same.
+    pub unsafe_addresses: bool,
+}
+
+/// Resolves a uprobe spec to the places to probe, with [`ResolveOptions`]'s defaults
+/// but `pid`; see [`resolve_uprobe_with`].
 pub fn resolve_uprobe(
     spec: &UprobeSpec,
     pid: Option<u32>,
 ) -> Result<Vec<UprobeTarget>, ResolveError> {
+    resolve_uprobe_with(
+        spec,
+        &ResolveOptions {
+            pid,
+            ..ResolveOptions::default()
+        },
+    )
+}
+
+/// Resolves a uprobe spec to the places to probe.
+///
+/// One target, except for patterns (`*`) and `cpp:` specs, which yield one per distinct
+/// address. A name matching several functions at different addresses is an error
+/// listing them; several symbols at one address (aliases) are one target.
+///
+/// A probe never lands inside an instruction: an offset or address past a function's
+/// start is checked against the instructions decoded from that start.
+pub fn resolve_uprobe_with(
+    spec: &UprobeSpec,
+    options: &ResolveOptions,
+) -> Result<Vec<UprobeTarget>, ResolveError> {
+    let pid = options.pid;
     let path = match &spec.target {
         Some(target) => resolve_binary(target, pid)?,
         None => process_executable(pid, || {
@@ -176,23 +236,36 @@ pub fn resolve_uprobe(
     let info = ElfInfo::load(&path)?;
     match &spec.location {
         UprobeLocation::Address(address) => {
+            let address = *address;
             let file_offset =
-                info.file_offset(*address, true)
+                info.file_offset(address, true)
                     .ok_or_else(|| ResolveError::AddressNotInCode {
-                        address: *address,
+                        address,
                         path: path.clone(),
                     })?;
-            let symbol = match info.function_at(*address) {
+            let symbol = match info.function_at(address) {
                 Some((function, 0)) => display_name(&function.name),
                 Some((function, offset)) => {
-                    format!("{}+{offset:#x}", display_name(&function.name))
+                    let name = display_name(&function.name);
+                    let location = format!("address {address:#x} ({name}+{offset:#x})");
+                    let shown = |boundary: u64| {
+                        format!("{boundary:#x} ({name}+{:#x})", boundary - function.address)
+                    };
+                    check_boundary(&info, function, address, options, location, shown)?;
+                    format!("{name}+{offset:#x}")
                 }
-                None => format!("{address:#x}"),
+                None if options.unsafe_addresses => format!("{address:#x}"),
+                None => {
+                    return Err(ResolveError::OutsideFunctions {
+                        address,
+                        path: path.clone(),
+                    })
+                }
             };
             Ok(vec![UprobeTarget {
                 path,
                 file_offset,
-                address: *address,
+                address,
                 symbol,
                 ref_ctr_offset: None,
             }])
@@ -223,6 +296,12 @@ pub fn resolve_uprobe(
                             path: path.clone(),
                         }
                     })?;
+                    if *offset > 0 {
+                        let location = format!("offset {offset:#x}");
+                        let shown =
+                            |boundary: u64| format!("{display}+{:#x}", boundary - function.address);
+                        check_boundary(&info, function, address, options, location, shown)?;
+                    }
                     let symbol = if *offset == 0 {
                         display
                     } else {
@@ -238,6 +317,39 @@ pub fn resolve_uprobe(
                 })
                 .collect()
         }
+    }
+}
+
+/// Refuses `address`, past the start of `function`, unless an instruction starts
+/// there. `location` names the address in errors, `shown` a boundary.
+fn check_boundary(
+    info: &ElfInfo,
+    function: &Function,
+    address: u64,
+    options: &ResolveOptions,
+    location: String,
+    shown: impl Fn(u64) -> String,
+) -> Result<(), ResolveError> {
+    let mut code = info.code_from(function.address).unwrap_or_default();
+    if function.size > 0 {
+        code = &code[..code.len().min(function.size as usize)];
+    }
+    match placement(code, function.address, address) {
+        Placement::Boundary => Ok(()),
+        Placement::Inside { before, after } => Err(ResolveError::InsideInstruction {
+            location,
+            function: display_name(&function.name),
+            path: info.path.clone(),
+            before: shown(before),
+            after: shown(after),
+        }),
+        Placement::Undecodable { .. } if options.unsafe_addresses => Ok(()),
+        Placement::Undecodable { at } => Err(ResolveError::Undecodable {
+            location,
+            function: display_name(&function.name),
+            path: info.path.clone(),
+            at,
+        }),
     }
 }
 

@@ -34,6 +34,7 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
         ],
     ),
     (Lang::C, "storm", &["storm_", "main"]),
+    (Lang::C, "levels", &["level1", "level2", "level3", "main"]),
     (
         Lang::Cpp,
         "cxx_exceptions",

@@ -225,13 +225,128 @@ fn c_symbols_resolve_to_the_offsets_the_kernel_maps() {
         ));
         assert_eq!(by_address.file_offset, target.file_offset);
         assert_eq!(by_address.symbol, "probes_fixture_add");
-        let inside = resolve_one(&format!(
+        let at_4 = resolve_one(&format!(
             "uprobe:{}:{:#x}",
             binary.display(),
-            target.address + 1
+            target.address + 4
         ));
-        assert_eq!(inside.symbol, "probes_fixture_add+0x1");
+        assert_eq!(at_4.symbol, "probes_fixture_add+0x4");
     }
+}
+
+/// Where objdump says the instructions of `function` start, as offsets into it.
+fn objdump_boundaries(binary: &Path, function: &str) -> Vec<u64> {
+    let output = Command::new("objdump")
+        .args([
+            "-d",
+            "--no-show-raw-insn",
+            &format!("--disassemble={function}"),
+        ])
+        .arg(binary)
+        .output()
+        .expect("objdump runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut addresses = text.lines().filter_map(|line| {
+        let (address, _) = line.trim_start().split_once(":\t")?;
+        u64::from_str_radix(address, 16).ok()
+    });
+    let start = addresses.next().expect("objdump lists the function");
+    std::iter::once(0)
+        .chain(addresses.map(|a| a - start))
+        .collect()
+}
+
+#[test]
+fn offsets_and_addresses_inside_instructions_are_refused_with_the_nearest_boundaries() {
+    let dir = TempDir::new("boundaries");
+    for binary in c_fixtures(&dir) {
+        let name = "probes_fixture_add";
+        let start = resolve_one(&format!("uprobe:{}:{name}", binary.display())).address;
+        let boundaries = objdump_boundaries(&binary, name);
+        assert!(boundaries.len() > 2, "{boundaries:?}");
+        let end = *boundaries.last().unwrap();
+        for offset in 1..end {
+            let by_offset = resolve(&format!("uprobe:{}:{name}+{offset}", binary.display()));
+            let by_address = resolve(&format!(
+                "uprobe:{}:{:#x}",
+                binary.display(),
+                start + offset
+            ));
+            if boundaries.contains(&offset) {
+                assert_eq!(by_offset.unwrap()[0].address, start + offset);
+                assert_eq!(by_address.unwrap()[0].address, start + offset);
+                continue;
+            }
+            let before = *boundaries.iter().rev().find(|&&b| b < offset).unwrap();
+            let after = *boundaries.iter().find(|&&b| b > offset).unwrap();
+            let err = by_offset.unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "offset {offset:#x} is inside an instruction of {name} in "
+                )),
+                "{err}"
+            );
+            assert!(
+                err.ends_with(&format!(
+                    "the nearest instruction boundaries are {name}+{before:#x} and {name}+{after:#x}"
+                )),
+                "{err}"
+            );
+            let err = by_address.unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "address {:#x} ({name}+{offset:#x}) is inside an instruction",
+                    start + offset
+                )),
+                "{err}"
+            );
+            assert!(
+                err.ends_with(&format!(
+                    "boundaries are {:#x} ({name}+{before:#x}) and {:#x} ({name}+{after:#x})",
+                    start + before,
+                    start + after
+                )),
+                "{err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn addresses_in_no_known_function_are_refused_unless_forced() {
+    use object::{Object, ObjectSection};
+    let dir = TempDir::new("outside");
+    let binary = &c_fixtures(&dir)[0];
+    let data = fs::read(binary).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    // The PLT is code without symbols.
+    let plt = file.section_by_name(".plt").expect("a .plt").address();
+    let spec = uprobe(&format!("uprobe:{}:{plt:#x}", binary.display()));
+    let err = resolve_uprobe(&spec, None).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!("address {plt:#x} is in no known function of ")),
+        "{err}"
+    );
+    assert!(err.contains("--unsafe"), "{err}");
+    let forced = ResolveOptions {
+        pid: None,
+        unsafe_addresses: true,
+    };
+    let targets = resolve_uprobe_with(&spec, &forced).unwrap();
+    assert_eq!(targets[0].address, plt);
+    assert_eq!(targets[0].symbol, format!("{plt:#x}"));
+    // Forcing never lets a probe land inside a known instruction.
+    let add = resolve_one(&format!("uprobe:{}:probes_fixture_add", binary.display()));
+    let spec = uprobe(&format!(
+        "uprobe:{}:{:#x}",
+        binary.display(),
+        add.address + 1
+    ));
+    let err = resolve_uprobe_with(&spec, &forced).unwrap_err();
+    assert!(
+        matches!(err, ResolveError::InsideInstruction { .. }),
+        "{err}"
+    );
 }
 
 #[test]
