@@ -205,3 +205,122 @@ fn an_address_in_no_known_function_needs_unsafe() {
     assert_eq!(run.stdout, "calls 10 sum 60\n");
     assert!(run.stderr.contains(" events, "), "{}", run.stderr);
 }
+
+/// The `ifuncs` fixture, built so that gcc leaves strlen and memcpy calls alone.
+fn ifuncs_fixture() -> std::path::PathBuf {
+    fixtures::build(fixtures::Lang::C, "ifuncs", &["-fno-builtin"])
+        .unwrap_or_else(|error| panic!("building fixture ifuncs: {error}"))
+}
+
+/// The calls per caller the `ifuncs` fixture printed.
+fn printed_calls(stdout: &str) -> Vec<(String, u64)> {
+    stdout
+        .lines()
+        .map(|line| {
+            let (caller, count) = line.split_once(' ').expect("CALLER COUNT");
+            (caller.to_string(), count.parse().expect("a count"))
+        })
+        .collect()
+}
+
+#[test]
+fn ifunc_symbols_count_every_call_of_the_implementation() {
+    if !bpf_or_skip("ifunc") {
+        return;
+    }
+    let ifuncs = ifuncs_fixture();
+    let run = trace(
+        "ifunc",
+        &["uprobe:libc:strlen", "uprobe:libc:memcpy"],
+        &format!("{} 3000", quoted(&ifuncs)),
+        &["--no-svg"],
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    for name in ["strlen", "memcpy"] {
+        assert_eq!(
+            run.stderr
+                .lines()
+                .filter(
+                    |line| line.starts_with(&format!("cargo-trace: note: {name} in "))
+                        && line.contains(" is an IFUNC: probing ")
+                )
+                .count(),
+            1,
+            "one line says which {name} is probed: {}",
+            run.stderr
+        );
+    }
+    let printed = printed_calls(&run.stdout);
+    assert_eq!(printed.len(), 4, "{}", run.stdout);
+    let folded = run.folded();
+    for (caller, calls) in printed {
+        assert_eq!(calls, 3000);
+        let probe = if caller.starts_with("strlen") {
+            "uprobe:libc:strlen"
+        } else {
+            "uprobe:libc:memcpy"
+        };
+        let counted: u64 = folded
+            .stacks
+            .iter()
+            .filter(|(frames, _)| frames[0] == probe && frames.contains(&caller))
+            .map(|(_, count)| count)
+            .sum();
+        assert_eq!(counted, calls, "{caller} under {probe}: {}", run.stderr);
+    }
+}
+
+#[test]
+fn a_probe_on_a_file_the_target_does_not_map_is_warned_about_at_start() {
+    if !bpf_or_skip("not mapped") {
+        return;
+    }
+    let levels_static = fixtures::build(fixtures::Lang::C, "levels", &["-no-pie", "-static"])
+        .unwrap_or_else(|error| panic!("building a static levels: {error}"));
+    let levels = fixtures::c_fixture("levels");
+    let ifuncs = ifuncs_fixture();
+    let other_binary = format!("uprobe:{}:main", ifuncs.display());
+    let cases = [
+        (&levels_static, "uprobe:libc:getppid", "libc.so", true),
+        (&levels, other_binary.as_str(), "ifuncs", false),
+    ];
+    for (target, probe, file, statically_linked) in cases {
+        let run = trace(
+            "not-mapped",
+            &[probe],
+            &format!("{} 10", quoted(target)),
+            &["--no-svg"],
+        );
+        // Accepted: a library may be opened later.
+        assert_eq!(run.status.code(), Some(0), "{probe}: {}", run.stderr);
+        assert_eq!(run.stdout, "calls 10 sum 60\n");
+        let warnings: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|line| line.starts_with("cargo-trace: warning: "))
+            .collect();
+        assert_eq!(warnings.len(), 1, "{probe}: {}", run.stderr);
+        let warning = warnings[0];
+        assert!(
+            warning.contains(&format!("{probe} may never fire: process "))
+                && warning.contains(" does not map ")
+                && warning.contains(file),
+            "{warning}"
+        );
+        assert_eq!(
+            warning.contains("statically linked"),
+            statically_linked,
+            "{warning}"
+        );
+        assert_eq!(run.summary_events(), 0, "{}", run.stderr);
+    }
+    // A probe that can fire is not warned about.
+    let run = trace(
+        "mapped",
+        &["uprobe:libc:getppid"],
+        &format!("{} 10", quoted(&levels)),
+        &["--no-svg"],
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+}

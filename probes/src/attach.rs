@@ -528,7 +528,9 @@ pub fn attach_probe_with(
                 pid,
                 unsafe_addresses: options.unsafe_addresses,
             };
-            let targets = resolve_uprobe_with(u, &resolve)?;
+            let resolution = resolve_uprobe_with(u, &resolve)?;
+            let targets = resolution.targets;
+            notices.extend(resolution.notices);
             notices.extend(not_mapped(spec, &targets, pid));
             targets
                 .iter()

@@ -52,6 +52,26 @@ pub(crate) fn placement(code: &[u8], start: u64, target: u64) -> Placement {
     }
 }
 
+/// The addresses `code` (at `start`) refers to relative to rip (`lea f(%rip), %rax`):
+/// in an IFUNC resolver, among them, the implementations it can return.
+pub(crate) fn rip_relative_targets(code: &[u8], start: u64) -> Vec<u64> {
+    let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+    let mut targets = Vec::new();
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            break;
+        }
+        if instruction.is_ip_rel_memory_operand() {
+            let target = instruction.ip_rel_memory_address();
+            if !targets.contains(&target) {
+                targets.push(target);
+            }
+        }
+    }
+    targets
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +109,18 @@ mod tests {
                 after: 0x100b
             }
         );
+    }
+
+    #[test]
+    fn rip_relative_operands_are_resolved_to_addresses() {
+        // lea 0x10(%rip),%rax at 0x2000 (7 bytes); lea 0x20(%rip),%rdx; ret
+        let code = [
+            0x48, 0x8d, 0x05, 0x10, 0x00, 0x00, 0x00, //
+            0x48, 0x8d, 0x15, 0x20, 0x00, 0x00, 0x00, //
+            0xc3,
+        ];
+        assert_eq!(rip_relative_targets(&code, 0x2000), [0x2017, 0x202e]);
+        assert_eq!(rip_relative_targets(CODE, 0x1000), Vec::<u64>::new());
     }
 
     #[test]

@@ -11,8 +11,13 @@
 //!   the binary (path, library short name looked up in the process's mappings then the
 //!   library directories, program on `PATH`, or the `-p` process's executable), the
 //!   symbol (.symtab then .dynsym; mangled, demangled Rust without hash, C++ with or
-//!   without arguments, `*` patterns; close names suggested when missing), and its file
-//!   offset through the PT_LOAD segment that holds it.
+//!   without arguments, `*` patterns; close names suggested when missing; a stripped
+//!   library's separate debug file, found as the symbolizer finds it, names its static
+//!   functions), and its file offset through the PT_LOAD segment that holds it.
+//!   An offset or address past a function's start must start an instruction (decoded
+//!   from the function's start, [`iced_x86`]); an IFUNC becomes the implementation its
+//!   resolver selected in the process (or all it can select). [`Notice`]s say what a
+//!   user should know: the IFUNC's implementation, a file the process does not map.
 //! - **Attaches** a loaded program of the right kind ([`ProbeSpec::program_kind`]) with a
 //!   BPF cookie ([`attach_probe`], or per kind: [`attach_uprobe`],
 //!   [`attach_perf_event_per_cpu`], [`attach_tracepoint`], [`attach_raw_tracepoint`],

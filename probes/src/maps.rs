@@ -5,10 +5,21 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use crate::elf::Segment;
+
+/// (major, minor, inode) of the file at `path`.
+fn file_key(path: &Path) -> Option<(u32, u32, u64)> {
+    let metadata = fs::metadata(path).ok()?;
+    let device = metadata.dev();
+    Some((libc::major(device), libc::minor(device), metadata.ino()))
+}
+
 /// The files mapped by one process.
 pub(crate) struct MappedFiles {
     /// (major, minor, inode) of each mapping of a file.
     files: Vec<(u32, u32, u64)>,
+    /// (start address, file offset) of each mapping of `files`, in the same order.
+    ranges: Vec<(u64, u64)>,
     /// A mapped path looks like a shared library (`*.so*`).
     shared_libraries: bool,
 }
@@ -22,6 +33,7 @@ impl MappedFiles {
 
     fn parse(maps: &str) -> MappedFiles {
         let mut files = Vec::new();
+        let mut ranges = Vec::new();
         let mut shared_libraries = false;
         for line in maps.lines() {
             // start-end perms offset major:minor inode path
@@ -43,26 +55,54 @@ impl MappedFiles {
             if inode == 0 {
                 continue;
             }
+            let start = fields[0].split_once('-').map(|(start, _)| start);
+            let start = start.and_then(|start| u64::from_str_radix(start, 16).ok());
+            let offset = fields.get(2).and_then(|o| u64::from_str_radix(o, 16).ok());
+            let (Some(start), Some(offset)) = (start, offset) else {
+                continue;
+            };
             let path = fields.get(5).map(|p| p.trim_start()).unwrap_or("");
             let name = path.rsplit('/').next().unwrap_or("");
             shared_libraries |= name.contains(".so");
             files.push((major, minor, inode));
+            ranges.push((start, offset));
         }
         MappedFiles {
             files,
+            ranges,
             shared_libraries,
         }
     }
 
     /// Whether the file at `path` (as this process sees it) is mapped.
     pub fn contains(&self, path: &Path) -> bool {
-        let Ok(metadata) = fs::metadata(path) else {
+        match file_key(path) {
+            Some(key) => self.files.contains(&key),
             // Unknown: say nothing rather than something wrong.
-            return true;
-        };
-        let device = metadata.dev();
-        let key = (libc::major(device), libc::minor(device), metadata.ino());
-        self.files.contains(&key)
+            None => true,
+        }
+    }
+
+    /// The load bias of the file at `path` (process address minus the file's virtual
+    /// address), from one of its mappings and the segment that mapping starts in.
+    pub fn load_bias(&self, path: &Path, segments: &[Segment]) -> Option<u64> {
+        let key = file_key(path)?;
+        self.files
+            .iter()
+            .zip(&self.ranges)
+            .filter(|(file, _)| **file == key)
+            .find_map(|(_, &(start, offset))| {
+                let segment = segments
+                    .iter()
+                    .find(|s| offset >= s.offset & !0xfff && offset < s.offset + s.filesz.max(1))?;
+                // The mapping of file offset `offset` starts at `start`; the segment maps
+                // file offset o at s.vaddr + (o - s.offset) + bias.
+                Some(
+                    start
+                        .wrapping_sub(offset)
+                        .wrapping_sub(segment.vaddr.wrapping_sub(segment.offset)),
+                )
+            })
     }
 
     pub fn has_shared_libraries(&self) -> bool {

@@ -15,6 +15,17 @@ pub enum Notice {
         /// The process maps no shared library at all (a static executable).
         static_target: bool,
     },
+    /// An IFUNC symbol: the implementations probed in place of its resolver, which
+    /// runs once per process.
+    Ifunc {
+        symbol: String,
+        path: PathBuf,
+        /// Empty: none was found, and the resolver itself is probed.
+        implementations: Vec<String>,
+        /// The process whose selection was read; `None`: every implementation the
+        /// resolver can select is probed.
+        selected_in: Option<u32>,
+    },
 }
 
 impl Notice {
@@ -22,6 +33,10 @@ impl Notice {
     pub fn level(&self) -> &'static str {
         match self {
             Notice::NotMapped { .. } => "warning",
+            Notice::Ifunc {
+                implementations, ..
+            } if implementations.is_empty() => "warning",
+            Notice::Ifunc { .. } => "note",
         }
     }
 }
@@ -45,6 +60,30 @@ impl fmt::Display for Notice {
                     ""
                 }
             ),
+            Notice::Ifunc {
+                symbol,
+                path,
+                implementations,
+                selected_in,
+            } => {
+                write!(f, "{symbol} in {} is an IFUNC: ", path.display())?;
+                match (implementations.as_slice(), selected_in) {
+                    ([], _) => write!(
+                        f,
+                        "no implementation found; probing its resolver, which runs once \
+                         per process (probe an implementation by name instead)"
+                    ),
+                    ([one], Some(pid)) => {
+                        write!(f, "probing {one}, the implementation process {pid} uses")
+                    }
+                    (all, _) => write!(
+                        f,
+                        "probing the {} implementations its resolver can select: {}",
+                        all.len(),
+                        all.join(", ")
+                    ),
+                }
+            }
         }
     }
 }

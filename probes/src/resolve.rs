@@ -8,7 +8,8 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::elf::{ElfInfo, Function};
-use crate::instructions::{placement, Placement};
+use crate::instructions::{placement, rip_relative_targets, Placement};
+use crate::notice::Notice;
 use crate::spec::{Lang, UprobeLocation, UprobeSpec, UsdtSpec};
 use crate::wildcard::{has_wildcard, matches};
 
@@ -198,13 +199,20 @@ pub fn resolve_uprobe(
     spec: &UprobeSpec,
     pid: Option<u32>,
 ) -> Result<Vec<UprobeTarget>, ResolveError> {
-    resolve_uprobe_with(
-        spec,
-        &ResolveOptions {
-            pid,
-            ..ResolveOptions::default()
-        },
-    )
+    let options = ResolveOptions {
+        pid,
+        ..ResolveOptions::default()
+    };
+    Ok(resolve_uprobe_with(spec, &options)?.targets)
+}
+
+/// What a uprobe spec resolved to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolution {
+    pub targets: Vec<UprobeTarget>,
+    /// What the user should know about them (an IFUNC's implementations probed in its
+    /// place).
+    pub notices: Vec<Notice>,
 }
 
 /// Resolves a uprobe spec to the places to probe.
@@ -215,10 +223,15 @@ pub fn resolve_uprobe(
 ///
 /// A probe never lands inside an instruction: an offset or address past a function's
 /// start is checked against the instructions decoded from that start.
+///
+/// A probe on an IFUNC symbol (`strlen`, `memcpy` in glibc) goes to the implementation
+/// its resolver selected in process `pid` (read from the slot ld.so filled for the
+/// file's own calls), else to every implementation the resolver can return: the
+/// resolver itself runs once per process, not once per call.
 pub fn resolve_uprobe_with(
     spec: &UprobeSpec,
     options: &ResolveOptions,
-) -> Result<Vec<UprobeTarget>, ResolveError> {
+) -> Result<Resolution, ResolveError> {
     let pid = options.pid;
     let path = match &spec.target {
         Some(target) => resolve_binary(target, pid)?,
@@ -262,13 +275,16 @@ pub fn resolve_uprobe_with(
                     })
                 }
             };
-            Ok(vec![UprobeTarget {
-                path,
-                file_offset,
-                address,
-                symbol,
-                ref_ctr_offset: None,
-            }])
+            Ok(Resolution {
+                targets: vec![UprobeTarget {
+                    path,
+                    file_offset,
+                    address,
+                    symbol,
+                    ref_ctr_offset: None,
+                }],
+                notices: Vec::new(),
+            })
         }
         UprobeLocation::Symbol { name, offset } => {
             let all = has_wildcard(name) || spec.lang == Some(Lang::Cpp);
@@ -278,46 +294,163 @@ pub fn resolve_uprobe_with(
                 }
                 result => result?,
             };
-            functions
-                .into_iter()
-                .map(|(function, display)| {
-                    if *offset > 0 && function.size > 0 && *offset >= function.size {
-                        return Err(ResolveError::OffsetOutOfRange {
-                            symbol: display,
-                            offset: *offset,
-                            size: function.size,
+            let mut notices = Vec::new();
+            let mut targets = Vec::new();
+            for (function, display) in functions {
+                if function.ifunc && *offset == 0 {
+                    let (implementations, notice) =
+                        ifunc_implementations(&info, function, &display, pid);
+                    notices.push(notice);
+                    for (address, symbol) in implementations {
+                        let file_offset = info.file_offset(address, true).ok_or_else(|| {
+                            ResolveError::AddressNotInCode {
+                                address,
+                                path: path.clone(),
+                            }
+                        })?;
+                        targets.push(UprobeTarget {
                             path: path.clone(),
+                            file_offset,
+                            address,
+                            symbol,
+                            ref_ctr_offset: None,
                         });
                     }
-                    let address = function.address.wrapping_add(*offset);
-                    let file_offset = info.file_offset(address, true).ok_or_else(|| {
-                        ResolveError::AddressNotInCode {
-                            address,
-                            path: path.clone(),
-                        }
-                    })?;
-                    if *offset > 0 {
-                        let location = format!("offset {offset:#x}");
-                        let shown =
-                            |boundary: u64| format!("{display}+{:#x}", boundary - function.address);
-                        check_boundary(&info, function, address, options, location, shown)?;
-                    }
-                    let symbol = if *offset == 0 {
-                        display
-                    } else {
-                        format!("{display}+{offset:#x}")
-                    };
-                    Ok(UprobeTarget {
+                    continue;
+                }
+                if *offset > 0 && function.size > 0 && *offset >= function.size {
+                    return Err(ResolveError::OffsetOutOfRange {
+                        symbol: display,
+                        offset: *offset,
+                        size: function.size,
                         path: path.clone(),
-                        file_offset,
+                    });
+                }
+                let address = function.address.wrapping_add(*offset);
+                let file_offset = info.file_offset(address, true).ok_or_else(|| {
+                    ResolveError::AddressNotInCode {
                         address,
-                        symbol,
-                        ref_ctr_offset: None,
-                    })
-                })
-                .collect()
+                        path: path.clone(),
+                    }
+                })?;
+                if *offset > 0 {
+                    let location = format!("offset {offset:#x}");
+                    let shown =
+                        |boundary: u64| format!("{display}+{:#x}", boundary - function.address);
+                    check_boundary(&info, function, address, options, location, shown)?;
+                }
+                let symbol = if *offset == 0 {
+                    display
+                } else {
+                    format!("{display}+{offset:#x}")
+                };
+                targets.push(UprobeTarget {
+                    path: path.clone(),
+                    file_offset,
+                    address,
+                    symbol,
+                    ref_ctr_offset: None,
+                });
+            }
+            // An IFUNC's implementation may also have been matched by name (patterns).
+            let mut seen = std::collections::HashSet::new();
+            targets.retain(|t| seen.insert(t.address));
+            Ok(Resolution { targets, notices })
         }
     }
+}
+
+/// The implementations to probe for IFUNC `resolver` (named `display`), with names,
+/// and the notice that says which: the one ld.so selected in `pid` when it can be read,
+/// else every function the resolver refers to, else the resolver itself.
+fn ifunc_implementations(
+    info: &ElfInfo,
+    resolver: &Function,
+    display: &str,
+    pid: Option<u32>,
+) -> (Vec<(u64, String)>, Notice) {
+    let notice = |implementations: &[(u64, String)], selected_in: Option<u32>| Notice::Ifunc {
+        symbol: display.to_string(),
+        path: info.path.clone(),
+        implementations: implementations.iter().map(|(_, n)| n.clone()).collect(),
+        selected_in,
+    };
+    if let Some(pid) = pid {
+        if let Some(address) = selected_implementation(info, resolver, pid) {
+            let chosen = vec![(address, implementation_name(info, address, display))];
+            let notice = notice(&chosen, Some(pid));
+            return (chosen, notice);
+        }
+    }
+    let code = info.code_from(resolver.address).unwrap_or_default();
+    let code = &code[..code.len().min(resolver.size as usize)];
+    let candidates: Vec<(u64, String)> = rip_relative_targets(code, resolver.address)
+        .into_iter()
+        .filter(|&address| {
+            address != resolver.address
+                && info
+                    .functions
+                    .iter()
+                    .any(|f| f.address == address && !f.ifunc)
+        })
+        .map(|address| (address, implementation_name(info, address, display)))
+        .collect();
+    if candidates.is_empty() {
+        let resolver_only = vec![(resolver.address, display.to_string())];
+        return (resolver_only, notice(&[], None));
+    }
+    let notice = notice(&candidates, None);
+    (candidates, notice)
+}
+
+/// The implementation of IFUNC `resolver` that process `pid` calls: what ld.so wrote in
+/// the slot of the file's own IRELATIVE relocation for it, as a virtual address of the
+/// file. `None` when the file has no such slot or the process does not map it.
+fn selected_implementation(info: &ElfInfo, resolver: &Function, pid: u32) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let slot = info
+        .irelative
+        .iter()
+        .find(|(target, _)| *target == resolver.address)?
+        .1;
+    let mapped = crate::maps::MappedFiles::of(pid)?;
+    let bias = mapped.load_bias(&info.path, &info.segments)?;
+    let memory = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut word = [0u8; 8];
+    memory
+        .read_exact_at(&mut word, slot.wrapping_add(bias))
+        .ok()?;
+    let address = u64::from_le_bytes(word).wrapping_sub(bias);
+    info.file_offset(address, true)?;
+    Some(address)
+}
+
+/// The name of the function at `address`: of several aliases, preferably one that
+/// names the IFUNC (`__memcpy_evex_unaligned_erms` rather than `__memmove_...` for
+/// `memcpy`).
+fn implementation_name(info: &ElfInfo, address: u64, ifunc: &str) -> String {
+    let mut names: Vec<&Function> = info
+        .functions
+        .iter()
+        .filter(|f| f.address == address && !f.ifunc)
+        .collect();
+    // An old symbol version of the IFUNC's own name (`memcpy@GLIBC_2.2.5`) says less
+    // than the implementation's own name.
+    names.sort_by_key(|f| {
+        let name = f.name.as_str();
+        let versioned = f.hidden_version || name.contains('@') || name == ifunc;
+        (
+            versioned,
+            !name.contains(ifunc),
+            f.dynamic,
+            name.len(),
+            name,
+        )
+    });
+    names
+        .first()
+        .map(|f| display_name(&f.name))
+        .unwrap_or_else(|| format!("{address:#x}"))
 }
 
 /// Refuses `address`, past the start of `function`, unless an instruction starts

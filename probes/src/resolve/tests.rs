@@ -5,7 +5,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::binary::{is_elf, library_matches, library_rank};
+use super::binary::{find_library, is_elf, library_matches, library_rank};
 use super::symbols::{strip_generic_arguments, suggestions, Names};
 use super::*;
 use crate::elf::Function;
@@ -332,7 +332,7 @@ fn addresses_in_no_known_function_are_refused_unless_forced() {
         pid: None,
         unsafe_addresses: true,
     };
-    let targets = resolve_uprobe_with(&spec, &forced).unwrap();
+    let targets = resolve_uprobe_with(&spec, &forced).unwrap().targets;
     assert_eq!(targets[0].address, plt);
     assert_eq!(targets[0].symbol, format!("{plt:#x}"));
     // Forcing never lets a probe land inside a known instruction.
@@ -819,4 +819,94 @@ fn suggestions_rank_same_suffix_first() {
     assert_eq!(found[0], "a::parse");
     assert!(found.contains(&"c::prase".to_string()), "{found:?}");
     assert!(!found.contains(&"unrelated".to_string()), "{found:?}");
+}
+
+/// Whether this machine has libc's separate debug file (libc6-dbg, which CI installs).
+fn libc_debug_file() -> bool {
+    let libc = find_library("libc", None).unwrap();
+    let found = unwind_tables::find_debug_file_path(&libc, &unwind_tables::DebugSearch::default())
+        .is_some();
+    if !found {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI has no debug file for {}: .ci/setup.sh installs libc6-dbg",
+            libc.display()
+        );
+        eprintln!("skipping: no debug file for {} (libc6-dbg)", libc.display());
+    }
+    found
+}
+
+#[test]
+fn ifunc_symbols_resolve_to_the_implementation_this_process_calls() {
+    let pid = std::process::id();
+    // Taking a function's address goes through the GOT, which ld.so filled with what
+    // the IFUNC's resolver returned: the implementation this process calls.
+    let called: [(&str, usize); 2] = [
+        ("strlen", libc::strlen as *const () as usize),
+        ("memcpy", libc::memcpy as *const () as usize),
+    ];
+    for (name, address) in called {
+        let (path, file_offset) = mapped_file_offset(pid, address as u64);
+        let spec = uprobe(&format!("uprobe:libc:{name}"));
+        let options = ResolveOptions {
+            pid: Some(pid),
+            unsafe_addresses: false,
+        };
+        let resolution = resolve_uprobe_with(&spec, &options).unwrap();
+        assert_eq!(resolution.targets.len(), 1, "{resolution:?}");
+        let target = &resolution.targets[0];
+        assert_eq!(
+            fs::metadata(&target.path).unwrap().ino(),
+            fs::metadata(&path).unwrap().ino()
+        );
+        assert_eq!(target.file_offset, file_offset, "{name}: {resolution:?}");
+        let [Notice::Ifunc {
+            implementations,
+            selected_in,
+            ..
+        }] = resolution.notices.as_slice()
+        else {
+            panic!("{name}: {resolution:?}");
+        };
+        assert_eq!(*selected_in, Some(pid));
+        assert_eq!(implementations, std::slice::from_ref(&target.symbol));
+        let line = resolution.notices[0].to_string();
+        assert!(
+            line.starts_with(&format!("{name} in ")) && line.contains(" is an IFUNC: probing "),
+            "{line}"
+        );
+
+        // Without a process: every implementation the resolver can select, that one
+        // among them.
+        let all = resolve_uprobe(&spec, None).unwrap();
+        assert!(all.len() > 1, "{name}: {all:?}");
+        assert!(
+            all.iter().any(|t| t.file_offset == file_offset),
+            "{name}: {all:?}"
+        );
+        if libc_debug_file() {
+            assert!(
+                all.iter().all(|t| t.symbol.starts_with("__")),
+                "implementations are named: {all:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn names_from_the_separate_debug_file_are_probes() {
+    if !libc_debug_file() {
+        return;
+    }
+    let getppid = resolve_one("uprobe:libc:getppid");
+    let internal = resolve_one("uprobe:libc:__GI_getppid");
+    assert_eq!(internal.address, getppid.address);
+    // A static function only the debug file names, and a pattern over such names.
+    let evex = resolve_one("uprobe:libc:__strlen_evex");
+    assert_eq!(evex.symbol, "__strlen_evex");
+    let all = resolve("uprobe:libc:__strlen_*").unwrap();
+    assert!(all.len() > 2, "{all:?}");
+    assert!(all.iter().any(|t| t.address == evex.address), "{all:?}");
 }
