@@ -324,3 +324,50 @@ fn a_probe_on_a_file_the_target_does_not_map_is_warned_about_at_start() {
     assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
     assert!(!run.stderr.contains("warning"), "{}", run.stderr);
 }
+
+#[test]
+fn a_frame_name_of_the_flamegraph_is_a_probe_wildcards_included() {
+    if !bpf_or_skip("frame names") {
+        return;
+    }
+    let ifuncs = ifuncs_fixture();
+    let command = format!("{} 2000", quoted(&ifuncs));
+    let run = trace(
+        "frame-names",
+        &["uprobe:libc:strlen"],
+        &command,
+        &["--no-svg"],
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    // The implementation, as the symbolizer names it (`__strlen_evex` on AVX-512
+    // machines: a name only libc's separate debug file has).
+    let leaf = run
+        .folded()
+        .stacks
+        .iter()
+        .find(|(frames, _)| frames.contains(&"strlen_direct".to_string()))
+        .map(|(frames, _)| frames.last().unwrap().clone())
+        .expect("a strlen_direct stack");
+    assert!(leaf.starts_with("__strlen_"), "{leaf}: {}", run.stderr);
+    for probe in [
+        format!("uprobe:libc:{leaf}"),
+        "uprobe:libc:__strlen_*".to_string(),
+        "uprobe:libc:__GI_getppid".to_string(),
+    ] {
+        let run = trace("frame-names", &[&probe], &command, &["--no-svg"]);
+        assert_eq!(run.status.code(), Some(0), "{probe}: {}", run.stderr);
+        if probe.ends_with("getppid") {
+            // Resolved, attached; the fixture never calls it.
+            assert_eq!(run.summary_events(), 0, "{}", run.stderr);
+            continue;
+        }
+        let folded = run.folded();
+        assert_eq!(
+            folded.count_with("strlen_direct"),
+            2000,
+            "{probe}: {}",
+            run.stderr
+        );
+        assert_eq!(folded.count_with("strlen_through_pointer"), 2000, "{probe}");
+    }
+}
