@@ -222,7 +222,13 @@ pub fn run(cli: &Cli) -> Result<i32> {
 }
 
 fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
-    texts
+    // bpftrace's comma lists: `uprobe:./p:f,uprobe:./p:g` is two probes.
+    let listed: Vec<&str> = texts
+        .iter()
+        .map(|text| probes::split_list(text).map_err(|error| anyhow::anyhow!("{error}")))
+        .collect::<Result<Vec<_>>>()?
+        .concat();
+    listed
         .iter()
         .map(|text| {
             let spec = probes::parse(text).map_err(|error| anyhow::anyhow!("{error}"))?;
@@ -233,7 +239,7 @@ fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
                 _ => {}
             }
             Ok(Probe {
-                text: text.clone(),
+                text: text.to_string(),
                 spec,
             })
         })

@@ -371,3 +371,62 @@ fn a_frame_name_of_the_flamegraph_is_a_probe_wildcards_included() {
         assert_eq!(folded.count_with("strlen_through_pointer"), 2000, "{probe}");
     }
 }
+
+#[test]
+fn filters_are_one_line_saying_what_to_use_instead() {
+    for (probe, mentions) in [
+        (
+            "uprobe:libc:malloc /pid == 1/",
+            "filters are not supported ('/pid == 1/'",
+        ),
+        (
+            "uprobe:libc:malloc { @[ustack] = count(); }",
+            "actions are not supported",
+        ),
+        (
+            "uprobe:libc:malloc,uprobe:libc:free /comm == \"x\"/",
+            "filters are not supported",
+        ),
+    ] {
+        let (status, stderr) = run_args(&[probe, "-c", "true"]);
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert!(
+            lines[0].starts_with("cargo-trace: error: ") && lines[0].contains(mentions),
+            "{stderr}"
+        );
+        assert!(
+            lines[0].ends_with("drop the filter") || lines[0].ends_with("drop the action"),
+            "says what to do: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_comma_list_is_several_probes_each_with_its_counts() {
+    if !bpf_or_skip("comma list") {
+        return;
+    }
+    let levels = fixtures::c_fixture("levels");
+    let level1 = format!("uprobe:{}:level1", levels.display());
+    let level3 = format!("uprobe:{}:level3", levels.display());
+    let run = trace(
+        "comma-list",
+        &[&format!("{level1},{level3}")],
+        &format!("{} 700", quoted(&levels)),
+        &["--no-svg"],
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    let folded = run.folded();
+    for (probe, leaf) in [(&level1, "level1"), (&level3, "level3")] {
+        let counted: u64 = folded
+            .stacks
+            .iter()
+            .filter(|(frames, _)| frames[0] == *probe && frames.last().unwrap() == leaf)
+            .map(|(_, count)| count)
+            .sum();
+        assert_eq!(counted, 700, "{probe}: {}", run.stderr);
+    }
+    assert_eq!(folded.total(), 1400);
+}

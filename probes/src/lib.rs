@@ -71,7 +71,7 @@ pub use resolve::{
     ResolveOptions, UprobeTarget,
 };
 pub use spec::{
-    parse, HardwareEvent, KprobeSpec, Lang, ParseError, ProbeSpec, ProgramKind, Rate, Sampling,
-    SoftwareEvent, UprobeLocation, UprobeSpec, UsdtSpec,
+    parse, split_list, HardwareEvent, KprobeSpec, Lang, ParseError, ProbeSpec, ProgramKind, Rate,
+    Sampling, SoftwareEvent, UprobeLocation, UprobeSpec, UsdtSpec,
 };
 pub use tracefs::{ensure_tracefs, expand_tracepoints, tracefs_root, TRACEFS};
