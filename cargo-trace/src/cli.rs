@@ -72,6 +72,10 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// Show libbpf's own log (-v: warnings and information, -vv: debug too).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
     /// Accept uprobes at raw addresses that are in no known function (or in code that
     /// does not decode), where nothing checks that they start an instruction; one that
     /// does not crashes every process running the file.

@@ -22,6 +22,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse_from_env();
+    probes::libbpf_log(cli.verbose);
     match session::run(&cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(error) => {

@@ -430,3 +430,34 @@ fn a_comma_list_is_several_probes_each_with_its_counts() {
     }
     assert_eq!(folded.total(), 1400);
 }
+
+#[test]
+fn an_unknown_raw_tracepoint_is_one_line_and_libbpf_speaks_with_verbose_only() {
+    if !bpf_or_skip("raw tracepoint") {
+        return;
+    }
+    let (status, stderr) = run_args(&["rawtracepoint:no_such_tracepoint_xyz", "-c", "true"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("cargo-trace: error: no raw tracepoint no_such_tracepoint_xyz"),
+        "{stderr}"
+    );
+    let (status, stderr) = run_args(&["rawtracepoint:no_such_tracepoint_xyz", "-c", "true", "-v"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|line| line.starts_with("cargo-trace: libbpf: ")
+                && line.contains("no_such_tracepoint_xyz")),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("cargo-trace: error: "),
+        "{stderr}"
+    );
+}

@@ -47,6 +47,7 @@ mod attach;
 mod elf;
 mod features;
 mod instructions;
+mod libbpf_log;
 mod maps;
 mod notice;
 mod resolve;
@@ -65,6 +66,7 @@ pub use attach::{
     PerfEventKind,
 };
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
+pub use libbpf_log::libbpf_log;
 pub use notice::Notice;
 pub use resolve::{
     resolve_binary, resolve_uprobe, resolve_uprobe_with, resolve_usdt, ResolveError,
