@@ -44,6 +44,7 @@
 //! system calls.
 
 mod attach;
+mod detach;
 mod elf;
 mod features;
 mod instructions;
@@ -65,6 +66,7 @@ pub use attach::{
     online_cpus, open_perf_events_per_cpu, AttachError, AttachOptions, Attached, Error,
     PerfEventKind,
 };
+pub use detach::detach;
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
 pub use libbpf_log::libbpf_log;
 pub use notice::Notice;
