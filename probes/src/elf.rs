@@ -60,6 +60,8 @@ pub(crate) struct ElfInfo {
     pub irelative: Vec<(u64, u64)>,
     /// The file's bytes, for the code of the functions probed at an offset.
     pub data: Vec<u8>,
+    /// [`ElfInfo::add_debug_file_symbols`] ran.
+    pub debug_file_searched: bool,
 }
 
 impl ElfInfo {
@@ -71,16 +73,19 @@ impl ElfInfo {
         })?;
         let mut info = Self::parse(path, &data)?;
         info.data = data;
-        if !info.has_symtab {
-            info.add_debug_file_symbols();
-        }
         Ok(info)
     }
 
     /// Adds the functions of the file's separate debug file (found by build-id or
     /// `.gnu_debuglink`, as the symbolizer finds it), whose .symtab names the static
     /// functions a stripped library's .dynsym lacks (`__strlen_evex`, `__GI_getppid`).
-    fn add_debug_file_symbols(&mut self) {
+    /// Only for a file without .symtab, once: for libc it costs ~20 ms, 10-20 times
+    /// what reading the library's own symbols does.
+    pub fn add_debug_file_symbols(&mut self) {
+        if self.has_symtab || self.debug_file_searched {
+            return;
+        }
+        self.debug_file_searched = true;
         let search = unwind_tables::DebugSearch::default();
         let Some(debug_path) = unwind_tables::find_debug_file_path(&self.path, &search) else {
             return;
@@ -174,6 +179,7 @@ impl ElfInfo {
             usdt,
             irelative,
             data: Vec::new(),
+            debug_file_searched: false,
         })
     }
 
@@ -438,6 +444,7 @@ mod tests {
             usdt: vec![],
             irelative: vec![],
             data: vec![],
+            debug_file_searched: false,
         };
         assert_eq!(info.file_offset(0x401234, true), Some(0x1234));
         assert_eq!(info.file_offset(0x500, true), None);

@@ -246,10 +246,12 @@ pub fn resolve_uprobe_with(
             )
         })?,
     };
-    let info = ElfInfo::load(&path)?;
+    let mut info = ElfInfo::load(&path)?;
     match &spec.location {
         UprobeLocation::Address(address) => {
             let address = *address;
+            // Every function known, static ones included, for the instruction check.
+            info.add_debug_file_symbols();
             let file_offset =
                 info.file_offset(address, true)
                     .ok_or_else(|| ResolveError::AddressNotInCode {
@@ -288,6 +290,14 @@ pub fn resolve_uprobe_with(
         }
         UprobeLocation::Symbol { name, offset } => {
             let all = has_wildcard(name) || spec.lang == Some(Lang::Cpp);
+            // The debug file's names too for a pattern, a name the file lacks, and an
+            // IFUNC (its implementations are static functions).
+            let more_names = has_wildcard(name)
+                || find_functions(&info, name, all)
+                    .map_or(true, |found| found.iter().any(|(f, _)| f.ifunc));
+            if more_names {
+                info.add_debug_file_symbols();
+            }
             let functions = match find_functions(&info, name, all) {
                 Err(e @ (ResolveError::SymbolNotFound { .. } | ResolveError::Stripped { .. })) => {
                     return Err(in_libc_instead(spec, name).unwrap_or(e))
