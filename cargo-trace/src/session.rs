@@ -123,11 +123,9 @@ pub fn run(cli: &Cli) -> Result<i32> {
     let exit = wait(&target, &mut tracer, &mut tables, &children, deadline)?;
     // No child stops at its start once the links are gone; one that stopped
     // since the last poll must not stay stopped.
-    if links.len() > 64 {
-        // Closing a tracepoint waits for the kernel (`syscalls:sys_enter_*`: ~15 s).
-        eprintln!("cargo-trace: detaching {} probes...", links.len());
-    }
-    probes::detach(links);
+    probes::detach(links, |count| {
+        eprintln!("cargo-trace: detaching {count} probes...")
+    });
     if let Some(ring) = &new_images {
         let _ = ring.consume();
     }

@@ -416,7 +416,7 @@ fn detach_closes_every_link_of_a_pattern() {
         let _ = fs::metadata("/");
     }
     assert!(loaded.counter("tracepoint").0 >= 10);
-    probes::detach(links);
+    probes::detach(links, |_| {});
     let (before, _) = loaded.counter("tracepoint");
     for _ in 0..100 {
         let _ = fs::metadata("/");
