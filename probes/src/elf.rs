@@ -25,6 +25,8 @@ pub(crate) struct Function {
     /// STT_GNU_IFUNC: the address is that of a resolver, which returns the address of
     /// the implementation to call (chosen for the CPU by ld.so at relocation).
     pub ifunc: bool,
+    /// At the address of an IFUNC (the IFUNC itself, or another name of its resolver).
+    pub resolver: bool,
 }
 
 /// A PT_LOAD segment.
@@ -76,6 +78,21 @@ impl ElfInfo {
         Ok(info)
     }
 
+    /// Marks every symbol at an IFUNC's address as a resolver: glibc names the resolver
+    /// itself too (`strlen_ifunc`, a plain function at `strlen`'s address), and a
+    /// pattern may pick that name for the address.
+    fn mark_ifunc_aliases(&mut self) {
+        let resolvers: HashSet<u64> = self
+            .functions
+            .iter()
+            .filter(|f| f.ifunc)
+            .map(|f| f.address)
+            .collect();
+        for function in &mut self.functions {
+            function.resolver = resolvers.contains(&function.address);
+        }
+    }
+
     /// Adds the functions of the file's separate debug file (found by build-id or
     /// `.gnu_debuglink`, as the symbolizer finds it), whose .symtab names the static
     /// functions a stripped library's .dynsym lacks (`__strlen_evex`, `__GI_getppid`).
@@ -110,6 +127,7 @@ impl ElfInfo {
             }
         }
         self.has_symtab = true;
+        self.mark_ifunc_aliases();
     }
 
     /// Indexes `data`, the contents of `path`; [`ElfInfo::data`] is left empty.
@@ -171,7 +189,7 @@ impl ElfInfo {
 
         let usdt = usdt_notes(endian, data, &sections).map_err(malformed)?;
 
-        Ok(ElfInfo {
+        let mut info = ElfInfo {
             path: path.to_path_buf(),
             functions,
             has_symtab: !symtab.is_empty(),
@@ -180,7 +198,9 @@ impl ElfInfo {
             irelative,
             data: Vec::new(),
             debug_file_searched: false,
-        })
+        };
+        info.mark_ifunc_aliases();
+        Ok(info)
     }
 
     /// The bytes of the file from virtual address `address` to the end of the
@@ -268,6 +288,7 @@ fn collect_functions(
             dynamic,
             hidden_version,
             ifunc: sym.st_type() == elf::STT_GNU_IFUNC,
+            resolver: sym.st_type() == elf::STT_GNU_IFUNC,
         });
     }
 }

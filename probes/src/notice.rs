@@ -26,7 +26,17 @@ pub enum Notice {
         /// resolver can select is probed.
         selected_in: Option<u32>,
     },
+    /// Several IFUNCs matched by one pattern: their [`Notice::Ifunc`]s, said in one
+    /// line.
+    Ifuncs {
+        pattern: String,
+        path: PathBuf,
+        ifuncs: Vec<Notice>,
+    },
 }
+
+/// How many IFUNCs a [`Notice::Ifuncs`] line names.
+const LISTED: usize = 5;
 
 impl Notice {
     /// `warning` for a probe that may count nothing, `note` otherwise.
@@ -37,6 +47,13 @@ impl Notice {
                 implementations, ..
             } if implementations.is_empty() => "warning",
             Notice::Ifunc { .. } => "note",
+            Notice::Ifuncs { ifuncs, .. } => {
+                if ifuncs.iter().any(|n| n.level() == "warning") {
+                    "warning"
+                } else {
+                    "note"
+                }
+            }
         }
     }
 }
@@ -83,6 +100,48 @@ impl fmt::Display for Notice {
                         all.join(", ")
                     ),
                 }
+            }
+            Notice::Ifuncs {
+                pattern,
+                path,
+                ifuncs,
+            } => {
+                let mut listed = Vec::new();
+                let mut unresolved = 0;
+                for notice in ifuncs {
+                    if let Notice::Ifunc {
+                        symbol,
+                        implementations,
+                        ..
+                    } = notice
+                    {
+                        match implementations.as_slice() {
+                            [] => unresolved += 1,
+                            [one] => listed.push(format!("{symbol} -> {one}")),
+                            all => {
+                                listed.push(format!("{symbol} -> {} implementations", all.len()))
+                            }
+                        }
+                    }
+                }
+                let shown = listed.len().min(LISTED);
+                write!(
+                    f,
+                    "{} functions matching '{pattern}' in {} are IFUNCs, probed at their \
+                     implementations instead: {}{}",
+                    ifuncs.len(),
+                    path.display(),
+                    listed[..shown].join(", "),
+                    if listed.len() > shown { ", ..." } else { "" }
+                )?;
+                if unresolved > 0 {
+                    write!(
+                        f,
+                        "; {unresolved} at their resolvers (no implementation found), \
+                         which run once per process"
+                    )?;
+                }
+                Ok(())
             }
         }
     }

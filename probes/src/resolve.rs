@@ -294,7 +294,7 @@ pub fn resolve_uprobe_with(
             // IFUNC (its implementations are static functions).
             let more_names = has_wildcard(name)
                 || find_functions(&info, name, all)
-                    .map_or(true, |found| found.iter().any(|(f, _)| f.ifunc));
+                    .map_or(true, |found| found.iter().any(|(f, _)| f.resolver));
             if more_names {
                 info.add_debug_file_symbols();
             }
@@ -307,7 +307,7 @@ pub fn resolve_uprobe_with(
             let mut notices = Vec::new();
             let mut targets = Vec::new();
             for (function, display) in functions {
-                if function.ifunc && *offset == 0 {
+                if function.resolver && *offset == 0 {
                     let (implementations, notice) =
                         ifunc_implementations(&info, function, &display, pid);
                     notices.push(notice);
@@ -365,6 +365,13 @@ pub fn resolve_uprobe_with(
             // An IFUNC's implementation may also have been matched by name (patterns).
             let mut seen = std::collections::HashSet::new();
             targets.retain(|t| seen.insert(t.address));
+            if notices.len() > 1 {
+                notices = vec![Notice::Ifuncs {
+                    pattern: name.clone(),
+                    path: path.clone(),
+                    ifuncs: notices,
+                }];
+            }
             Ok(Resolution { targets, notices })
         }
     }
@@ -401,7 +408,7 @@ fn ifunc_implementations(
                 && info
                     .functions
                     .iter()
-                    .any(|f| f.address == address && !f.ifunc)
+                    .any(|f| f.address == address && !f.resolver)
         })
         .map(|address| (address, implementation_name(info, address, display)))
         .collect();
@@ -442,7 +449,7 @@ fn implementation_name(info: &ElfInfo, address: u64, ifunc: &str) -> String {
     let mut names: Vec<&Function> = info
         .functions
         .iter()
-        .filter(|f| f.address == address && !f.ifunc)
+        .filter(|f| f.address == address && !f.resolver)
         .collect();
     // An old symbol version of the IFUNC's own name (`memcpy@GLIBC_2.2.5`) says less
     // than the implementation's own name.

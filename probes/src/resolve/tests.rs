@@ -910,3 +910,40 @@ fn names_from_the_separate_debug_file_are_probes() {
     assert!(all.len() > 2, "{all:?}");
     assert!(all.iter().any(|t| t.address == evex.address), "{all:?}");
 }
+
+#[test]
+fn a_pattern_probes_ifuncs_at_their_implementations_in_one_notice() {
+    if !libc_debug_file() {
+        return;
+    }
+    let pid = std::process::id();
+    let options = ResolveOptions {
+        pid: Some(pid),
+        unsafe_addresses: false,
+    };
+    let resolution = resolve_uprobe_with(&uprobe("uprobe:libc:str*len*"), &options).unwrap();
+    let strlen = resolve_uprobe_with(&uprobe("uprobe:libc:strlen"), &options).unwrap();
+    // strlen's resolver has aliases (glibc's `strlen_ifunc`): none of them is probed.
+    let libc = ElfInfo::load(&find_library("libc", None).unwrap()).unwrap();
+    let resolver = libc.functions.iter().find(|f| f.name == "strlen").unwrap();
+    assert!(
+        !resolution
+            .targets
+            .iter()
+            .any(|t| t.address == resolver.address),
+        "{resolution:?}"
+    );
+    assert!(resolution
+        .targets
+        .iter()
+        .any(|t| t.address == strlen.targets[0].address));
+    let [notice] = resolution.notices.as_slice() else {
+        panic!("{resolution:?}");
+    };
+    let line = notice.to_string();
+    assert!(line.contains("functions matching 'str*len*' in "), "{line}");
+    assert!(
+        line.contains(&format!("strlen -> {}", strlen.targets[0].symbol)),
+        "{line}"
+    );
+}
