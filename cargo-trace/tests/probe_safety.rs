@@ -461,3 +461,58 @@ fn an_unknown_raw_tracepoint_is_one_line_and_libbpf_speaks_with_verbose_only() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_avx_instruction_the_kernel_would_skip_is_never_probed() {
+    if !bpf_or_skip("avx entry") {
+        return;
+    }
+    let avx_entry = fixtures::c_fixture("avx_entry");
+    let untraced = Command::new(&avx_entry).arg("1").output().unwrap();
+    if untraced.status.code() == Some(77) {
+        eprintln!("skipping avx entry: this CPU has no AVX");
+        return;
+    }
+    let instructions = objdump_instructions(&avx_entry, "avx_first");
+    let (start, first) = &instructions[0];
+    let (second, _) = instructions[1];
+    assert!(first.starts_with("vpcmpeqb"), "{instructions:?}");
+    let command = format!("{} 1000", quoted(&avx_entry));
+
+    // At the function: probed at its second instruction, and the first still runs.
+    let run = trace(
+        "avx-entry",
+        &[&format!("uprobe:{}:avx_first", avx_entry.display())],
+        &command,
+        &["--no-svg"],
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "calls 1000 bad 0\n", "{}", run.stderr);
+    assert_eq!(run.summary_events(), 1000, "{}", run.stderr);
+    let notes: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("cargo-trace: note: avx_first in "))
+        .collect();
+    assert_eq!(notes.len(), 1, "{}", run.stderr);
+    assert!(
+        notes[0].contains("starts with vpcmpeqb")
+            && notes[0].contains(&format!("avx_first+{:#x}", second - start)),
+        "{}",
+        notes[0]
+    );
+
+    // At the instruction itself, by address: refused.
+    let (status, stderr) = run_args(&[
+        &format!("uprobe:{}:{start:#x}", avx_entry.display()),
+        "-c",
+        &command,
+    ]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("is vpcmpeqb, an AVX instruction")
+            && stderr.ends_with(&format!("probe the next instruction, at {second:#x}\n")),
+        "{stderr}"
+    );
+}

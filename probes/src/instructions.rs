@@ -7,7 +7,7 @@
 //! decode the function from its start (x86 instructions are 1 to 15 bytes long and
 //! their lengths depend on every preceding byte).
 
-use iced_x86::{Decoder, DecoderOptions};
+use iced_x86::{Decoder, DecoderOptions, OpKind};
 
 /// Where an address falls among the instructions decoded from a function's start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +50,77 @@ pub(crate) fn placement(code: &[u8], start: u64, target: u64) -> Placement {
     Placement::Undecodable {
         at: start + code.len() as u64,
     }
+}
+
+/// An instruction Linux's x86 uprobes would not run: AVX-encoded (VEX, EVEX, XOP) with
+/// an opcode byte that, read as a one-byte legacy opcode, is a jump, a call or a nop.
+///
+/// The kernel analyzes a probed instruction by its first opcode byte, whatever map the
+/// VEX prefix selects, and emulates `jcc rel8` (0x70-0x7f), `call`/`jmp` (0xe8, 0xe9,
+/// 0xeb) and `nop` (0x90) instead of single-stepping them. So `vpbroadcastb %esi,%ymm17`
+/// (opcode 0x7a in map 0F38, glibc's `__strchr_evex` starts with it) becomes `jp`: the
+/// instruction never runs, and `strchr` returns NULL in every process that calls it
+/// (seen on Linux 6.18: cargo-trace itself then failed to attach its next probe).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Misread {
+    /// `vpbroadcastb`
+    pub mnemonic: String,
+    pub length: u64,
+}
+
+/// The one-byte legacy opcodes the kernel emulates rather than single-steps.
+fn kernel_emulates(opcode: u8) -> bool {
+    matches!(opcode, 0x70..=0x7f | 0xe8 | 0xe9 | 0xeb | 0x90)
+}
+
+/// Whether the instruction at the start of `code` (at address `ip`) is one the kernel
+/// misreads (see [`Misread`]).
+pub(crate) fn misread_by_uprobes(code: &[u8], ip: u64) -> Option<Misread> {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let instruction = decoder.decode();
+    if instruction.is_invalid() {
+        return None;
+    }
+    // Segment and address-size prefixes may come before the VEX prefix; a VEX prefix
+    // is 2 (0xc5) or 3 bytes (0xc4, XOP's 0x8f), EVEX's 4, and the opcode follows.
+    let start = code
+        .iter()
+        .position(|b| !matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67))?;
+    // In 64-bit mode 0xc4, 0xc5 and 0x62 are always VEX and EVEX; 0x8f is XOP when
+    // its next byte selects a map of 8 or more (else it is `pop`).
+    let prefix = match code[start] {
+        0xc5 => 2,
+        0xc4 => 3,
+        0x8f if code.get(start + 1).is_some_and(|b| b & 0x1f >= 8) => 3,
+        0x62 => 4,
+        _ => return None,
+    };
+    let opcode = *code.get(start + prefix)?;
+    kernel_emulates(opcode).then(|| Misread {
+        mnemonic: format!("{:?}", instruction.mnemonic()).to_lowercase(),
+        length: instruction.len() as u64,
+    })
+}
+
+/// The near branch targets (jumps, calls, conditional jumps) of the instructions of
+/// `code` (at `start`).
+pub(crate) fn branch_targets(code: &[u8], start: u64) -> Vec<u64> {
+    let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+    let mut targets = Vec::new();
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            break;
+        }
+        let near = matches!(
+            instruction.op0_kind(),
+            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+        );
+        if near {
+            targets.push(instruction.near_branch_target());
+        }
+    }
+    targets
 }
 
 /// The addresses `code` (at `start`) refers to relative to rip (`lea f(%rip), %rax`):
@@ -121,6 +192,41 @@ mod tests {
         ];
         assert_eq!(rip_relative_targets(&code, 0x2000), [0x2017, 0x202e]);
         assert_eq!(rip_relative_targets(CODE, 0x1000), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn avx_instructions_whose_opcode_the_kernel_takes_for_a_branch_are_found() {
+        let misread = |code: &[u8]| misread_by_uprobes(code, 0x1000);
+        let found = |mnemonic: &str, length: u64| {
+            Some(Misread {
+                mnemonic: mnemonic.to_string(),
+                length,
+            })
+        };
+        // EVEX, map 0F38, opcode 0x7a (jp): glibc's __strchr_evex starts with it.
+        assert_eq!(
+            misread(&[0x62, 0xe2, 0x7d, 0x28, 0x7a, 0xce]),
+            found("vpbroadcastb", 6)
+        );
+        // VEX (2 bytes): vpcmpeqb %xmm0,%xmm0,%xmm1 is 0x74 (je); vzeroupper 0x77 (ja).
+        assert_eq!(misread(&[0xc5, 0xf9, 0x74, 0xc8]), found("vpcmpeqb", 4));
+        assert_eq!(misread(&[0xc5, 0xf8, 0x77]), found("vzeroupper", 3));
+        // VEX (3 bytes): vpbroadcastd %xmm0,%ymm1 (0F38 0x58) is no branch.
+        assert_eq!(misread(&[0xc4, 0xe2, 0x7d, 0x58, 0xc8]), None);
+        // EVEX vpxorq (0xef): the kernel refuses it, it does not misread it.
+        assert_eq!(misread(&[0x62, 0xa1, 0xfd, 0x00, 0xef, 0xc0]), None);
+        // Real branches and nops are what the kernel emulates correctly.
+        assert_eq!(misread(&[0x74, 0x05]), None);
+        assert_eq!(misread(&[0x90]), None);
+        assert_eq!(misread(&[0xe8, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn branch_targets_are_listed() {
+        // call 0x1006 at 0x1001; jne back to 0x1000 at 0x100c.
+        let mut code = CODE.to_vec();
+        code.extend_from_slice(&[0x75, 0xf2]);
+        assert_eq!(branch_targets(&code, 0x1000), [0x1006, 0x1000]);
     }
 
     #[test]

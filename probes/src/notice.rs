@@ -33,20 +33,35 @@ pub enum Notice {
         path: PathBuf,
         ifuncs: Vec<Notice>,
     },
+    /// Functions whose first instruction Linux's uprobes would skip instead of running
+    /// (AVX-encoded with an opcode they take for a jump), probed at their second
+    /// instruction: (function, first instruction, offset of the second).
+    PastMisreadInstruction {
+        path: PathBuf,
+        moved: Vec<(String, String, u64)>,
+    },
+    /// Functions matching a pattern left unprobed: they start with an instruction
+    /// Linux's uprobes would misread, and their second instruction will not do either.
+    SkippedMisread {
+        pattern: String,
+        path: PathBuf,
+        functions: Vec<String>,
+    },
 }
 
-/// How many IFUNCs a [`Notice::Ifuncs`] line names.
+/// How many IFUNCs or functions a [`Notice::Ifuncs`] or
+/// [`Notice::PastMisreadInstruction`] line names.
 const LISTED: usize = 5;
 
 impl Notice {
     /// `warning` for a probe that may count nothing, `note` otherwise.
     pub fn level(&self) -> &'static str {
         match self {
-            Notice::NotMapped { .. } => "warning",
+            Notice::NotMapped { .. } | Notice::SkippedMisread { .. } => "warning",
             Notice::Ifunc {
                 implementations, ..
             } if implementations.is_empty() => "warning",
-            Notice::Ifunc { .. } => "note",
+            Notice::Ifunc { .. } | Notice::PastMisreadInstruction { .. } => "note",
             Notice::Ifuncs { ifuncs, .. } => {
                 if ifuncs.iter().any(|n| n.level() == "warning") {
                     "warning"
@@ -143,6 +158,53 @@ impl fmt::Display for Notice {
                 }
                 Ok(())
             }
+            Notice::PastMisreadInstruction { path, moved } => {
+                let why = "Linux's uprobes would skip instead of running, corrupting every \
+                           process running the file";
+                match moved.as_slice() {
+                    [(function, instruction, offset)] => write!(
+                        f,
+                        "{function} in {} starts with {instruction}, an AVX instruction \
+                         {why}: probing its next instruction, {function}+{offset:#x}, \
+                         reached once per call",
+                        path.display()
+                    ),
+                    all => {
+                        let shown: Vec<String> = all
+                            .iter()
+                            .take(LISTED)
+                            .map(|(function, _, offset)| format!("{function}+{offset:#x}"))
+                            .collect();
+                        write!(
+                            f,
+                            "{} functions in {} start with an AVX instruction {why}: probing \
+                             each at its next instruction, reached once per call: {}{}",
+                            all.len(),
+                            path.display(),
+                            shown.join(", "),
+                            if all.len() > LISTED { ", ..." } else { "" }
+                        )
+                    }
+                }
+            }
+            Notice::SkippedMisread {
+                pattern,
+                path,
+                functions,
+            } => write!(
+                f,
+                "{} functions matching '{pattern}' in {} are not probed: they start with an \
+                 AVX instruction Linux's uprobes would skip instead of running, and their \
+                 next instruction cannot stand for their entry: {}{}",
+                functions.len(),
+                path.display(),
+                functions[..functions.len().min(LISTED)].join(", "),
+                if functions.len() > LISTED {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ),
         }
     }
 }

@@ -8,7 +8,9 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::elf::{ElfInfo, Function};
-use crate::instructions::{placement, rip_relative_targets, Placement};
+use crate::instructions::{
+    branch_targets, misread_by_uprobes, placement, rip_relative_targets, Misread, Placement,
+};
 use crate::notice::Notice;
 use crate::spec::{Lang, UprobeLocation, UprobeSpec, UsdtSpec};
 use crate::wildcard::{has_wildcard, matches};
@@ -146,6 +148,30 @@ pub enum ResolveError {
         at: u64,
     },
     #[error(
+        "{location} is {mnemonic}, an AVX instruction Linux's uprobes take for a jump or a \
+         nop and would skip instead of running, corrupting every process running {}; \
+         probe the next instruction, at {next}",
+        path.display()
+    )]
+    Misread {
+        location: String,
+        mnemonic: String,
+        path: PathBuf,
+        next: String,
+    },
+    #[error(
+        "{function} starts with {mnemonic}, an AVX instruction Linux's uprobes would skip \
+         instead of running (corrupting every process running {}), and its next \
+         instruction {reason}; probe one further in with FUNCTION+OFFSET",
+        path.display()
+    )]
+    MisreadEntry {
+        function: String,
+        mnemonic: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error(
         "address {address:#x} is in no known function of {}, so it cannot be checked to \
          start an instruction (a uprobe inside one crashes every process running the file); \
          probe FUNCTION+OFFSET instead, or pass --unsafe to probe it anyway",
@@ -277,6 +303,14 @@ pub fn resolve_uprobe_with(
                     })
                 }
             };
+            if let Some(misread) = misread_at(&info, address) {
+                return Err(ResolveError::Misread {
+                    location: format!("address {address:#x} ({symbol})"),
+                    mnemonic: misread.mnemonic,
+                    path: path.clone(),
+                    next: format!("{:#x}", address + misread.length),
+                });
+            }
             Ok(Resolution {
                 targets: vec![UprobeTarget {
                     path,
@@ -306,12 +340,15 @@ pub fn resolve_uprobe_with(
             };
             let mut notices = Vec::new();
             let mut targets = Vec::new();
+            let mut moved = Vec::new();
+            let mut skipped = Vec::new();
             for (function, display) in functions {
                 if function.resolver && *offset == 0 {
                     let (implementations, notice) =
                         ifunc_implementations(&info, function, &display, pid);
                     notices.push(notice);
-                    for (address, symbol) in implementations {
+                    for (entry, name) in implementations {
+                        let (address, symbol) = entry_site(&info, entry, name, &mut moved)?;
                         let file_offset = info.file_offset(address, true).ok_or_else(|| {
                             ResolveError::AddressNotInCode {
                                 address,
@@ -337,23 +374,41 @@ pub fn resolve_uprobe_with(
                     });
                 }
                 let address = function.address.wrapping_add(*offset);
+                info.file_offset(address, true)
+                    .ok_or_else(|| ResolveError::AddressNotInCode {
+                        address,
+                        path: path.clone(),
+                    })?;
+                let (address, symbol) = if *offset > 0 {
+                    let location = format!("offset {offset:#x}");
+                    let shown =
+                        |boundary: u64| format!("{display}+{:#x}", boundary - function.address);
+                    check_boundary(&info, function, address, options, location, shown)?;
+                    if let Some(misread) = misread_at(&info, address) {
+                        return Err(ResolveError::Misread {
+                            location: format!("{display}+{offset:#x}"),
+                            mnemonic: misread.mnemonic,
+                            path: path.clone(),
+                            next: format!("{display}+{:#x}", offset + misread.length),
+                        });
+                    }
+                    (address, format!("{display}+{offset:#x}"))
+                } else {
+                    match entry_site(&info, address, display, &mut moved) {
+                        // One function of a pattern is not worth the others.
+                        Err(ResolveError::MisreadEntry { function, .. }) if all => {
+                            skipped.push(function);
+                            continue;
+                        }
+                        site => site?,
+                    }
+                };
                 let file_offset = info.file_offset(address, true).ok_or_else(|| {
                     ResolveError::AddressNotInCode {
                         address,
                         path: path.clone(),
                     }
                 })?;
-                if *offset > 0 {
-                    let location = format!("offset {offset:#x}");
-                    let shown =
-                        |boundary: u64| format!("{display}+{:#x}", boundary - function.address);
-                    check_boundary(&info, function, address, options, location, shown)?;
-                }
-                let symbol = if *offset == 0 {
-                    display
-                } else {
-                    format!("{display}+{offset:#x}")
-                };
                 targets.push(UprobeTarget {
                     path: path.clone(),
                     file_offset,
@@ -371,6 +426,19 @@ pub fn resolve_uprobe_with(
                     path: path.clone(),
                     ifuncs: notices,
                 }];
+            }
+            if !moved.is_empty() {
+                notices.push(Notice::PastMisreadInstruction {
+                    path: path.clone(),
+                    moved,
+                });
+            }
+            if !skipped.is_empty() {
+                notices.push(Notice::SkippedMisread {
+                    pattern: name.clone(),
+                    path: path.clone(),
+                    functions: skipped,
+                });
             }
             Ok(Resolution { targets, notices })
         }
@@ -468,6 +536,56 @@ fn implementation_name(info: &ElfInfo, address: u64, ifunc: &str) -> String {
         .first()
         .map(|f| display_name(&f.name))
         .unwrap_or_else(|| format!("{address:#x}"))
+}
+
+/// The instruction at `address` if Linux's uprobes would misread it (see [`Misread`]).
+fn misread_at(info: &ElfInfo, address: u64) -> Option<Misread> {
+    misread_by_uprobes(info.code_from(address)?, address)
+}
+
+/// Where to probe the entry of function `symbol` at `address`: there, unless Linux's
+/// uprobes would misread its first instruction (an AVX instruction they would skip
+/// instead of running, corrupting every process that calls the function); then at the
+/// next instruction, which every call reaches once when nothing jumps to it, with the
+/// stack of the entry (AVX instructions leave rsp alone). What moved is added to
+/// `moved` (name, instruction, offset).
+fn entry_site(
+    info: &ElfInfo,
+    address: u64,
+    symbol: String,
+    moved: &mut Vec<(String, String, u64)>,
+) -> Result<(u64, String), ResolveError> {
+    let Some(misread) = misread_at(info, address) else {
+        return Ok((address, symbol));
+    };
+    let next = address + misread.length;
+    let refuse = |reason: &str| ResolveError::MisreadEntry {
+        function: symbol.clone(),
+        mnemonic: misread.mnemonic.clone(),
+        path: info.path.clone(),
+        reason: reason.to_string(),
+    };
+    let function = info
+        .functions
+        .iter()
+        .filter(|f| f.address == address && f.size > 0)
+        .max_by_key(|f| f.size)
+        .ok_or_else(|| refuse("cannot be checked (the function's size is unknown)"))?;
+    if misread.length >= function.size {
+        return Err(refuse("is past its end"));
+    }
+    let code = info.code_from(address).unwrap_or_default();
+    let code = &code[..code.len().min(function.size as usize)];
+    if branch_targets(code, address).contains(&next) {
+        return Err(refuse(
+            "is a branch target, reached more than once per call",
+        ));
+    }
+    if misread_at(info, next).is_some() {
+        return Err(refuse("is another one"));
+    }
+    moved.push((symbol.clone(), misread.mnemonic, misread.length));
+    Ok((next, format!("{symbol}+{:#x}", misread.length)))
 }
 
 /// Refuses `address`, past the start of `function`, unless an instruction starts

@@ -947,3 +947,73 @@ fn a_pattern_probes_ifuncs_at_their_implementations_in_one_notice() {
         "{line}"
     );
 }
+
+/// Functions whose first instruction Linux's uprobes misread (VEX 0x74, vpcmpeqb, read
+/// as `je`): one whose second instruction can stand for its entry, one whose second
+/// instruction is a loop's head.
+const AVX_FIXTURE: &str = r#"
+__asm__(".text\n"
+        ".globl avx_first\n.type avx_first, @function\navx_first:\n"
+        "vpcmpeqb %xmm0, %xmm0, %xmm1\n"
+        "xor %eax, %eax\n"
+        "vmovd %xmm1, %eax\n"
+        "ret\n.size avx_first, .-avx_first\n"
+        ".globl avx_loop\n.type avx_loop, @function\navx_loop:\n"
+        "vpcmpeqb %xmm0, %xmm0, %xmm1\n"
+        "1: dec %edi\n"
+        "jnz 1b\n"
+        "ret\n.size avx_loop, .-avx_loop\n");
+int main(void) { return 0; }
+"#;
+
+#[test]
+fn instructions_the_kernel_would_skip_are_never_probed() {
+    let dir = TempDir::new("avx");
+    let binary = compile("gcc", dir.path(), "avx", "c", AVX_FIXTURE, &["-O2"]);
+    let path = binary.display();
+    let libc_free = |spec: &str| resolve_uprobe_with(&uprobe(spec), &ResolveOptions::default());
+    let entry = {
+        let info = ElfInfo::load(&binary).unwrap();
+        info.functions
+            .iter()
+            .find(|f| f.name == "avx_first")
+            .unwrap()
+            .address
+    };
+
+    // The entry moves past the instruction, and says so.
+    let moved = libc_free(&format!("uprobe:{path}:avx_first")).unwrap();
+    assert_eq!(moved.targets.len(), 1);
+    assert_eq!(moved.targets[0].address, entry + 4);
+    assert_eq!(moved.targets[0].symbol, "avx_first+0x4");
+    let [Notice::PastMisreadInstruction { moved: list, .. }] = moved.notices.as_slice() else {
+        panic!("{moved:?}");
+    };
+    assert_eq!(
+        list,
+        &[("avx_first".to_string(), "vpcmpeqb".to_string(), 4)]
+    );
+
+    // Asked for by offset or address: refused, naming the next instruction.
+    let err = libc_free(&format!("uprobe:{path}:{entry:#x}")).unwrap_err();
+    assert!(
+        matches!(&err, ResolveError::Misread { mnemonic, next, .. }
+            if mnemonic == "vpcmpeqb" && *next == format!("{:#x}", entry + 4)),
+        "{err}"
+    );
+    let at_second = libc_free(&format!("uprobe:{path}:avx_first+4")).unwrap();
+    assert_eq!(at_second.targets[0].address, entry + 4);
+    assert!(at_second.notices.is_empty());
+
+    // A loop's head is no entry: refused alone, left out of a pattern.
+    let err = libc_free(&format!("uprobe:{path}:avx_loop")).unwrap_err();
+    assert!(err.to_string().contains("is a branch target"), "{err}");
+    let pattern = libc_free(&format!("uprobe:{path}:avx_*")).unwrap();
+    assert_eq!(pattern.targets.len(), 1, "{pattern:?}");
+    assert!(
+        pattern.notices.iter().any(
+            |n| matches!(n, Notice::SkippedMisread { functions, .. } if functions == &["avx_loop"])
+        ),
+        "{pattern:?}"
+    );
+}
