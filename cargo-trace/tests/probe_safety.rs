@@ -515,4 +515,19 @@ fn an_avx_instruction_the_kernel_would_skip_is_never_probed() {
             && stderr.ends_with(&format!("probe the next instruction, at {second:#x}\n")),
         "{stderr}"
     );
+
+    // One the kernel refuses (vpxor, 0xef, reads as `out`): one clear line.
+    let caller = objdump_instructions(&avx_entry, "call_avx_first");
+    let (vpxor, _) = caller
+        .iter()
+        .find(|(_, text)| text.starts_with("vpxor"))
+        .expect("call_avx_first zeroes xmm1");
+    let (status, stderr) = run_args(&[
+        &format!("uprobe:{}:{vpxor:#x}", avx_entry.display()),
+        "-c",
+        &command,
+    ]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("the kernel refuses uprobe "), "{stderr}");
 }

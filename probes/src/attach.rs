@@ -66,6 +66,11 @@ pub enum AttachError {
     },
     #[error("cannot read the online CPUs from /sys/devices/system/cpu/online: {reason}")]
     OnlineCpus { reason: String },
+    #[error(
+        "the kernel refuses {probe}: its uprobes cannot run the instruction there (ENOTSUPP; \
+         many AVX instructions are refused); probe another instruction"
+    )]
+    InstructionRefused { probe: String },
     #[error("attaching {probe} failed: {source:#}{}", libbpf_hint(source))]
     Libbpf {
         probe: String,
@@ -183,9 +188,17 @@ pub fn attach_uprobe(
         target.file_offset as usize,
         opts,
     )
-    .map_err(|source| AttachError::Libbpf {
-        probe: describe(),
-        source,
+    .map_err(|source| {
+        // ENOTSUPP (524, a kernel-internal errno std does not name): the kernel's
+        // uprobes cannot run the instruction there (its tables refuse many AVX ones).
+        if format!("{source:#}").ends_with("(os error 524)") {
+            AttachError::InstructionRefused { probe: describe() }
+        } else {
+            AttachError::Libbpf {
+                probe: describe(),
+                source,
+            }
+        }
     })
 }
 
