@@ -70,6 +70,14 @@ pub struct Cli {
     #[arg(long = "pprof", value_name = "PATH")]
     pub pprof: Option<PathBuf>,
 
+    /// Also write the profile as JSON, for scripts (schema: docs/json.md).
+    #[arg(long = "json", value_name = "PATH")]
+    pub json: Option<PathBuf>,
+
+    /// Also write a speedscope profile (https://www.speedscope.app).
+    #[arg(long = "speedscope", value_name = "PATH")]
+    pub speedscope: Option<PathBuf>,
+
     /// Name frames `function (file:line)`: each source line of a function is its own frame.
     #[arg(long = "line-numbers")]
     pub line_numbers: bool,
@@ -79,6 +87,16 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// Show libbpf's own log (-v: warnings and information, -vv: debug too).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Accept uprobes at raw addresses that are in no known function (or in code that
+    /// does not decode), where nothing checks that they start an instruction; one that
+    /// does not crashes every process running the file.
+    #[arg(long = "unsafe")]
+    pub unsafe_addresses: bool,
+
     /// Don't write the flamegraph SVG (e.g. with --folded only).
     #[arg(long = "no-svg")]
     pub no_svg: bool,
@@ -86,10 +104,6 @@ pub struct Cli {
     /// Title of the flamegraph (default: the probes and the command).
     #[arg(long = "title", value_name = "TEXT")]
     pub title: Option<String>,
-
-    /// Show what libbpf says while loading and attaching (its own messages).
-    #[arg(short = 'v', long = "verbose")]
-    pub verbose: bool,
 
     #[command(flatten)]
     pub cargo: CargoArgs,
@@ -150,8 +164,14 @@ impl Cli {
         if let Some(path) = &self.folded {
             outputs.push((Format::Folded, path.clone()));
         }
-        if let Some(path) = &self.pprof {
-            outputs.push((Format::Pprof, path.clone()));
+        for (format, path) in [
+            (Format::Pprof, &self.pprof),
+            (Format::Json, &self.json),
+            (Format::Speedscope, &self.speedscope),
+        ] {
+            if let Some(path) = path {
+                outputs.push((format, path.clone()));
+            }
         }
         outputs
     }

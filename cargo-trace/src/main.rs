@@ -39,7 +39,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    route_libbpf_messages(cli.verbose);
+    probes::libbpf_log(cli.verbose);
     match session::run(&cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(error) => {
@@ -47,14 +47,4 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// libbpf prints its own lines (failed loads, missing kernel features) before the error
-/// cargo-trace reports in one line: shown with `--verbose` only.
-fn route_libbpf_messages(verbose: bool) {
-    use libbpf_rs::PrintLevel;
-    fn print(_: PrintLevel, message: String) {
-        eprint!("cargo-trace: {message}");
-    }
-    libbpf_rs::set_print(verbose.then_some((PrintLevel::Info, print as libbpf_rs::PrintCallback)));
 }

@@ -141,7 +141,7 @@ impl Prepared {
         tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
-        let links = attach_all(&tracer, &probes, pid, follow)?;
+        let links = attach_all(&tracer, &probes, pid, follow, cli.unsafe_addresses)?;
         let children = if follow {
             Some(Children::follow(&tracer, pid, stopped.is_none())?)
         } else {
@@ -226,7 +226,9 @@ impl Running {
         } = traced;
         // Teardown in order: no probe fires and no child stops any more, every child
         // held stopped is resumed; only then is the guard told it has nothing to do.
-        drop(links);
+        probes::detach(links, |count| {
+            eprintln!("cargo-trace: detaching {count} probes...")
+        });
         drop(children);
         guard.dismiss();
         Ok(Finished {
@@ -481,7 +483,13 @@ fn write_outputs(
 }
 
 fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
-    texts
+    // bpftrace's comma lists: `uprobe:./p:f,uprobe:./p:g` is two probes.
+    let listed: Vec<&str> = texts
+        .iter()
+        .map(|text| probes::split_list(text).map_err(anyhow::Error::from))
+        .collect::<Result<Vec<_>>>()?
+        .concat();
+    listed
         .iter()
         .map(|text| {
             let spec = probes::parse(text)?;
@@ -492,7 +500,7 @@ fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
                 _ => {}
             }
             Ok(Probe {
-                text: text.clone(),
+                text: text.to_string(),
                 spec,
             })
         })
@@ -540,14 +548,26 @@ fn event_program(kind: ProgramKind) -> EventProgram {
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
 /// `follow`: uprobes fire in every process (the program keeps the target and its
 /// children); else in the target only.
-fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Result<Vec<Link>> {
+fn attach_all(
+    tracer: &Tracer,
+    probes: &[Probe],
+    pid: u32,
+    follow: bool,
+    unsafe_addresses: bool,
+) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for (index, probe) in probes.iter().enumerate() {
         let program = tracer.program(event_program(probe.spec.program_kind()));
-        let fire_in = (!follow).then_some(pid);
-        let attached =
-            probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)?;
-        links.extend(attached);
+        let options = probes::AttachOptions {
+            resolve_in: Some(pid),
+            fire_in: (!follow).then_some(pid),
+            unsafe_addresses,
+        };
+        let attached = probes::attach_probe_with(program, &probe.spec, &options, index as u64)?;
+        for notice in &attached.notices {
+            eprintln!("cargo-trace: {}: {notice}", notice.level());
+        }
+        links.extend(attached.links);
     }
     Ok(links)
 }

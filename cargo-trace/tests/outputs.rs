@@ -1,6 +1,6 @@
 //! The outputs as the tools people use read them: pprof through `go tool pprof` and
-//! through a decoder of its own (prost, from pprof's published schema), against the
-//! folded stacks of the same run.
+//! through a decoder of its own (prost, from pprof's published schema), JSON and
+//! speedscope through serde_json, against the folded stacks of the same run.
 
 mod common;
 
@@ -60,7 +60,14 @@ fn pprof_agrees_with_the_folded_stacks() {
         "pprof",
         &["profile:hz:99"],
         &format!("{} 1", quoted(&path)),
-        &["--pprof", "out.pb.gz"],
+        &[
+            "--pprof",
+            "out.pb.gz",
+            "--json",
+            "out.json",
+            "--speedscope",
+            "out.speedscope.json",
+        ],
     );
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     let folded = run.folded();
@@ -98,6 +105,22 @@ fn pprof_agrees_with_the_folded_stacks() {
         .find(|m| text(&profile, m.filename).ends_with("/libc.so.6"))
         .expect("libc's mapping");
     assert!(!text(&profile, libc.build_id).is_empty() && libc.file_offset > 0);
+
+    // The JSON and speedscope outputs of the same run hold the same total.
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("out.json")).unwrap()).unwrap();
+    assert_eq!(json["summary"]["totals"][0], total);
+    let json_total: i64 = json["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["values"][0].as_i64().unwrap())
+        .sum();
+    assert_eq!(json_total, total);
+    let speedscope: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("out.speedscope.json")).unwrap())
+            .unwrap();
+    assert_eq!(speedscope["profiles"][0]["endValue"], total);
 
     if !go_pprof_available() {
         return;

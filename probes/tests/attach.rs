@@ -394,3 +394,27 @@ fn interval_fires_on_one_cpu() {
     );
     assert_eq!(cookie, 4);
 }
+
+#[test]
+fn detach_closes_every_link_of_a_pattern() {
+    let Some(loaded) = load("detach") else { return };
+    let prog = loaded.prog("on_tracepoint");
+    let spec = parse("t:syscalls:sys_enter_*stat*").unwrap();
+    let links = attach_probe(&prog, &spec, None, 4).unwrap();
+    // Enough links for the threads to share them.
+    assert!(links.len() >= 8, "{}", links.len());
+    for _ in 0..10 {
+        let _ = fs::metadata("/");
+    }
+    assert!(loaded.counter("tracepoint").0 >= 10);
+    probes::detach(links, |_| {});
+    let (before, _) = loaded.counter("tracepoint");
+    for _ in 0..100 {
+        let _ = fs::metadata("/");
+    }
+    assert_eq!(
+        loaded.counter("tracepoint").0,
+        before,
+        "a link is still attached"
+    );
+}

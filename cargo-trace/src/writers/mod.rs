@@ -5,7 +5,9 @@
 //! caller's business.
 
 pub mod folded;
+pub mod json;
 pub mod pprof;
+pub mod speedscope;
 pub mod summary;
 pub mod svg;
 
@@ -23,6 +25,10 @@ pub enum Format {
     Folded,
     /// pprof's gzipped profile.proto (`--pprof`).
     Pprof,
+    /// Every sample, location and counter as JSON (`--json`; docs/json.md).
+    Json,
+    /// speedscope's file format (`--speedscope`).
+    Speedscope,
 }
 
 impl Format {
@@ -32,6 +38,8 @@ impl Format {
             Format::Svg => "flamegraph",
             Format::Folded => "folded stacks",
             Format::Pprof => "pprof profile",
+            Format::Json => "JSON profile",
+            Format::Speedscope => "speedscope profile",
         }
     }
 
@@ -45,6 +53,8 @@ impl Format {
             Format::Svg => svg::write(profile, options.weighting, &options.title, out),
             Format::Folded => folded::write(profile, options.weighting, out),
             Format::Pprof => pprof::write(profile, out),
+            Format::Json => json::write(profile, out),
+            Format::Speedscope => speedscope::write(profile, options.weighting, out),
         }
     }
 }
