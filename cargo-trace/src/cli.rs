@@ -1,7 +1,7 @@
 //! Command line: bpftrace's probe grammar and `-c`/`-p`, cargo-flamegraph's cargo flags.
 //!
 //! Cargo runs a subcommand as `cargo-trace trace ARGS`; run directly it is
-//! `cargo-trace ARGS`. [`Cli::parse_from_env`] accepts both.
+//! `cargo-trace ARGS`; `main` drops the first word and [`Cli::from_args`] parses the rest.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -21,7 +21,8 @@ use crate::writers::Format;
         cargo trace profile:hz:99 --bin server -- --port 8080\n  \
         cargo trace uprobe:libc:malloc -c './prog arg'\n  \
         cargo trace uprobe:libc:malloc -p 1234         attach to a running process\n  \
-        cargo trace tracepoint:sched:sched_switch -c ./prog"
+        cargo trace tracepoint:sched:sched_switch -c ./prog\n  \
+        cargo trace diff before.folded after.folded    differential flamegraph, diff.svg"
 )]
 pub struct Cli {
     /// Probes in bpftrace's grammar, e.g. profile:hz:99, uprobe:libc:malloc,
@@ -176,10 +177,11 @@ impl Cli {
         outputs
     }
 
-    /// Parse the process arguments, whether cargo or a user invoked the binary. An error
-    /// is one line (clap's hints dropped); help and version are printed as clap has them.
-    pub fn parse_from_env() -> Result<Self, clap::Error> {
-        Self::try_parse_from(normalize_args(std::env::args_os().collect())).map(Self::with_defaults)
+    /// Parse the process arguments (`cargo-trace ARGS`: cargo's `trace` word, if any,
+    /// dropped). Render an error with [`error_line`]; help and version are printed as clap
+    /// has them.
+    pub fn from_args(args: Vec<OsString>) -> Result<Self, clap::Error> {
+        Self::try_parse_from(normalize_args(args)).map(Self::with_defaults)
     }
 
     /// No probe means sampling on-CPU stacks at 99 Hz, like a profiler.

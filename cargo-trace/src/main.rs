@@ -11,6 +11,7 @@
 mod cargo;
 mod children;
 mod cli;
+mod diff;
 mod elf_symbols;
 mod guard;
 mod invoker;
@@ -27,7 +28,15 @@ mod writers;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::parse_from_env() {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Cargo runs a subcommand as `cargo-trace trace ARGS`.
+    if args.get(1).is_some_and(|word| word == "trace") {
+        args.remove(1);
+    }
+    if diff::is_diff(&args) {
+        return finish(diff::run(args));
+    }
+    let cli = match cli::Cli::from_args(args) {
         Ok(cli) => cli,
         Err(error) if error.use_stderr() => {
             eprintln!("{}", cli::error_line(&error));
@@ -40,11 +49,26 @@ fn main() -> ExitCode {
         }
     };
     probes::libbpf_log(cli.verbose);
-    match session::run(&cli) {
+    finish(session::run(&cli))
+}
+
+/// The exit code of a run: the one it chose, or 2 after an error, said in one line.
+fn finish(result: anyhow::Result<i32>) -> ExitCode {
+    match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-        Err(error) => {
-            eprintln!("cargo-trace: error: {error:#}");
-            ExitCode::from(2)
-        }
+        Err(error) => match error.downcast::<clap::Error>() {
+            Ok(error) if !error.use_stderr() => {
+                let _ = error.print();
+                ExitCode::SUCCESS
+            }
+            Ok(error) => {
+                eprintln!("{}", cli::error_line(&error));
+                ExitCode::from(2)
+            }
+            Err(error) => {
+                eprintln!("cargo-trace: error: {error:#}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
