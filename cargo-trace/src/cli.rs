@@ -79,6 +79,11 @@ pub struct Cli {
     #[arg(long = "speedscope", value_name = "PATH")]
     pub speedscope: Option<PathBuf>,
 
+    /// Also write one self-contained HTML report: the run, every counter, events over
+    /// time, a flamegraph per value, the functions with a search box.
+    #[arg(long = "report", value_name = "PATH")]
+    pub report: Option<PathBuf>,
+
     /// Name frames `function (file:line)`: each source line of a function is its own frame.
     #[arg(long = "line-numbers")]
     pub line_numbers: bool,
@@ -169,6 +174,7 @@ impl Cli {
             (Format::Pprof, &self.pprof),
             (Format::Json, &self.json),
             (Format::Speedscope, &self.speedscope),
+            (Format::Html, &self.report),
         ] {
             if let Some(path) = path {
                 outputs.push((format, path.clone()));

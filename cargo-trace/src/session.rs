@@ -22,7 +22,9 @@ use crate::guard::Guard;
 use crate::launch::{self, Exit};
 use crate::output::{self, Destination};
 use crate::process;
-use crate::profile::{Metadata, Profile, ProfileBuilder, RawSample, Summary, ValueType};
+use crate::profile::{
+    Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint, ValueType,
+};
 use crate::signals;
 use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
@@ -181,6 +183,7 @@ impl Prepared {
         Ok(Running {
             traced: self.traced,
             target,
+            timeline: Vec::new(),
             started: Instant::now(),
             started_at: SystemTime::now(),
             stats,
@@ -192,6 +195,8 @@ impl Prepared {
 struct Running {
     traced: Traced,
     target: Target,
+    /// Stack walks so far, read at every refresh.
+    timeline: Vec<TimelinePoint>,
     started: Instant,
     started_at: SystemTime,
     stats: Option<std::os::fd::OwnedFd>,
@@ -204,12 +209,14 @@ impl Running {
         let deadline = duration.map(|duration| self.started + duration);
         let exit = self.wait_for_end(deadline)?;
         let elapsed = self.started.elapsed();
+        self.note_walks();
         let untraced = process::still_running(self.traced.tracer.filtered_pids(), self.traced.pid);
         let Running {
             traced,
             target,
             stats,
             started_at,
+            timeline,
             ..
         } = self;
         let Traced {
@@ -242,15 +249,25 @@ impl Running {
             target,
             exit,
             started_at,
+            timeline,
             elapsed,
             stats,
             untraced,
         })
     }
 
+    /// Adds the stack walks counted so far to the timeline.
+    fn note_walks(&mut self) {
+        if let Ok(walks) = self.traced.tracer.walk_ends() {
+            self.timeline.push(TimelinePoint {
+                at: self.started.elapsed(),
+                walks: walks.total(),
+            });
+        }
+    }
+
     /// `None`: the target is still running.
     fn wait_for_end(&mut self, deadline: Option<Instant>) -> Result<Option<Exit>> {
-        let traced = &mut self.traced;
         let mut last_refresh = Instant::now();
         let mut waiting_notice = signals::WaitingNotice::default();
         loop {
@@ -270,6 +287,7 @@ impl Running {
                     }
                 }
             }
+            let traced = &mut self.traced;
             match &traced.children {
                 // Wakes up as soon as a child stops at its start.
                 Some(children) => {
@@ -287,6 +305,7 @@ impl Running {
                 // maps, so a failure here loses nothing.
                 let _ = traced.tracer.drain_spilled_stacks();
                 track_processes(&mut traced.tracer, &mut traced.tables);
+                self.note_walks();
             }
         }
     }
@@ -305,6 +324,7 @@ struct Finished {
     /// `None`: the target still runs (attached, or stopped after a duration).
     exit: Option<Exit>,
     started_at: SystemTime,
+    timeline: Vec<TimelinePoint>,
     elapsed: Duration,
     stats: Option<std::os::fd::OwnedFd>,
     /// Traced processes other than the target still running at the end (daemons).
@@ -373,6 +393,7 @@ impl Finished {
             pid: self.pid,
             executable: self.executable.clone(),
             started: Some(self.started_at),
+            timeline: self.timeline.clone(),
             duration: self.elapsed,
             period,
         };

@@ -5,6 +5,7 @@
 //! caller's business.
 
 pub mod folded;
+pub mod html;
 pub mod json;
 pub mod pprof;
 pub mod speedscope;
@@ -29,6 +30,8 @@ pub enum Format {
     Json,
     /// speedscope's file format (`--speedscope`).
     Speedscope,
+    /// One self-contained HTML report (`--report`).
+    Html,
 }
 
 impl Format {
@@ -40,6 +43,7 @@ impl Format {
             Format::Pprof => "pprof profile",
             Format::Json => "JSON profile",
             Format::Speedscope => "speedscope profile",
+            Format::Html => "HTML report",
         }
     }
 
@@ -55,6 +59,7 @@ impl Format {
             Format::Pprof => pprof::write(profile, out),
             Format::Json => json::write(profile, out),
             Format::Speedscope => speedscope::write(profile, options.weighting, out),
+            Format::Html => html::write(profile, options, out),
         }
     }
 }
@@ -191,6 +196,20 @@ pub(crate) mod tests {
                 executable: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
                 started: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
                 duration: Duration::from_millis(1500),
+                timeline: vec![
+                    crate::profile::TimelinePoint {
+                        at: Duration::from_millis(200),
+                        walks: 4,
+                    },
+                    crate::profile::TimelinePoint {
+                        at: Duration::from_millis(400),
+                        walks: 9,
+                    },
+                    crate::profile::TimelinePoint {
+                        at: Duration::from_millis(1500),
+                        walks: 11,
+                    },
+                ],
                 period: None,
             },
         }
