@@ -41,6 +41,8 @@ declare -A wanted=(
     # the security tests create an unprivileged user (useradd) and act as it (setpriv)
     [passwd]=/usr/sbin/useradd
     [util-linux]=/usr/bin/setpriv
+    # script(1) gives the progress-line test a terminal
+    [bsdutils]=/usr/bin/script
     [perl-base]=/usr/bin/perl
 )
 

@@ -93,6 +93,11 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// No progress line while the target runs (it is drawn only when stderr is a
+    /// terminal anyway).
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
+
     /// Show libbpf's own log (-v: warnings and information, -vv: debug too).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,

@@ -25,6 +25,7 @@ use crate::process;
 use crate::profile::{
     Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint, ValueType,
 };
+use crate::progress::{self, Progress};
 use crate::signals;
 use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
@@ -40,7 +41,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
     let probes = parse_probes(&cli.probes)?;
     // Checked before anything runs: a bad path must not cost the run.
     let outputs = open_outputs(cli)?;
-    let running = Prepared::new(cli, probes)?.start(cli.bpf_stats)?;
+    let running = Prepared::new(cli, probes)?.start(cli.bpf_stats, cli.quiet)?;
     let mut finished = running.wait(cli.duration)?;
     let profile = finished.profile()?;
     let written = write_outputs(cli, &outputs, &profile, finished.argv.as_deref());
@@ -169,8 +170,8 @@ impl Prepared {
     }
 
     /// Lets the target run. `bpf_stats`: count the programs' run time (a clock read per
-    /// run, so only when asked for).
-    pub fn start(self, bpf_stats: bool) -> Result<Running> {
+    /// run, so only when asked for). `quiet`: no progress line.
+    pub fn start(self, bpf_stats: bool, quiet: bool) -> Result<Running> {
         let stats = if bpf_stats {
             Some(bpf_prog::enable_run_time_stats().context("enabling BPF run-time statistics")?)
         } else {
@@ -183,6 +184,8 @@ impl Prepared {
         Ok(Running {
             traced: self.traced,
             target,
+            progress: Progress::start(quiet),
+            processes: 1,
             timeline: Vec::new(),
             started: Instant::now(),
             started_at: SystemTime::now(),
@@ -197,6 +200,9 @@ struct Running {
     target: Target,
     /// Stack walks so far, read at every refresh.
     timeline: Vec<TimelinePoint>,
+    progress: Progress,
+    /// Processes traced at the last refresh.
+    processes: usize,
     started: Instant,
     started_at: SystemTime,
     stats: Option<std::os::fd::OwnedFd>,
@@ -217,8 +223,11 @@ impl Running {
             stats,
             started_at,
             timeline,
+            progress,
             ..
         } = self;
+        // Cleared before anything else is printed.
+        drop(progress);
         let Traced {
             probes,
             argv,
@@ -256,12 +265,20 @@ impl Running {
         })
     }
 
-    /// Adds the stack walks counted so far to the timeline.
+    /// Adds the stack walks counted so far to the timeline and the progress line.
     fn note_walks(&mut self) {
         if let Ok(walks) = self.traced.tracer.walk_ends() {
-            self.timeline.push(TimelinePoint {
-                at: self.started.elapsed(),
+            let at = self.started.elapsed();
+            let point = TimelinePoint {
+                at,
                 walks: walks.total(),
+            };
+            self.timeline.push(point);
+            self.progress.update(progress::Status {
+                elapsed: at,
+                events: point.walks,
+                failed: walks.failures().map(|(_, count)| count).sum(),
+                processes: self.processes,
             });
         }
     }
@@ -279,7 +296,9 @@ impl Running {
                     if let Some(exit) = running.try_wait()? {
                         return Ok(Some(exit));
                     }
-                    waiting_notice.tell_if_waiting(running.pid());
+                    if let Some(line) = waiting_notice.tell_if_waiting(running.pid()) {
+                        self.progress.say(&line);
+                    }
                 }
                 Target::Attached(pid) => {
                     if signals::stop_requested() || !process::alive(*pid) {
@@ -304,7 +323,7 @@ impl Running {
                 // Frees the spill for the next bursts of new stacks; lookups read both
                 // maps, so a failure here loses nothing.
                 let _ = traced.tracer.drain_spilled_stacks();
-                track_processes(&mut traced.tracer, &mut traced.tables);
+                self.processes = track_processes(&mut traced.tracer, &mut traced.tables);
                 self.note_walks();
             }
         }
@@ -595,8 +614,9 @@ fn attach_all(
 
 /// Registers the mappings of processes that joined the filter (children the
 /// program followed) or exec'd since, re-reads every traced process's mappings
-/// (dlopen) and forgets those that exited.
-fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
+/// (dlopen) and forgets those that exited. Returns how many are traced.
+fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
+    let mut traced = 0;
     for pid in tracer.filtered_pids() {
         let known = tables.knows(pid);
         if !process::alive(pid) {
@@ -605,6 +625,7 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
             let _ = tracer.remove_process(pid);
             continue;
         }
+        traced += 1;
         if known && !tracer.has_mappings(pid) {
             // It exec'd: the program dropped the old image's mappings.
             tables.forget(pid);
@@ -612,6 +633,7 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
         // The process may be exiting: a failed read is not an error.
         let _ = tables.sync(tracer, pid);
     }
+    traced
 }
 
 /// What the samples of a session weigh: probes that sample on a clock count samples and

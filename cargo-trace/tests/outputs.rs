@@ -367,3 +367,50 @@ fn the_html_report_opens_in_a_browser() {
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{log}");
     eprintln!("report screenshot: {}", screenshot.display());
 }
+
+/// Runs cargo-trace on `cpu_split` with `extra` arguments inside `script(1)`, so that its
+/// stderr is a terminal; returns everything the terminal received.
+fn on_a_terminal(extra: &str) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let command = format!(
+        "{} profile:hz:99 -c '{} 1' -o {} {extra}",
+        common::binary(),
+        fixtures::rust_fixture("cpu_split").display(),
+        scratch.path().join("out.svg").display()
+    );
+    let output = Command::new("script")
+        .args(["-q", "-e", "-c", &command, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run script(1)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{text}");
+    text
+}
+
+#[test]
+fn a_progress_line_on_a_terminal_only() {
+    if !bpf_available("progress line") {
+        return;
+    }
+    // On a terminal: elapsed time and events as they come, cleared before the summary.
+    let terminal = on_a_terminal("");
+    assert!(terminal.contains("cargo-trace: tracing "), "{terminal}");
+    assert!(terminal.contains(" events"), "{terminal}");
+    assert!(terminal.contains(" distinct stacks in "), "{terminal}");
+    // Not with -q.
+    let quiet = on_a_terminal("-q");
+    assert!(!quiet.contains("cargo-trace: tracing "), "{quiet}");
+    // Not when stderr is a file or a pipe (every other test's case).
+    let run = trace(
+        "progress-pipe",
+        &["profile:hz:99"],
+        &format!("{} 0.3", quoted(&fixtures::rust_fixture("cpu_split"))),
+        &[],
+    );
+    assert!(
+        !run.stderr.contains("cargo-trace: tracing "),
+        "{}",
+        run.stderr
+    );
+}
