@@ -395,6 +395,10 @@ fn wait(
             }
             None => std::thread::sleep(POLL_INTERVAL),
         }
+        // New stacks reach userspace through a ring buffer: drained at every wake-up so
+        // that a burst of them finds it empty. A failure here loses nothing: the records
+        // stay for the next drain.
+        let _ = tracer.drain_records();
         for pid in children.started.borrow_mut().drain(..) {
             tables.forget(pid);
             let _ = tables.sync(tracer, pid);
@@ -407,9 +411,6 @@ fn wait(
         // whole filter map is a system call per process.
         if last_refresh.elapsed() >= REFRESH_INTERVAL {
             last_refresh = Instant::now();
-            // Frees the spill for the next bursts of new stacks; lookups read both maps,
-            // so a failure here loses nothing.
-            let _ = tracer.drain_spilled_stacks();
             track_processes(tracer, tables);
         }
     }
@@ -447,13 +448,16 @@ fn read_samples(tracer: &Tracer) -> Result<Vec<Sample>> {
     for (key, count) in counts {
         let (user, truncated) = match key.stack {
             StackRef::None => (Vec::new(), None),
-            StackRef::NotStored => (Vec::new(), Some(Loss::StackMapFull.name().to_string())),
+            StackRef::NotStored => (Vec::new(), Some(Loss::StackNotStored.name().to_string())),
             StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
                 Some(stack) => {
                     let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
                     (stack.pcs, truncated)
                 }
-                None => (Vec::new(), Some("stack lost".to_string())),
+                None => (
+                    Vec::new(),
+                    Some(format!("stack lost: {}", Loss::StackRingFull.name())),
+                ),
             },
         };
         let kernel = match key.kernel_stack {
