@@ -34,6 +34,7 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
         ],
     ),
     (Lang::C, "storm", &["storm_", "main"]),
+    (Lang::C, "paths", &["path_zero", "path_one", "main"]),
     (
         Lang::Cpp,
         "cxx_exceptions",
