@@ -53,6 +53,9 @@ pub fn run(cli: &Cli) -> Result<i32> {
         // filtered to the traced ones in the program.
         filter_uprobes: follow,
         programs: programs_for(&probes),
+        max_stacks: cli.max_stacks,
+        max_counts: cli.max_counts,
+        record_ring_bytes: cli.ring_buffer_mib << 20,
         ..Options::default()
     };
     let mut tracer = Tracer::load(&options).map_err(|error| {
@@ -490,13 +493,8 @@ fn summary(
         line.push_str(&format!(" from {processes} processes"));
     }
     line.push_str(&format!(" in {:.2} s", elapsed.as_secs_f64()));
-    let lost = Loss::ALL
-        .iter()
-        .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
-        .map(|loss| (loss.name(), losses[*loss as usize]));
     let failures: Vec<String> = walk_ends
         .failures()
-        .chain(lost)
         .map(|(name, count)| format!("{name} {count}"))
         .collect();
     if failures.is_empty() {
@@ -504,6 +502,15 @@ fn summary(
     } else {
         line.push_str("; walk failures: ");
         line.push_str(&failures.join(", "));
+    }
+    let lost: Vec<String> = Loss::ALL
+        .iter()
+        .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
+        .map(|loss| format!("{} {}", loss.name(), losses[*loss as usize]))
+        .collect();
+    if !lost.is_empty() {
+        line.push_str("; losses and limits: ");
+        line.push_str(&lost.join(", "));
     }
     let in_exec = losses[Loss::InExec as usize];
     if in_exec > 0 {

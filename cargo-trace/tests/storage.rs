@@ -1,14 +1,12 @@
 //! End to end: the stack storage under many distinct stacks. The `paths` fixture takes
-//! 2^16 distinct call paths to malloc, each twice; under `uprobe:libc:malloc` every one
-//! of those events must be counted, under its own whole stack, with no loss of any kind.
+//! 2^N distinct call paths to malloc, each twice; under `uprobe:libc:malloc` every one
+//! of those events must be counted, under its own whole stack: with no loss of any kind
+//! at 2^16 paths, and exactly as well when the kernel's maps are too small for them.
 
 mod common;
 
 use cargo_trace_tests::fixtures;
 use common::{bpf_available, quoted, trace};
-
-/// The fixture's path bits: 2^BITS distinct stacks, 2^(BITS + 1) mallocs.
-const BITS: usize = 16;
 
 /// Binomial coefficient: paths with `k` of their `n` bits set.
 fn choose(n: u64, k: u64) -> u64 {
@@ -20,27 +18,55 @@ fn every_one_of_65536_malloc_paths_is_counted_under_its_whole_stack() {
     if !bpf_available("paths") {
         return;
     }
+    let run = trace_paths(16, &[]);
+    // No walk failure and no loss of any kind (a full map or ring buffer says so here).
+    run.assert_every_walk_complete();
+    assert!(!run.stderr.contains("losses and limits"), "{}", run.stderr);
+}
+
+/// With a counts map and a set of known stacks far smaller than the paths, the summary
+/// says both filled, and every count and stack is exact all the same: the counts that did
+/// not fit came through the ring buffer, and the stacks were sent again.
+#[test]
+fn full_kernel_maps_say_so_and_lose_nothing() {
+    if !bpf_available("paths_small_maps") {
+        return;
+    }
+    let run = trace_paths(10, &["--max-counts", "64", "--max-stacks", "64"]);
+    for loss in ["count map full", "known stacks full"] {
+        assert!(run.stderr.contains(loss), "no {loss:?}: {}", run.stderr);
+    }
+    assert!(!run.stderr.contains("walk failures"), "{}", run.stderr);
+    for loss in ["count lost", "stack ring full", "stack not stored"] {
+        assert!(!run.stderr.contains(loss), "{loss:?}: {}", run.stderr);
+    }
+}
+
+/// Runs the fixture with 2^`bits` paths under `uprobe:libc:malloc` and checks that every
+/// path is counted twice under its own complete stack, and each class of paths (by bits
+/// set) exactly twice its binomial count.
+fn trace_paths(bits: usize, extra: &[&str]) -> common::Run {
     let paths = fixtures::c_fixture("paths");
+    let mut args = vec!["--no-svg"];
+    args.extend(extra);
     let run = trace(
         "paths",
         &["uprobe:libc:malloc"],
-        &format!("{} {BITS}", quoted(&paths)),
-        &["--no-svg"],
+        &format!("{} {bits}", quoted(&paths)),
+        &args,
     );
     assert!(run.status.success(), "{}", run.stderr);
     assert!(
         run.stdout
-            .contains(&format!("paths {} mallocs {}", 1 << BITS, 2 << BITS)),
+            .contains(&format!("paths {} mallocs {}", 1 << bits, 2 << bits)),
         "{}",
         run.stdout
     );
-    // No walk failure and no loss of any kind (a full map or ring buffer says so here).
-    run.assert_every_walk_complete();
     let folded = run.folded();
     assert_eq!(run.summary_events(), folded.total(), "{}", run.stderr);
 
-    let mut per_path = vec![0u64; 1 << BITS];
-    let mut per_class = [0u64; BITS + 1];
+    let mut per_path = vec![0u64; 1 << bits];
+    let mut per_class = vec![0u64; bits + 1];
     for (frames, count) in &folded.stacks {
         let Some(main) = frames.iter().position(|f| f == "main") else {
             continue; // libc's start-up
@@ -60,7 +86,7 @@ fn every_one_of_65536_malloc_paths_is_counted_under_its_whole_stack() {
             continue; // main's own mallocs (stdout's buffer)
         }
         assert_eq!(frames[0], "_start", "incomplete stack: {frames:?}");
-        assert_eq!(chain.len(), BITS, "{frames:?}");
+        assert_eq!(chain.len(), bits, "{frames:?}");
         let leaf: Vec<&str> = below.collect();
         assert!(
             !leaf.is_empty() && leaf.iter().all(|f| f.contains("malloc")),
@@ -86,8 +112,9 @@ fn every_one_of_65536_malloc_paths_is_counted_under_its_whole_stack() {
     for (ones, count) in per_class.iter().enumerate() {
         assert_eq!(
             *count,
-            2 * choose(BITS as u64, ones as u64),
+            2 * choose(bits as u64, ones as u64),
             "paths with {ones} bits set"
         );
     }
+    run
 }
