@@ -176,7 +176,7 @@ fn main() {
         println!(
             "  kernel memory per stored stack: {:.1} bytes, {:.1} of them its element \
              (known_stacks: {} bytes for {} stacks, {} bytes empty); the previous design \
-             kept a 4,128-byte ct_stack per stack",
+             kept a 4,112-byte ct_stack per stack (4 KiB of frames)",
             last.kernel_bytes as f64 / last.stacks as f64,
             (last.kernel_bytes - last.empty_bytes) as f64 / last.stacks as f64,
             last.kernel_bytes,
