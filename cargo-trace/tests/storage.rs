@@ -5,6 +5,7 @@
 
 mod common;
 
+use bpf_prog::{Loss, WalkEnd};
 use cargo_trace_tests::fixtures;
 use common::{bpf_available, quoted, trace};
 
@@ -21,7 +22,7 @@ fn every_one_of_65536_malloc_paths_is_counted_under_its_whole_stack() {
     let run = trace_paths(16, &[]);
     // No walk failure and no loss of any kind (a full map or ring buffer says so here).
     run.assert_every_walk_complete();
-    assert!(!run.stderr.contains("losses and limits"), "{}", run.stderr);
+    assert_summary_lacks(&run, &Loss::ALL);
 }
 
 /// With a counts map and a set of known stacks far smaller than the paths, the summary
@@ -33,12 +34,39 @@ fn full_kernel_maps_say_so_and_lose_nothing() {
         return;
     }
     let run = trace_paths(10, &["--max-counts", "64", "--max-stacks", "64"]);
-    for loss in ["count map full", "known stacks full"] {
-        assert!(run.stderr.contains(loss), "no {loss:?}: {}", run.stderr);
+    for loss in [Loss::CountMapFull, Loss::KnownStacksFull] {
+        assert!(
+            run.stderr.contains(loss.name()),
+            "no {loss:?}: {}",
+            run.stderr
+        );
     }
-    assert!(!run.stderr.contains("walk failures"), "{}", run.stderr);
-    for loss in ["count lost", "stack ring full", "stack not stored"] {
-        assert!(!run.stderr.contains(loss), "{loss:?}: {}", run.stderr);
+    // Every walk complete (said apart from the losses, whatever the summary's wording).
+    for end in [
+        WalkEnd::NoProcess,
+        WalkEnd::NoMapping,
+        WalkEnd::NoRow,
+        WalkEnd::ReadFault,
+        WalkEnd::DepthCap,
+        WalkEnd::BadReturnAddress,
+        WalkEnd::Unsupported(unwind_tables::UnsupportedReason::BadCfi),
+    ] {
+        assert!(!run.stderr.contains(end.name()), "{end}: {}", run.stderr);
+    }
+    assert_summary_lacks(
+        &run,
+        &[Loss::CountLost, Loss::StackRingFull, Loss::StackNotStored],
+    );
+}
+
+/// None of `losses` is named in the run's summary.
+fn assert_summary_lacks(run: &common::Run, losses: &[Loss]) {
+    for loss in losses {
+        assert!(
+            !run.stderr.contains(loss.name()),
+            "{loss:?}: {}",
+            run.stderr
+        );
     }
 }
 
