@@ -41,6 +41,17 @@ pub enum Loss {
     KnownStacksFull = 7,
     /// The counts map and the ring buffer were both full: the event was not counted.
     CountLost = 8,
+    /// The pid filter was full: a child of a traced process was not followed
+    /// ([`Options::max_filtered_pids`](crate::Options::max_filtered_pids)).
+    PidFilterFull = 9,
+    /// The map of processes' mappings was full: a child could not take its parent's, and
+    /// walks end with [`WalkEnd::NoProcess`] until it is registered
+    /// ([`Options::max_procs`](crate::Options::max_procs)).
+    ProcsFull = 10,
+    /// The ring buffer of new images was full: a process that exec'd or loaded libraries
+    /// was not stopped for its mappings to be registered; it is found by polling, and its
+    /// first walks may end early.
+    NewImagesFull = 11,
 }
 
 impl Loss {
@@ -58,6 +69,9 @@ impl Loss {
         Loss::StackRingFull,
         Loss::KnownStacksFull,
         Loss::CountLost,
+        Loss::PidFilterFull,
+        Loss::ProcsFull,
+        Loss::NewImagesFull,
     ];
 
     /// A short lowercase name for reports.
@@ -72,6 +86,9 @@ impl Loss {
             Loss::StackRingFull => "stack ring full",
             Loss::KnownStacksFull => "known stacks full",
             Loss::CountLost => "count lost",
+            Loss::PidFilterFull => "pid filter full",
+            Loss::ProcsFull => "process map full",
+            Loss::NewImagesFull => "new images ring full",
         }
     }
 }
@@ -306,6 +323,9 @@ mod tests {
                 "stack ring full",
                 "known stacks full",
                 "count lost",
+                "pid filter full",
+                "process map full",
+                "new images ring full",
             ]
         );
     }

@@ -83,6 +83,12 @@ pub struct Cli {
     #[arg(long = "max-counts", value_name = "N", default_value_t = bpf_prog::Options::default().max_counts)]
     pub max_counts: u32,
 
+    /// Processes traced at once (the target and its children, with their mappings). Past
+    /// it, a child is not followed ("pid filter full" in the summary) or walks without its
+    /// mappings until they are read ("process map full").
+    #[arg(long = "max-processes", value_name = "N", default_value_t = bpf_prog::Options::default().max_procs)]
+    pub max_processes: u32,
+
     /// Size of the ring buffer that brings new stacks to cargo-trace, in MiB (a power of 2,
     /// at most 1024). When it fills, stacks are late ("stack ring full" in the summary;
     /// one that never arrives is shown as lost).
@@ -244,6 +250,8 @@ mod tests {
         assert_eq!(cli.max_stacks, defaults.max_stacks);
         assert_eq!(cli.max_counts, defaults.max_counts);
         assert_eq!(cli.ring_buffer_mib << 20, defaults.record_ring_bytes);
+        assert_eq!(cli.max_processes, defaults.max_procs);
+        assert_eq!(cli.max_processes, defaults.max_filtered_pids);
         let cli = parse(&[
             "cargo-trace",
             "--max-stacks",

@@ -56,6 +56,8 @@ pub fn run(cli: &Cli) -> Result<i32> {
         max_stacks: cli.max_stacks,
         max_counts: cli.max_counts,
         record_ring_bytes: cli.ring_buffer_mib << 20,
+        max_procs: cli.max_processes,
+        max_filtered_pids: cli.max_processes,
         ..Options::default()
     };
     let mut tracer = Tracer::load(&options).map_err(|error| {

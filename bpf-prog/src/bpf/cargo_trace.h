@@ -287,7 +287,11 @@ enum ct_loss {
 					* sent again each time it is met */
 	CT_LOSS_COUNT_LOST = 8,	      /* counts map and ring buffer both full: the event
 				       * was not counted */
-	CT_LOSS_COUNT = 9,
+	CT_LOSS_PID_FILTER_FULL = 9,  /* a child of a traced process was not followed */
+	CT_LOSS_PROCS_FULL = 10,      /* a child could not take its parent's mappings */
+	CT_LOSS_NEW_IMAGES_FULL = 11, /* a process that exec'd or loaded libraries was
+				       * not stopped for its mappings to be registered */
+	CT_LOSS_COUNT = 12,
 };
 
 /* What a record of the records ring buffer is (its first 4 bytes). */

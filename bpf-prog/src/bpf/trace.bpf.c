@@ -528,9 +528,10 @@ KERNEL_EVENT_PROGRAM(on_raw_tracepoint, "raw_tp")
  * mapped), and at libc's __libc_start_main (every library is mapped, main has
  * not run). Userspace continues it each time with SIGCONT.
  */
+/* 16 bytes a report: room for 4096 processes stopped at once. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 64 << 10);
 } new_images SEC(".maps");
 
 /* The parent of each child followed: userspace names what a child ran
@@ -553,8 +554,12 @@ static __always_inline void stop_for_mappings(__u32 tgid)
 {
 	__u32 *slot = bpf_ringbuf_reserve(&new_images, sizeof(*slot), 0);
 
-	if (!slot)
-		return; /* userspace finds it by polling, later */
+	if (!slot) {
+		/* userspace finds it by polling, later: its first steps
+		 * may run before its mappings are known */
+		count_loss(CT_LOSS_NEW_IMAGES_FULL);
+		return;
+	}
 	*slot = tgid;
 	bpf_send_signal(CT_SIGSTOP);
 	bpf_ringbuf_submit(slot, 0);
@@ -572,11 +577,16 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 	if (child_pid != child_tgid || !pid_wanted(parent_tgid))
 		return 0;
 	__u8 one = 1;
-	bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	if (bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY)) {
+		/* not followed */
+		count_loss(CT_LOSS_PID_FILTER_FULL);
+		return 0;
+	}
 	bpf_map_update_elem(&parents, &child_tgid, &parent_tgid, BPF_ANY);
 	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &parent_tgid);
-	if (proc)
-		bpf_map_update_elem(&procs, &child_tgid, proc, BPF_ANY);
+	if (proc && bpf_map_update_elem(&procs, &child_tgid, proc, BPF_ANY))
+		/* its walks end with CT_WALK_NO_PROC until userspace registers it */
+		count_loss(CT_LOSS_PROCS_FULL);
 	return 0;
 }
 
