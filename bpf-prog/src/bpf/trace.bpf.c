@@ -193,9 +193,12 @@ static __always_inline bool send_stack(struct ct_stack *stack, __u64 key)
  * no room for is sent without a claim, every time it is met.
  *
  * A stack known under hash itself goes into this CPU's cache, asked first.
- * Its entries stay true: a claimed stack is withdrawn only before anyone
- * has cached it. Two walks of one CPU (nesting levels) may write an entry
- * at once; a torn entry pairs a key with another stack's check and misses.
+ * One race makes an entry untrue: another CPU that meets the stack between
+ * its claim and a failed send caches it, and sends it no more; the stack
+ * then arrives when any other CPU meets it after the ring buffer drained,
+ * and until it does userspace shows those events under a lost stack. Two
+ * walks of one CPU (nesting levels) may write an entry at once; a torn
+ * entry pairs a key with another stack's check and misses.
  */
 static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash,
 					 struct ct_known_cache *known)
