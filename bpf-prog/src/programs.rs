@@ -73,6 +73,15 @@ event_programs! {
     Kprobe => on_kprobe, "events";
     /// A raw tracepoint (`attach_raw_tracepoint_with_opts`).
     RawTracepoint => on_raw_tracepoint, "events";
+    /// Off-CPU time, on the `sched_switch` raw tracepoint: an event is a traced thread's
+    /// stay off the CPU, its amount the nanoseconds it lasted
+    /// ([`Options::off_cpu_min_block_ns`](crate::Options::off_cpu_min_block_ns) and more).
+    OffCpu => on_off_cpu, "blocks";
+    /// An `interval` timer (one cpu-clock perf event): a firing while a traced process
+    /// runs on its CPU is a sample with stacks, any other is counted for the target set
+    /// with [`Tracer::set_interval_target`](crate::Tracer::set_interval_target), without
+    /// stacks.
+    Interval => on_interval, "firings";
 }
 
 /// The programs that follow children, loaded whatever [`Options::programs`] says, by name

@@ -59,6 +59,8 @@ pub struct Options {
     /// verifier's time at load goes by program: a session loads those its probes use. The
     /// programs that follow children always load.
     pub programs: BTreeSet<EventProgram>,
+    /// [`EventProgram::OffCpu`] counts a stay off the CPU only if it lasted this long.
+    pub off_cpu_min_block_ns: u64,
 }
 
 impl Default for Options {
@@ -77,6 +79,7 @@ impl Default for Options {
             record_ring_bytes: 16 << 20,
             max_filtered_pids: 4096,
             programs: EventProgram::ALL.iter().copied().collect(),
+            off_cpu_min_block_ns: 0,
         }
     }
 }
@@ -220,6 +223,7 @@ impl Tracer {
         rodata.filter_uprobes = options.filter_uprobes.into();
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
+        rodata.off_cpu_min_block_ns = options.off_cpu_min_block_ns;
 
         for &kind in EventProgram::ALL {
             kind.of_open(&mut open.progs)
@@ -444,6 +448,14 @@ impl Tracer {
             &1u8,
             MapFlags::ANY,
         )
+    }
+
+    /// The process [`EventProgram::Interval`] counts a firing for when no traced process
+    /// runs on its CPU.
+    pub fn set_interval_target(&mut self, pid: u32) {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.interval_target = pid;
+        }
     }
 
     /// The pid filter map (keys: the tgids traced, `u32`), for a process that

@@ -140,6 +140,11 @@ pub struct Cli {
     #[arg(long = "no-svg")]
     pub no_svg: bool,
 
+    /// With `offcpu`: count a stay off the CPU only if it lasted at least this long:
+    /// microseconds, or a number with a unit (`ns`, `us`, `ms`, `s`), e.g. `1ms`.
+    #[arg(long = "min-block", value_name = "TIME", value_parser = parse_min_block, default_value = "0")]
+    pub min_block_ns: u64,
+
     /// Title of the flamegraph (default: the probes and the command).
     #[arg(long = "title", value_name = "TEXT")]
     pub title: Option<String>,
@@ -254,6 +259,30 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         return Err(format!("'{text}' seconds is more than 100 years"));
     }
     Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
+/// `--min-block`: nanoseconds from microseconds (offcputime's unit) or `N{ns,us,ms,s}`.
+fn parse_min_block(text: &str) -> Result<u64, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: u64 = match unit {
+        "" | "us" => 1_000,
+        "ns" => 1,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        _ => {
+            return Err(format!(
+                "'{text}' is not a time (e.g. 500 for 500 µs, 2ms, 100ns)"
+            ))
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("'{text}' is not a time (e.g. 500 for 500 µs, 2ms, 100ns)"))
 }
 
 /// The one line an argument error prints (clap's usage and hints left out).

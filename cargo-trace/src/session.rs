@@ -120,6 +120,7 @@ impl Prepared {
             record_ring_bytes: cli.ring_buffer_mib << 20,
             max_procs: cli.max_processes,
             max_filtered_pids: cli.max_processes,
+            off_cpu_min_block_ns: cli.min_block_ns,
             ..Options::default()
         };
         let mut tracer = Tracer::load(&options).map_err(|error| {
@@ -149,6 +150,7 @@ impl Prepared {
         tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
+        tracer.set_interval_target(pid);
         let links = attach_all(&tracer, &probes, pid, follow, cli.unsafe_addresses)?;
         let children = if follow {
             Some(Children::follow(&tracer, pid, stopped.is_none())?)
@@ -587,6 +589,8 @@ fn event_program(kind: ProgramKind) -> EventProgram {
         ProgramKind::PerfEvent => EventProgram::PerfEvent,
         ProgramKind::Tracepoint => EventProgram::Tracepoint,
         ProgramKind::RawTracepoint => EventProgram::RawTracepoint,
+        ProgramKind::OffCpu => EventProgram::OffCpu,
+        ProgramKind::Interval => EventProgram::Interval,
         ProgramKind::Kprobe | ProgramKind::Kretprobe => EventProgram::Kprobe,
     }
 }
@@ -642,29 +646,129 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
     traced
 }
 
-/// What the samples of a session weigh: probes that sample on a clock count samples and
-/// the CPU time they stand for; other probes count what their program calls its events
-/// ("samples" of other perf events, "events"), "events" when the probes' names differ.
-fn value_types(probes: &[Probe]) -> (Vec<ValueType>, Option<(ValueType, i64)>) {
-    let periods: Vec<Option<i64>> = probes.iter().map(|p| clock_period_ns(&p.spec)).collect();
-    if periods.iter().all(Option::is_some) {
-        let cpu = ValueType::new("cpu", "nanoseconds");
-        let period = periods.iter().flatten().copied().max().unwrap_or(0);
-        return (
-            vec![ValueType::new("samples", "count"), cpu.clone()],
-            Some((cpu, period)),
-        );
+/// How one event of a probe weighs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Weight {
+    /// A clock sample, standing for this many nanoseconds of CPU time.
+    Clock(i64),
+    /// A stay off the CPU, whose amount is its nanoseconds.
+    OffCpu,
+    /// An event, counted under its program's name for events.
+    Events(&'static str),
+}
+
+impl Weight {
+    fn of(spec: &ProbeSpec) -> Weight {
+        match (spec, clock_period_ns(spec)) {
+            (_, Some(period)) => Weight::Clock(period),
+            (ProbeSpec::OffCpu, _) => Weight::OffCpu,
+            _ => Weight::Events(event_program(spec.program_kind()).count_name()),
+        }
     }
-    let mut names = probes
-        .iter()
-        .map(|p| event_program(p.spec.program_kind()).count_name());
+}
+
+/// A value of the session's samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Column {
+    /// Clock samples.
+    Samples,
+    /// The CPU time clock samples stand for.
+    Cpu,
+    /// Nanoseconds off the CPU.
+    OffCpu,
+    /// Stays off the CPU.
+    Blocks,
+    /// Each probe's own time: CPU time of clock samples, time off the CPU of the
+    /// others, under their probes' roots; the flamegraph of a run that has both.
+    Time,
+    /// Events of any probe, under this name.
+    Events(&'static str),
+}
+
+impl Column {
+    fn value_type(self) -> ValueType {
+        match self {
+            Column::Samples => ValueType::new("samples", "count"),
+            Column::Cpu => ValueType::new("cpu", "nanoseconds"),
+            Column::OffCpu => ValueType::new("off-cpu", "nanoseconds"),
+            Column::Blocks => ValueType::new("blocks", "count"),
+            Column::Time => ValueType::new("time", "nanoseconds"),
+            Column::Events(name) => ValueType::new(name, "count"),
+        }
+    }
+
+    /// The value of `events` events of a probe that weighs `weight`, with the amount
+    /// its program added.
+    fn value(self, weight: Weight, events: i64, amount: i64) -> i64 {
+        match (self, weight) {
+            (Column::Samples, Weight::Clock(_)) | (Column::Blocks, Weight::OffCpu) => events,
+            (Column::Cpu | Column::Time, Weight::Clock(period)) => events.saturating_mul(period),
+            (Column::OffCpu | Column::Time, Weight::OffCpu) => amount,
+            (Column::Events(_), _) => events,
+            _ => 0,
+        }
+    }
+}
+
+/// What the samples of a session weigh: clock samples count samples and the CPU time
+/// they stand for, off-CPU probes the nanoseconds off the CPU and the blocks; a run with
+/// both keeps them in their own values, after one of each probe's own time for the
+/// flamegraph. Other probes count what their program calls its events ("samples" of
+/// other perf events, "events"), "events" when the probes' names differ, beside the
+/// time off the CPU if an off-CPU probe is among them.
+fn columns(weights: &[Weight]) -> Vec<Column> {
+    let clock = |w: &Weight| matches!(w, Weight::Clock(_));
+    let off_cpu = |w: &Weight| *w == Weight::OffCpu;
+    if weights.iter().all(clock) {
+        return vec![Column::Samples, Column::Cpu];
+    }
+    if weights.iter().all(off_cpu) {
+        return vec![Column::OffCpu, Column::Blocks];
+    }
+    if weights.iter().all(|w| clock(w) || off_cpu(w)) {
+        return vec![
+            Column::Time,
+            Column::Cpu,
+            Column::OffCpu,
+            Column::Samples,
+            Column::Blocks,
+        ];
+    }
+    let mut names = weights.iter().map(|w| match w {
+        Weight::Clock(_) => "samples",
+        Weight::OffCpu => "blocks",
+        Weight::Events(name) => name,
+    });
     let first = names.next().unwrap_or("events");
     let name = if names.all(|name| name == first) {
         first
     } else {
         "events"
     };
-    (vec![ValueType::new(name, "count")], None)
+    let mut columns = vec![Column::Events(name)];
+    if weights.iter().any(off_cpu) {
+        columns.push(Column::OffCpu);
+    }
+    columns
+}
+
+/// The session's value types, and for a clock-only run the CPU time of a sample.
+fn value_types(probes: &[Probe]) -> (Vec<ValueType>, Option<(ValueType, i64)>) {
+    let weights: Vec<Weight> = probes.iter().map(|p| Weight::of(&p.spec)).collect();
+    let columns = columns(&weights);
+    let types = columns.iter().map(|c| c.value_type()).collect();
+    let period = match columns.as_slice() {
+        [Column::Samples, Column::Cpu] => weights
+            .iter()
+            .filter_map(|w| match w {
+                Weight::Clock(period) => Some(*period),
+                _ => None,
+            })
+            .max()
+            .map(|period| (Column::Cpu.value_type(), period)),
+        _ => None,
+    };
+    (types, period)
 }
 
 /// Nanoseconds of CPU time one sample of a `profile` probe stands for.
@@ -681,11 +785,11 @@ fn clock_period_ns(spec: &ProbeSpec) -> Option<i64> {
     i64::try_from(ns).ok()
 }
 
-/// Every counter with its stacks, as the profile builder takes them: the events, and
-/// for clock samples the CPU time they stand for.
+/// Every counter with its stacks, as the profile builder takes them, with the values
+/// [`value_types`] lists.
 fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
-    let periods: Vec<Option<i64>> = probes.iter().map(|p| clock_period_ns(&p.spec)).collect();
-    let sampling = periods.iter().all(Option::is_some);
+    let weights: Vec<Weight> = probes.iter().map(|p| Weight::of(&p.spec)).collect();
+    let columns = columns(&weights);
     let counts = tracer.counts().context("reading the event counts")?;
     let mut samples = Vec::with_capacity(counts.len());
     for (key, count) in counts {
@@ -708,13 +812,16 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
             None => Vec::new(),
         };
         let probe = key.probe_id as usize;
+        let weight = weights
+            .get(probe)
+            .copied()
+            .unwrap_or(Weight::Events("events"));
         let events = i64::try_from(count.events).unwrap_or(i64::MAX);
-        let values = if sampling {
-            let period = periods.get(probe).copied().flatten().unwrap_or(0);
-            vec![events, events.saturating_mul(period)]
-        } else {
-            vec![events]
-        };
+        let amount = i64::try_from(count.amount).unwrap_or(i64::MAX);
+        let values = columns
+            .iter()
+            .map(|column| column.value(weight, events, amount))
+            .collect();
         samples.push(RawSample {
             probe,
             pid: key.pid,

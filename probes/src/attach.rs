@@ -571,6 +571,7 @@ pub fn attach_probe_with(
             }
         }
         ProbeSpec::RawTracepoint { name, .. } => vec![attach_raw_tracepoint(prog, name, cookie)?],
+        ProbeSpec::OffCpu => vec![attach_raw_tracepoint(prog, "sched_switch", cookie)?],
         ProbeSpec::Kprobe(k) => vec![attach_kprobe(prog, k, cookie)?],
         ProbeSpec::Software { event, period } => attach_perf_event_per_cpu(
             prog,

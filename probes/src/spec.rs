@@ -38,6 +38,9 @@ pub enum ProbeSpec {
     Software { event: SoftwareEvent, period: u64 },
     /// `hardware:EVENT[:PERIOD]`; the period is bpftrace's default when omitted.
     Hardware { event: HardwareEvent, period: u64 },
+    /// `offcpu`: every stay of a traced thread off the CPU (scheduler switch out to
+    /// switch in), weighed by its nanoseconds. cargo-trace's own, not bpftrace's.
+    OffCpu,
 }
 
 /// A user-space function probe.
@@ -250,8 +253,13 @@ pub enum ProgramKind {
     Uprobe,
     /// `SEC("uretprobe")`
     Uretprobe,
-    /// `SEC("perf_event")`: profile, interval, software, hardware.
+    /// `SEC("perf_event")`: profile, software, hardware.
     PerfEvent,
+    /// `SEC("perf_event")` for `interval`: a timer on one CPU that counts for the target
+    /// wherever it runs.
+    Interval,
+    /// `SEC("raw_tp")` on `sched_switch` for `offcpu`.
+    OffCpu,
     /// `SEC("tracepoint")`
     Tracepoint,
     /// `SEC("raw_tp")`
@@ -268,10 +276,11 @@ impl ProbeSpec {
         match self {
             ProbeSpec::Uprobe(u) if u.retprobe => ProgramKind::Uretprobe,
             ProbeSpec::Uprobe(_) | ProbeSpec::Usdt(_) => ProgramKind::Uprobe,
-            ProbeSpec::Profile(_)
-            | ProbeSpec::Interval(_)
-            | ProbeSpec::Software { .. }
-            | ProbeSpec::Hardware { .. } => ProgramKind::PerfEvent,
+            ProbeSpec::Interval(_) => ProgramKind::Interval,
+            ProbeSpec::OffCpu => ProgramKind::OffCpu,
+            ProbeSpec::Profile(_) | ProbeSpec::Software { .. } | ProbeSpec::Hardware { .. } => {
+                ProgramKind::PerfEvent
+            }
             ProbeSpec::Tracepoint { .. } => ProgramKind::Tracepoint,
             ProbeSpec::RawTracepoint { .. } => ProgramKind::RawTracepoint,
             ProbeSpec::Kprobe(k) if k.retprobe => ProgramKind::Kretprobe,
@@ -348,6 +357,7 @@ const PROBE_TYPES: &[&str] = &[
     "hardware",
     "kprobe",
     "kretprobe",
+    "offcpu",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -363,6 +373,7 @@ enum Type {
     Hardware,
     Kprobe,
     Kretprobe,
+    OffCpu,
 }
 
 fn probe_type(name: &str) -> Option<Type> {
@@ -379,6 +390,7 @@ fn probe_type(name: &str) -> Option<Type> {
         "hardware" | "h" => Type::Hardware,
         "kprobe" | "k" => Type::Kprobe,
         "kretprobe" | "kr" => Type::Kretprobe,
+        "offcpu" => Type::OffCpu,
         _ => return None,
     })
 }
@@ -415,6 +427,7 @@ fn expected_form(ty: Type) -> &'static str {
         Type::Kretprobe => "kretprobe:FUNCTION or kretprobe:MODULE:FUNCTION",
         Type::Software => "software:EVENT or software:EVENT:PERIOD",
         Type::Hardware => "hardware:EVENT or hardware:EVENT:PERIOD",
+        Type::OffCpu => "offcpu, without arguments (--min-block sets a threshold)",
     }
 }
 
@@ -560,6 +573,7 @@ impl Parser<'_> {
             }
             Type::Kprobe => self.kprobe(fields, false),
             Type::Kretprobe => self.kprobe(fields, true),
+            Type::OffCpu => Err(self.invalid("arguments")),
             Type::Software => {
                 let (event, period) = self.perf_event(&fields, SoftwareEvent::from_name, || {
                     ("software", SoftwareEvent::expected())
@@ -792,6 +806,12 @@ pub fn parse(spec: &str) -> Result<ProbeSpec, ParseError> {
         });
     };
     let parser = Parser { spec, ty };
+    if ty == Type::OffCpu {
+        return match args {
+            None => Ok(ProbeSpec::OffCpu),
+            Some(_) => Err(parser.invalid("arguments")),
+        };
+    }
     let Some(args) = args else {
         return Err(parser.invalid("no arguments"));
     };
@@ -988,6 +1008,7 @@ impl fmt::Display for ProbeSpec {
             ProbeSpec::Kprobe(k) => write!(f, "{k}"),
             ProbeSpec::Software { event, period } => write!(f, "software:{event}:{period}"),
             ProbeSpec::Hardware { event, period } => write!(f, "hardware:{event}:{period}"),
+            ProbeSpec::OffCpu => f.write_str("offcpu"),
         }
     }
 }

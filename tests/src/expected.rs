@@ -174,6 +174,35 @@ pub fn parse_cpu_split(stdout: &str) -> Result<(f64, f64), String> {
     }
 }
 
+/// The seconds the `offcpu` fixture measured blocked in each of its functions, from its
+/// `blocked sleep <s> pipe <s> mutex <s>` line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Blocked {
+    pub sleep: f64,
+    pub pipe: f64,
+    pub mutex: f64,
+}
+
+/// Parses the `offcpu` fixture's line.
+pub fn parse_offcpu(stdout: &str) -> Result<Blocked, String> {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with("blocked "))
+        .ok_or("no `blocked` line")?;
+    let seconds = |text: &str| {
+        text.parse::<f64>()
+            .map_err(|_| format!("bad time {text:?} in {line:?}"))
+    };
+    match line.split_whitespace().collect::<Vec<_>>()[..] {
+        ["blocked", "sleep", sleep, "pipe", pipe, "mutex", mutex] => Ok(Blocked {
+            sleep: seconds(sleep)?,
+            pipe: seconds(pipe)?,
+            mutex: seconds(mutex)?,
+        }),
+        _ => Err(format!("malformed blocked line {line:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

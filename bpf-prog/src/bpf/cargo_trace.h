@@ -339,4 +339,16 @@ struct ct_count_record {
 	struct ct_count count;
 };
 
+/*
+ * Off-CPU time (offcpu.bpf.h): where a traced thread left the CPU, kept
+ * until it comes back. Kernel-side only: userspace reads the counts.
+ */
+struct ct_off_cpu_start {
+	__u64 user_stack;   /* key of the user stack at the switch out */
+	__u64 kernel_stack; /* key of its kernel stack */
+	__u64 since;	    /* bpf_ktime_get_ns() once the stacks were taken */
+	__u32 tgid;
+	__u32 probe_id; /* the attach cookie */
+};
+
 #endif /* CARGO_TRACE_H */

@@ -482,13 +482,9 @@ int on_uprobe_count(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("perf_event")
-int on_perf_event(struct bpf_perf_event_data *ctx)
+/* Counts a perf sample of process tgid with its stacks. */
+static __always_inline void count_sample(struct bpf_perf_event_data *ctx, __u32 tgid)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-
-	if (filter_events && !pid_wanted(tgid))
-		return 0;
 	__u64 ip = ctx->regs.ip;
 	struct event_stacks stacks;
 	if ((__s64)ip < 0)
@@ -497,6 +493,16 @@ int on_perf_event(struct bpf_perf_event_data *ctx)
 	else
 		stacks = take_stacks(NULL, tgid, ip, ctx->regs.sp, ctx->regs.bp, ctx->regs.di);
 	count_event(stacks, tgid, bpf_get_attach_cookie(ctx), 0);
+}
+
+SEC("perf_event")
+int on_perf_event(struct bpf_perf_event_data *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_events && !pid_wanted(tgid))
+		return 0;
+	count_sample(ctx, tgid);
 	return 0;
 }
 
@@ -518,6 +524,9 @@ int on_perf_event(struct bpf_perf_event_data *ctx)
 KERNEL_EVENT_PROGRAM(on_tracepoint, "tracepoint")
 KERNEL_EVENT_PROGRAM(on_kprobe, "kprobe")
 KERNEL_EVENT_PROGRAM(on_raw_tracepoint, "raw_tp")
+
+#include "offcpu.bpf.h"
+#include "interval.bpf.h"
 
 /*
  * Following the traced processes' children. A process forked by a traced one

@@ -6,14 +6,15 @@ use std::fmt::Write as _;
 use crate::profile::Profile;
 
 /// `cargo-trace: N events, M distinct stacks[ from P processes] in T s; ...`: the total
-/// of the first value type (events or samples), the distinct stacks (probe, process and frames), and either
+/// of the count values (events, samples, blocks), the distinct stacks (probe, process and frames), and either
 /// that every walk reached the end of the stack or each failure with its count.
 pub fn line(profile: &Profile) -> String {
-    let events = if profile.value_types.is_empty() {
-        0
-    } else {
-        profile.total(0)
-    };
+    // Events are the count values (a value in nanoseconds is no count of events); a
+    // run's count values never count one event twice.
+    let events: i64 = (0..profile.value_types.len())
+        .filter(|&index| profile.value_types[index].unit == "count")
+        .map(|index| profile.total(index))
+        .sum();
     let mut line = format!(
         "cargo-trace: {events} events, {} distinct stacks",
         profile.samples.len()

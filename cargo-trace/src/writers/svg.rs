@@ -6,7 +6,8 @@ use super::{folded, Weighting};
 use crate::profile::Profile;
 
 /// Writes the flamegraph of `profile` weighed as `weighting` says, titled `title`; the
-/// count name is the weighing value's kind (`samples`, `events`, `bytes`, ...).
+/// count name is the weighing value's kind (`samples`, `events`, `bytes`, ...), or `ns`
+/// for a time.
 /// An empty profile is still a valid answer: a graph that says there were no events.
 pub fn write(
     profile: &Profile,
@@ -19,7 +20,7 @@ pub fn write(
     options.count_name = profile
         .value_types
         .get(weighting.value)
-        .map_or_else(|| "samples".to_string(), |t| t.kind.clone());
+        .map_or_else(|| "samples".to_string(), count_name);
     // Colors from the frame names, not random: the same profile draws the same file.
     options.hash = true;
     let lines: Vec<String> = folded::fold(profile, weighting)
@@ -32,5 +33,15 @@ pub fn write(
         inferno::flamegraph::from_lines(&mut options, ["[no events] 1"], out)
     } else {
         inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
+    }
+}
+
+/// What a box's weight is called: `ns` for nanoseconds (CPU or off-CPU time: which one
+/// is the title's and the root's to say), else the value's kind.
+fn count_name(value_type: &crate::profile::ValueType) -> String {
+    if value_type.unit == "nanoseconds" {
+        "ns".to_string()
+    } else {
+        value_type.kind.clone()
     }
 }

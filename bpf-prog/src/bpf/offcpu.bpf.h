@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Off-CPU time (`cargo trace offcpu`), included by trace.bpf.c after its
+ * event programs: on_off_cpu runs at every context switch (the sched_switch
+ * raw tracepoint, on every CPU) and weighs the stacks of a traced thread by
+ * the nanoseconds it spent off the CPU, as bcc's offcputime does:
+ *
+ *   prev (current) leaves:  its user and kernel stacks taken now, while its
+ *                           memory is the current one, kept by thread id
+ *                           with the time;
+ *   next comes back:        now - that time counted as the event's amount
+ *                           under those stacks, if at least
+ *                           off_cpu_min_block_ns.
+ *
+ * The stacks cannot wait for the switch in: then the thread's memory is not
+ * the current one, and a tracing program cannot read another process's.
+ * A thread switched out while exiting is never back: it is left out. A
+ * preempted thread counts too (its time off the CPU is the target's time
+ * lost all the same), as offcputime counts every state by default.
+ */
+#ifndef OFFCPU_BPF_H
+#define OFFCPU_BPF_H
+
+#define CT_PF_EXITING 0x00000004
+
+/* Set by userspace before load (bpf_prog::Options::off_cpu_min_block_ns). */
+const volatile __u64 off_cpu_min_block_ns = 0;
+
+/* Traced threads off the CPU, by thread id. Every thread switched out
+ * comes back, if only to die: its entry goes then. Not an LRU map: LRU hash
+ * maps evict from their per-CPU lists long before they are full (one stay
+ * in about ten runs of the offcpu test was lost so). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* thread id */
+	__type(value, struct ct_off_cpu_start);
+	__uint(max_entries, 65536);
+} off_cpu_starts SEC(".maps");
+
+/* raw_tp sched_switch: args are (bool preempt, struct task_struct *prev,
+ * struct task_struct *next, unsigned int prev_state). */
+SEC("raw_tp")
+int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *next = (struct task_struct *)ctx->args[2];
+	__u32 next_tid = BPF_CORE_READ(next, pid);
+	struct ct_off_cpu_start *left = bpf_map_lookup_elem(&off_cpu_starts, &next_tid);
+
+	if (left) {
+		struct ct_off_cpu_start back = *left;
+		__u64 away = bpf_ktime_get_ns() - back.since;
+		struct event_stacks stacks = { back.user_stack, back.kernel_stack };
+
+		bpf_map_delete_elem(&off_cpu_starts, &next_tid);
+		if (away >= off_cpu_min_block_ns)
+			count_event(stacks, back.tgid, back.probe_id, away);
+	}
+
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	__u32 tid = (__u32)pid_tgid;
+	if (!tgid || !pid_wanted(tgid))
+		return 0;
+	struct task_struct *prev = bpf_get_current_task_btf();
+	if (prev->flags & CT_PF_EXITING)
+		return 0;
+	struct event_stacks stacks = take_stacks_from_kernel(ctx, tgid);
+	struct ct_off_cpu_start start = {
+		.user_stack = stacks.user,
+		.kernel_stack = stacks.kernel,
+		/* after the walk: the walk is time on the CPU */
+		.since = bpf_ktime_get_ns(),
+		.tgid = tgid,
+		.probe_id = bpf_get_attach_cookie(ctx),
+	};
+	bpf_map_update_elem(&off_cpu_starts, &tid, &start, BPF_ANY);
+	return 0;
+}
+
+#endif /* OFFCPU_BPF_H */
