@@ -20,12 +20,17 @@
 //!   CONFIG_IRQ_TIME_ACCOUNTING), and its wall time. The overhead is expected
 //!   below the run-to-run noise, so the kernel's BPF statistics
 //!   (`--bpf-stats`) give the BPF programs' share of the work as well.
+//! - `offcpu` on `ping_pong.c` (beside this file): two processes pass a byte back
+//!   and forth over two pipes, every round two stays off the CPU or more, each
+//!   walked at the switch out and counted at the switch in. The program times its
+//!   loop; the ratio to the untraced loop is the cost on a context-switch-heavy
+//!   program.
 //!
 //! The BPF programs' own cost per event, against a probe that only counts,
 //! is bpf-prog's `uprobe` benchmark.
 //!
 //! Prints figures only; asserts nothing about time. Needs root.
-//! `cargo bench -p cargo-trace --bench overhead [-- ROUNDS]`
+//! `cargo bench -p cargo-trace --bench overhead [-- ROUNDS] [storm|profile|offcpu...]`
 
 use std::path::Path;
 use std::process::Command;
@@ -39,6 +44,8 @@ const MALLOC_CALLS: u64 = 1_000_000;
 const PROFILED_CPU_NS: f64 = 1e9;
 /// Steps of each of the short runs that size the fixed work.
 const CALIBRATION_STEPS: u64 = 100_000_000;
+/// Round trips per ping-pong run: about 1 s untraced.
+const PING_PONG_ROUNDS: u64 = 100_000;
 /// Widths of a table's label and figure columns.
 const LABEL: usize = 24;
 const COLUMN: usize = 27;
@@ -62,6 +69,13 @@ fn main() {
         &[],
     )
     .unwrap_or_else(|error| panic!("building benches/fixed_work.c: {error}"));
+    let ping_pong = fixtures::build_source(
+        Lang::C,
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/ping_pong.c"),
+        "overhead_ping_pong",
+        &[],
+    )
+    .unwrap_or_else(|error| panic!("building benches/ping_pong.c: {error}"));
 
     println!(
         "cargo-trace overhead, end to end through {}",
@@ -70,8 +84,86 @@ fn main() {
     println!(
         "{rounds} rounds of an untraced (baseline) and a traced run, alternating; median [min–max]"
     );
-    malloc_storm(cargo_trace, &storm, rounds);
-    profile(cargo_trace, &fixed_work, rounds);
+    // Words among the arguments pick sections (`storm`, `profile`, `offcpu`); none: all.
+    let sections: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with('-') && arg.parse::<usize>().is_err())
+        .collect();
+    let wanted = |name: &str| sections.is_empty() || sections.iter().any(|s| s == name);
+    if wanted("storm") {
+        malloc_storm(cargo_trace, &storm, rounds);
+    }
+    if wanted("profile") {
+        profile(cargo_trace, &fixed_work, rounds);
+    }
+    if wanted("offcpu") {
+        off_cpu(cargo_trace, &ping_pong, rounds);
+    }
+}
+
+/// The cost of `offcpu` on a pipe ping-pong: every round trip two context switches.
+fn off_cpu(cargo_trace: &Path, ping_pong: &Path, rounds: usize) {
+    let trips = PING_PONG_ROUNDS;
+    let args = [trips.to_string()];
+    let probe = ["offcpu", "--bpf-stats"];
+    run_traced(cargo_trace, &probe, ping_pong, &args);
+
+    let (mut plain, mut traced) = (Rounds::default(), Rounds::default());
+    let (mut blocks, mut bpf_ns_per_run) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let run = run(Command::new(ping_pong).args(&args));
+        plain.push(&run, value_after(&run.stdout, "loop_ns"));
+        let run = run_traced(cargo_trace, &probe, ping_pong, &args);
+        let seen = event_count(&run.stderr);
+        assert!(
+            seen >= trips,
+            "{seen} stays off the CPU for {trips} round trips:\n{}",
+            run.stderr
+        );
+        blocks.push(seen as f64);
+        bpf_ns_per_run.push(bpf_ns_per_run_of(&run.stderr, "on_off_cpu"));
+        traced.push(&run, value_after(&run.stdout, "loop_ns"));
+    }
+    let us_per_trip = |ns: &[f64]| Spread::of(ns.iter().map(|ns| ns / trips as f64 / 1e3));
+    println!(
+        "\noffcpu on `ping_pong {trips}`: two processes pass a byte over two pipes; loop \
+         timed by the program"
+    );
+    row(&["", "untraced (baseline)", "traced", "traced / untraced"]);
+    row(&[
+        "loop, µs per round trip",
+        &us_per_trip(&plain.work_ns).show(2),
+        &us_per_trip(&traced.work_ns).show(2),
+        &format!("×{}", ratio(&plain.work_ns, &traced.work_ns).show(2)),
+    ]);
+    row(&[
+        "stays off the CPU",
+        "",
+        &Spread::of(blocks).show(0),
+        &format!("≥ {trips} round trips in every round"),
+    ]);
+    row(&[
+        "BPF ns per switch",
+        "",
+        &Spread::of(bpf_ns_per_run).show(0),
+        "every context switch of the machine runs it",
+    ]);
+}
+
+/// Nanoseconds per run of the BPF program `name`, from `--bpf-stats`.
+fn bpf_ns_per_run_of(stderr: &str, name: &str) -> f64 {
+    let prefix = format!("cargo-trace: bpf {name}: ");
+    stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .find_map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            match words[..] {
+                [_, "runs,", ns, "ns", "per", "run"] => ns.parse().ok(),
+                _ => None,
+            }
+        })
+        .unwrap_or_else(|| panic!("no BPF statistics for {name} in {stderr}"))
 }
 
 /// µs added per malloc event by `uprobe:libc:malloc`.
