@@ -98,7 +98,7 @@ pub mod walk_end {
 }
 
 /// Entries of the losses map (`CT_LOSS_COUNT`), indexed by [`Loss`](crate::Loss).
-pub const LOSS_COUNT: usize = 12;
+pub const LOSS_COUNT: usize = 15;
 
 /// `enum ct_record_kind`: the first 4 bytes of a record of the records ring buffer.
 pub mod record_kind {
@@ -172,6 +172,9 @@ check_constants! {
     crate::Loss::PidFilterFull => c::ct_loss::CT_LOSS_PID_FILTER_FULL,
     crate::Loss::ProcsFull => c::ct_loss::CT_LOSS_PROCS_FULL,
     crate::Loss::NewImagesFull => c::ct_loss::CT_LOSS_NEW_IMAGES_FULL,
+    crate::Loss::Exiting => c::ct_loss::CT_LOSS_EXITING,
+    crate::Loss::KernelThread => c::ct_loss::CT_LOSS_KERNEL_THREAD,
+    crate::Loss::TargetElsewhere => c::ct_loss::CT_LOSS_TARGET_ELSEWHERE,
     record_kind::STACK => c::ct_record_kind::CT_RECORD_STACK,
     record_kind::COUNT => c::ct_record_kind::CT_RECORD_COUNT,
 }

@@ -52,6 +52,15 @@ pub enum Loss {
     /// was not stopped for its mappings to be registered; it is found by polling, and its
     /// first walks may end early.
     NewImagesFull = 11,
+    /// A kernel-mode event of a process whose memory exit had released already: no user
+    /// stack to walk. Counted with its kernel stack only; not a walk.
+    Exiting = 12,
+    /// A kernel-mode event of a kernel thread: no user stack. Counted with its kernel
+    /// stack only; not a walk.
+    KernelThread = 13,
+    /// An interval timer fired while no traced process ran on its CPU: the firing is the
+    /// target's, counted without stacks.
+    TargetElsewhere = 14,
 }
 
 impl Loss {
@@ -72,6 +81,9 @@ impl Loss {
         Loss::PidFilterFull,
         Loss::ProcsFull,
         Loss::NewImagesFull,
+        Loss::Exiting,
+        Loss::KernelThread,
+        Loss::TargetElsewhere,
     ];
 
     /// A short lowercase name for reports.
@@ -89,6 +101,9 @@ impl Loss {
             Loss::PidFilterFull => "pid filter full",
             Loss::ProcsFull => "process map full",
             Loss::NewImagesFull => "new images ring full",
+            Loss::Exiting => "process exiting",
+            Loss::KernelThread => "kernel thread",
+            Loss::TargetElsewhere => "not on the interval timer's CPU",
         }
     }
 }
@@ -326,6 +341,9 @@ mod tests {
                 "pid filter full",
                 "process map full",
                 "new images ring full",
+                "process exiting",
+                "kernel thread",
+                "not on the interval timer's CPU",
             ]
         );
     }

@@ -94,6 +94,9 @@ pub struct Summary {
     /// Events counted with their kernel stack only because no user stack was left to
     /// walk (inside execve).
     pub in_exec: u64,
+    /// Events counted with no user stack to walk, by what they are ("process exiting",
+    /// "kernel thread", "not on the interval timer's CPU"); only those that happened.
+    pub no_user_stack: Vec<(String, u64)>,
     /// Objects without an unwind table, by name, with the reason.
     pub without_table: Vec<(String, String)>,
     /// Events left out because they are cargo-trace's own doing, not the target's:

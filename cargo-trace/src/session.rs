@@ -31,6 +31,9 @@ use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
 use crate::writers::{self, Format, Weighting};
 
+/// Events that had no user stack to walk, by what they are: not walks, and not losses.
+const NO_USER_STACK: [Loss; 3] = [Loss::Exiting, Loss::KernelThread, Loss::TargetElsewhere];
+
 /// How often the target's mappings are re-read (libraries opened with dlopen).
 const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the wait loop looks at the target.
@@ -408,10 +411,19 @@ impl Finished {
                 .collect(),
             losses: Loss::ALL
                 .iter()
-                .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
+                .filter(|loss| {
+                    **loss != Loss::InExec
+                        && !NO_USER_STACK.contains(loss)
+                        && losses[**loss as usize] > 0
+                })
                 .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
                 .collect(),
             in_exec: losses[Loss::InExec as usize],
+            no_user_stack: NO_USER_STACK
+                .iter()
+                .filter(|loss| losses[**loss as usize] > 0)
+                .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
+                .collect(),
             without_table: self.tables.coverage.without_table.clone(),
             not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
         };
@@ -812,6 +824,16 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
             None => Vec::new(),
         };
         let probe = key.probe_id as usize;
+        let interval = probes
+            .get(probe)
+            .is_some_and(|p| matches!(p.spec, ProbeSpec::Interval(_)));
+        // An interval firing without stacks: the target ran on another CPU than the
+        // timer's (or was between two of its threads' runs).
+        let truncated = if interval && key.stack == StackRef::None && kernel.is_empty() {
+            Some(Loss::TargetElsewhere.name().to_string())
+        } else {
+            truncated
+        };
         let weight = weights
             .get(probe)
             .copied()

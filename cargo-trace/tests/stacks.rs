@@ -822,3 +822,37 @@ fn walks_cross_uretprobe_trampolines() {
          return through a system call"
     );
 }
+
+#[test]
+fn samples_during_exit_are_counted_as_what_they_are() {
+    if !bpf_available("samples during exit") {
+        return;
+    }
+    // 1 GiB touched: the kernel takes tens of milliseconds to free it, after the
+    // process's memory is released from it and before it is gone.
+    let path = fixtures::c_fixture("big_exit");
+    let run = trace(
+        "exit-samples",
+        &["profile:hz:999"],
+        &format!("{} 1024", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let folded = run.folded();
+    let exiting: u64 = folded
+        .stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames.iter().all(|f| f.ends_with("_[k]")) && frames.iter().any(|f| f == "do_exit_[k]")
+        })
+        .map(|(_, count)| count)
+        .sum();
+    assert!(exiting > 0, "no sample during exit: {}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!(
+            "with no user stack to walk: process exiting {exiting}"
+        )),
+        "the summary does not count the {exiting} samples during exit as such: {}",
+        run.stderr
+    );
+}

@@ -291,7 +291,13 @@ enum ct_loss {
 	CT_LOSS_PROCS_FULL = 10,      /* a child could not take its parent's mappings */
 	CT_LOSS_NEW_IMAGES_FULL = 11, /* a process that exec'd or loaded libraries was
 				       * not stopped for its mappings to be registered */
-	CT_LOSS_COUNT = 12,
+	/* Events with no user stack to walk, counted with their kernel stack only,
+	 * and not as walks: */
+	CT_LOSS_EXITING = 12,	      /* a process whose memory exit released */
+	CT_LOSS_KERNEL_THREAD = 13,   /* a kernel thread */
+	CT_LOSS_TARGET_ELSEWHERE = 14, /* an interval firing while no traced process ran
+					* on the timer's CPU: the target's, without stacks */
+	CT_LOSS_COUNT = 15,
 };
 
 /* What a record of the records ring buffer is (its first 4 bytes). */

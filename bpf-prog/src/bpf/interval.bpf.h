@@ -6,8 +6,7 @@
  * A firing while a traced process runs on the timer's CPU is counted with
  * its stacks, as a profile sample; any other firing is still the target's
  * (the user reads N firings a period while the target lives), counted under
- * interval_target with no stack (userspace names it "not on the timer's
- * CPU").
+ * interval_target with no stack (CT_LOSS_TARGET_ELSEWHERE says how many).
  */
 #ifndef INTERVAL_BPF_H
 #define INTERVAL_BPF_H
@@ -27,6 +26,7 @@ int on_interval(struct bpf_perf_event_data *ctx)
 	__u32 target = interval_target;
 	if (target) {
 		struct event_stacks none = { CT_STACK_NONE, CT_STACK_NONE };
+		count_loss(CT_LOSS_TARGET_ELSEWHERE);
 		count_event(none, target, bpf_get_attach_cookie(ctx), 0);
 	}
 	return 0;

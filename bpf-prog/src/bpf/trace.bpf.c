@@ -28,6 +28,7 @@
 #include "walk.bpf.h"
 
 #define CT_SIGSTOP 19
+#define CT_PF_KTHREAD 0x00200000
 #define CT_NR_RT_SIGRETURN 15 /* x86-64 */
 #define CT_SYSCALL_INSN_LEN 2
 
@@ -433,15 +434,18 @@ static __always_inline bool pid_wanted(__u32 tgid)
 }
 
 /* The stacks of an event that fired in kernel mode: its kernel stack (unless
- * turned off), and the user registers saved at kernel entry. Kernel threads
- * have none (rip 0: no user stack). */
+ * turned off), and the user registers saved at kernel entry. Kernel threads,
+ * and processes whose memory exit released, have none (rip 0: no user
+ * stack), and are counted as what they are. */
 static __always_inline struct event_stacks take_stacks_from_kernel(void *ctx, __u32 tgid)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	void *kctx = kernel_stacks ? ctx : NULL;
 
-	if (!task->mm)
+	if (!task->mm) {
+		count_loss(task->flags & CT_PF_KTHREAD ? CT_LOSS_KERNEL_THREAD : CT_LOSS_EXITING);
 		return take_stacks(kctx, tgid, 0, 0, 0, 0);
+	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	__u64 ip = regs->ip;
 	/* In rt_sigreturn, rip is past the signal trampoline's last instruction,

@@ -24,7 +24,13 @@ pub fn fold(profile: &Profile, weighting: Weighting) -> BTreeMap<String, i64> {
             frames.push(profile.probes[sample.probe].replace(';', ":"));
         }
         if let Some(reason) = &sample.truncated {
-            frames.push(format!("[truncated: {reason}]"));
+            // Without a frame, the reason is what the sample is (e.g. an interval
+            // firing while the target ran elsewhere), not where its stack stopped.
+            frames.push(if sample.stack.is_empty() {
+                format!("[{reason}]")
+            } else {
+                format!("[truncated: {reason}]")
+            });
         }
         for &id in sample.stack.iter().rev() {
             let location = &profile.locations[id];

@@ -165,6 +165,12 @@ fn summary_section(profile: &Profile, html: &mut String) {
     if summary.in_exec > 0 {
         row("in execve, kernel stack only", summary.in_exec.to_string());
     }
+    for (what, count) in &summary.no_user_stack {
+        row(
+            &format!("no user stack: {}", escape(what)),
+            count.to_string(),
+        );
+    }
     if summary.not_the_targets > 0 {
         row(
             "cargo-trace's own (not counted)",

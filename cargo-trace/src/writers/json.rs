@@ -68,6 +68,7 @@ pub fn to_json(profile: &Profile) -> Value {
             "walk_failures": counters(&summary.failures),
             "losses": counters(&summary.losses),
             "in_execve": summary.in_exec,
+            "no_user_stack": counters(&summary.no_user_stack),
             "not_the_targets": summary.not_the_targets,
             "without_unwind_table": summary.without_table.iter().map(|(object, reason)| json!({
                 "object": object,

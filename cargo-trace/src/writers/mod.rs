@@ -188,6 +188,7 @@ pub(crate) mod tests {
                 failures: vec![("read fault".to_string(), 2)],
                 losses: vec![],
                 in_exec: 0,
+                no_user_stack: vec![],
                 without_table: vec![],
                 not_the_targets: 0,
             },

@@ -44,6 +44,19 @@ pub fn line(profile: &Profile) -> String {
             .collect();
         line.push_str(&listed.join(", "));
     }
+    let no_user_stack = &profile.summary.no_user_stack;
+    if !no_user_stack.is_empty() {
+        let total: u64 = no_user_stack.iter().map(|(_, count)| count).sum();
+        let listed: Vec<String> = no_user_stack
+            .iter()
+            .map(|(what, count)| format!("{what} {count}"))
+            .collect();
+        let _ = write!(
+            line,
+            "; {total} with no user stack to walk: {}",
+            listed.join(", ")
+        );
+    }
     let in_exec = profile.summary.in_exec;
     if in_exec > 0 {
         let _ = write!(
