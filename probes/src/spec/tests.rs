@@ -304,6 +304,10 @@ fn profile_and_interval() {
     check("interval:hz:2", ProbeSpec::Interval(Rate::Hz(2)));
     assert_eq!(parse("profile:hz:99").unwrap().to_string(), "profile:hz:99");
     assert_eq!(
+        parse("interval:ms:100").unwrap().program_kind(),
+        ProgramKind::Interval
+    );
+    assert_eq!(
         parse("profile:hz:99").unwrap().program_kind(),
         ProgramKind::PerfEvent
     );
@@ -527,13 +531,14 @@ fn unknown_probe_types() {
     assert_eq!(
         err("uprobes:x:y"),
         "unknown probe type 'uprobes' in 'uprobes:x:y' (expected uprobe, uretprobe, usdt, \
-         profile, interval, tracepoint, rawtracepoint, software, hardware, kprobe, kretprobe); \
-         did you mean 'uprobe'?"
+         profile, interval, tracepoint, rawtracepoint, software, hardware, kprobe, kretprobe, \
+         offcpu); did you mean 'uprobe'?"
     );
     assert_eq!(
         err("bogus:x"),
         "unknown probe type 'bogus' in 'bogus:x' (expected uprobe, uretprobe, usdt, \
-         profile, interval, tracepoint, rawtracepoint, software, hardware, kprobe, kretprobe)"
+         profile, interval, tracepoint, rawtracepoint, software, hardware, kprobe, kretprobe, \
+         offcpu)"
     );
     assert!(err("tracepiont:a:b").ends_with("did you mean 'tracepoint'?"));
     // Case matters, as in bpftrace: `U` is usdt but `UPROBE` is nothing.
@@ -669,4 +674,15 @@ fn filters_and_actions_say_they_are_not_supported() {
     for spec in ["uprobe:./p:f /pid == 1/", "profile:hz:99 {x}"] {
         assert!(!err(spec).contains('\n'));
     }
+}
+
+#[test]
+fn offcpu() {
+    check("offcpu", ProbeSpec::OffCpu);
+    assert_eq!(parse("offcpu").unwrap().program_kind(), ProgramKind::OffCpu);
+    assert_eq!(
+        err("offcpu:x"),
+        "arguments in 'offcpu:x' (expected offcpu, without arguments (--min-block sets a \
+         threshold))"
+    );
 }
