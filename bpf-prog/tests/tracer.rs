@@ -202,7 +202,9 @@ fn prebuilt_object_loads() {
         [
             "on_exec",
             "on_fork",
+            "on_interval",
             "on_kprobe",
+            "on_off_cpu",
             "on_perf_event",
             "on_raw_tracepoint",
             "on_start_main",
