@@ -6,8 +6,13 @@
 //!
 //! `src/bpf/trace.bpf.c` holds the event programs, listed once in
 //! [`EventProgram`] (`on_uprobe`, `on_uretprobe`, `on_perf_event`,
-//! `on_tracepoint`, `on_raw_tracepoint`, `on_kprobe`, and `on_uprobe_count`,
-//! a uprobe that counts without walking, the benchmark's baseline), and
+//! `on_tracepoint`, `on_raw_tracepoint`, `on_kprobe`, `on_off_cpu`
+//! (`src/bpf/offcpu.bpf.h`: at every context switch, a traced thread's stacks
+//! taken as it leaves the CPU and counted with the nanoseconds it stayed
+//! away as it comes back), `on_interval` (`src/bpf/interval.bpf.h`: a timer
+//! on one CPU that counts for the target wherever it runs), and
+//! `on_uprobe_count`, a uprobe that counts without walking, the benchmark's
+//! baseline), and
 //! three that follow a traced process's
 //! children ([`Tracer::follow_forks`]): `on_fork` and `on_exec` on the
 //! scheduler's raw tracepoints, and `on_start_main`, a uprobe on ld.so's
@@ -75,7 +80,7 @@
 //!   event fd given to `attach_perf_event*` belongs to the link afterwards:
 //!   libbpf closes it when the link drops.
 //! - Remove tables: they are loaded once per object and shared.
-//! - Fill [`Count::amount`]: no program adds an amount yet.
+//! - Fill [`Count::amount`] but for `on_off_cpu` (nanoseconds off the CPU).
 //!
 //! # Data flow
 //!
