@@ -385,12 +385,16 @@ impl Finished {
                         .any(|&pc| symbolizer.kernel(pc).function.ends_with("exc_int3"))
             })
         };
+        // Counted in events: the values that count (a time is no count of events).
+        let counts: Vec<usize> = (0..value_types.len())
+            .filter(|&index| value_types[index].unit == "count")
+            .collect();
         let raw: Vec<RawSample> = raw
             .into_iter()
             .filter(|sample| {
                 let own = held_at_entry(sample, &mut symbolizer);
                 if own {
-                    not_the_targets += sample.values[0];
+                    not_the_targets += counts.iter().map(|&i| sample.values[i]).sum::<i64>();
                 }
                 !own
             })
@@ -868,4 +872,53 @@ fn signal_name(signal: i32) -> String {
     nix::sys::signal::Signal::try_from(signal)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| format!("signal {signal}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(columns: &[Column], weight: Weight, events: i64, amount: i64) -> Vec<i64> {
+        columns
+            .iter()
+            .map(|column| column.value(weight, events, amount))
+            .collect()
+    }
+
+    #[test]
+    fn off_cpu_weighs_nanoseconds_first() {
+        let columns = columns(&[Weight::OffCpu]);
+        assert_eq!(columns, [Column::OffCpu, Column::Blocks]);
+        assert_eq!(values(&columns, Weight::OffCpu, 3, 30_000), [30_000, 3]);
+    }
+
+    #[test]
+    fn profile_and_off_cpu_keep_their_values_apart() {
+        let clock = Weight::Clock(1_000);
+        let columns = columns(&[clock, Weight::OffCpu]);
+        let kinds: Vec<String> = columns.iter().map(|c| c.value_type().kind).collect();
+        assert_eq!(kinds, ["time", "cpu", "off-cpu", "samples", "blocks"]);
+        // Clock samples: 5 of them; the off-CPU amount is not theirs.
+        assert_eq!(values(&columns, clock, 5, 0), [5_000, 5_000, 0, 5, 0]);
+        assert_eq!(
+            values(&columns, Weight::OffCpu, 2, 70_000),
+            [70_000, 0, 70_000, 0, 2]
+        );
+    }
+
+    #[test]
+    fn events_of_other_probes_stay_counts() {
+        assert_eq!(
+            columns(&[Weight::Clock(10)]),
+            [Column::Samples, Column::Cpu]
+        );
+        assert_eq!(
+            columns(&[Weight::Events("events"), Weight::Events("events")]),
+            [Column::Events("events")]
+        );
+        assert_eq!(
+            columns(&[Weight::Events("events"), Weight::OffCpu]),
+            [Column::Events("events"), Column::OffCpu]
+        );
+    }
 }
