@@ -111,22 +111,33 @@ fn min_block_leaves_out_shorter_stays_off_the_cpu() {
         return;
     }
     let path = fixtures::rust_fixture("offcpu");
-    // The fixture blocks 10 ms at a time: none of it passes 50 ms, all of it 5 ms.
+    // The fixture blocks about 10 ms at a time (longer only when the machine is busy):
+    // with a 50 ms threshold every stay counted is at least that long, so no sample
+    // weighs less than 50 ms a block, and most of the fixture's 60 stays are left out.
     let long = trace(
         "offcpu-min-block",
         &["offcpu"],
         &quoted(&path),
-        &["--min-block", "50ms"],
+        &["--min-block", "50ms", "--json", "out.json"],
     );
     assert!(long.status.success(), "cargo-trace failed: {}", long.stderr);
-    let folded = long.folded();
-    for function in FUNCTIONS {
-        assert_eq!(
-            folded.count_with(function),
-            0,
-            "{function} counted with --min-block 50ms"
+    let text = std::fs::read_to_string(long.scratch.path("out.json")).expect("json written");
+    let profile: serde_json::Value = serde_json::from_str(&text).expect("json parses");
+    let [off_cpu, blocks] = ["off-cpu", "blocks"].map(|kind| value_index(&profile, kind));
+    let mut counted = 0;
+    for sample in profile["samples"].as_array().unwrap() {
+        let ns = sample["values"][off_cpu].as_i64().unwrap();
+        let stays = sample["values"][blocks].as_i64().unwrap();
+        assert!(
+            ns >= stays * 50_000_000,
+            "{stays} stays of {ns} ns in all counted with --min-block 50ms"
         );
+        counted += stays;
     }
+    assert!(
+        counted < 30,
+        "{counted} stays of 50 ms or more where the fixture blocks 60 times for 10 ms"
+    );
     let short = trace(
         "offcpu-min-block",
         &["offcpu"],
