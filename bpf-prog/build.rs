@@ -19,9 +19,10 @@ use std::process::Command;
 use libbpf_cargo::SkeletonBuilder;
 
 /// Every file the object is compiled from, in hashing order.
-const INPUTS: [&str; 4] = [
+const INPUTS: [&str; 5] = [
     "src/bpf/trace.bpf.c",
     "src/bpf/walk.bpf.h",
+    "src/bpf/alloc.bpf.h",
     "src/bpf/cargo_trace.h",
     "src/bpf/vmlinux.h",
 ];

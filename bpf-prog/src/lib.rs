@@ -126,6 +126,7 @@
 //! CAP_BPF + CAP_PERFMON (or root). RLIMIT_MEMLOCK is not touched: kernels of
 //! that age account BPF memory to the memory cgroup.
 
+mod alloc;
 mod error;
 pub mod layout;
 mod programs;
@@ -138,6 +139,10 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/trace.skel.rs"));
 }
 
+pub use alloc::{
+    alloc_cookie, AllocCounter, AllocKey, AllocKind, AllocOptions, AllocProcess, AllocStats,
+    ALLOC_BUCKETS,
+};
 pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
 pub use programs::EventProgram;

@@ -10,6 +10,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
 use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
 
+use crate::alloc::AllocOptions;
 use crate::error::{Error, Result, TableMap};
 use crate::layout::{
     self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
@@ -47,6 +48,8 @@ pub struct Options {
     pub max_counts: u32,
     /// Processes in the pid filter.
     pub max_filtered_pids: u32,
+    /// Heap profiling: map sizes and the temporary threshold.
+    pub alloc: AllocOptions,
     /// The event programs to load. Each carries its own copy of the walker, and the
     /// verifier's time at load goes by program: a session loads those its probes use. The
     /// programs that follow children always load.
@@ -67,6 +70,7 @@ impl Default for Options {
             max_stacks: 16384,
             max_counts: 65536,
             max_filtered_pids: 4096,
+            alloc: AllocOptions::default(),
             programs: EventProgram::ALL.iter().copied().collect(),
         }
     }
@@ -154,6 +158,7 @@ impl Tracer {
         rodata.filter_uprobes = options.filter_uprobes.into();
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
+        crate::alloc::configure(&mut open, &options.alloc)?;
 
         for &kind in EventProgram::ALL {
             kind.of_open(&mut open.progs)
@@ -288,6 +293,11 @@ impl Tracer {
             tables: base.tables + 1,
         };
         Ok(TableId(id))
+    }
+
+    /// The loaded object, for the readers of other modules.
+    pub(crate) fn skel(&self) -> &TraceSkel<'static> {
+        &self.skel
     }
 
     /// What the tables loaded so far occupy.
@@ -686,7 +696,7 @@ impl From<Rule> for CtRule {
 }
 
 /// Each entry of a per-CPU array of u64 counters, summed over CPUs, into `totals`.
-fn sum_per_cpu(map: &MapMut<'_>, name: &'static str, totals: &mut [u64]) -> Result<()> {
+pub(crate) fn sum_per_cpu(map: &MapMut<'_>, name: &'static str, totals: &mut [u64]) -> Result<()> {
     for (index, total) in totals.iter_mut().enumerate() {
         let per_cpu = map
             .lookup_percpu(bytes_of(&(index as u32)), MapFlags::ANY)
