@@ -21,11 +21,14 @@ use crate::writers::Format;
         cargo trace profile:hz:99 --bin server -- --port 8080\n  \
         cargo trace uprobe:libc:malloc -c './prog arg'\n  \
         cargo trace uprobe:libc:malloc -p 1234         attach to a running process\n  \
-        cargo trace tracepoint:sched:sched_switch -c ./prog"
+        cargo trace tracepoint:sched:sched_switch -c ./prog\n  \
+        cargo trace alloc -c ./prog                    heap profile: allocations, frees, leaks, peak\n  \
+        cargo trace alloc:jemalloc --metric leaked-bytes -c ./prog"
 )]
 pub struct Cli {
     /// Probes in bpftrace's grammar, e.g. profile:hz:99, uprobe:libc:malloc,
-    /// uretprobe:./prog:myprog::parse, tracepoint:sched:sched_switch
+    /// uretprobe:./prog:myprog::parse, tracepoint:sched:sched_switch; or alloc[:ALLOCATOR]
+    /// (libc, jemalloc, mimalloc, a library's path) to profile the heap
     /// [default: profile:hz:99].
     #[arg(value_name = "PROBE")]
     pub probes: Vec<String>,
@@ -88,6 +91,9 @@ pub struct Cli {
     pub title: Option<String>,
 
     #[command(flatten)]
+    pub alloc: crate::alloc::AllocArgs,
+
+    #[command(flatten)]
     pub cargo: CargoArgs,
 
     /// Arguments passed to the binary cargo builds (after `--`).
@@ -148,6 +154,12 @@ impl Cli {
         }
         if let Some(path) = &self.pprof {
             outputs.push((Format::Pprof, path.clone()));
+        }
+        if let Some(path) = &self.alloc.report_text {
+            outputs.push((Format::HeapReport, path.clone()));
+        }
+        if let Some(path) = &self.alloc.csv {
+            outputs.push((Format::Csv, path.clone()));
         }
         outputs
     }

@@ -8,6 +8,7 @@
 //! aggregates → [`symbolize`] into a [`profile::Profile`] → [`writers`].
 //! docs/architecture.md has the whole picture.
 
+mod alloc;
 mod cargo;
 mod children;
 mod cli;

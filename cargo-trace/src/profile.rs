@@ -129,12 +129,50 @@ pub struct Profile {
     pub mappings: Vec<Mapping>,
     pub summary: Summary,
     pub metadata: Metadata,
+    /// Heap profiling's totals, when the session profiled the heap.
+    pub heap: Option<HeapTotals>,
+}
+
+/// What a heap profile knows beside its samples: each process's totals, and what could
+/// not be paired or kept. Its samples carry the heap value types (see
+/// `crate::alloc::value_types`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapTotals {
+    pub processes: Vec<HeapProcess>,
+    /// Events the heap programs could not pair or keep, by name (e.g. "unknown frees"),
+    /// only those that happened.
+    pub lost: BTreeMap<String, u64>,
+    /// Blocks freed sooner than this after their allocation are temporaries.
+    pub temporary_threshold: Duration,
+    /// Blocks in the kernel's live map when the profile was taken.
+    pub live_blocks: u64,
+}
+
+/// The heap totals of one process (and probe).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapProcess {
+    pub probe: usize,
+    pub pid: u32,
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    /// Bytes live when the profile was taken, and at most during the run.
+    pub live_bytes: i64,
+    pub peak_bytes: i64,
+    /// Frees of addresses no tracked block held: never subtracted from a stack.
+    pub unknown_frees: u64,
 }
 
 impl Profile {
     /// The sum of value `index` over every sample.
     pub fn total(&self, index: usize) -> i64 {
         self.samples.iter().map(|s| s.values[index]).sum()
+    }
+
+    /// The index of the value type of kind `kind`.
+    pub fn value_index(&self, kind: &str) -> Option<usize> {
+        self.value_types.iter().position(|t| t.kind == kind)
     }
 
     /// Processes with at least one sample.

@@ -17,6 +17,7 @@ use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer};
 use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind, Rate};
 
+use crate::alloc::{AllocArgs, AllocProbe};
 use crate::children::Children;
 use crate::cli::Cli;
 use crate::guard::Guard;
@@ -36,8 +37,13 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 pub fn run(cli: &Cli) -> Result<i32> {
     let running = Prepared::new(cli)?.start(cli.bpf_stats)?;
     let mut finished = running.wait(cli.duration)?;
-    let profile = finished.profile()?;
+    let profile = finished.profile(&cli.alloc)?;
     let written = write_outputs(cli, &profile, finished.argv.as_deref());
+    if profile.heap.is_some() && cli.alloc.report_text.is_none() {
+        let mut stdout = std::io::stdout().lock();
+        writers::heap_report::write(&profile, cli.alloc.order_by, &mut stdout)
+            .context("writing the heap report")?;
+    }
     eprintln!("{}", writers::summary::line(&profile));
     for note in writers::summary::notes(&profile) {
         eprintln!("{note}");
@@ -54,7 +60,23 @@ pub fn run(cli: &Cli) -> Result<i32> {
 /// A probe as the user wrote it and as parsed.
 struct Probe {
     text: String,
-    spec: ProbeSpec,
+    kind: ProbeKind,
+}
+
+enum ProbeKind {
+    /// A probe of bpftrace's grammar: one event program.
+    Event(ProbeSpec),
+    /// Heap profiling: an allocator's functions.
+    Alloc(AllocProbe),
+}
+
+impl Probe {
+    fn event_spec(&self) -> Option<&ProbeSpec> {
+        match &self.kind {
+            ProbeKind::Event(spec) => Some(spec),
+            ProbeKind::Alloc(_) => None,
+        }
+    }
 }
 
 /// The process being traced, and its children if they are followed.
@@ -104,6 +126,7 @@ impl Prepared {
             // filtered to the traced ones in the program.
             filter_uprobes: follow,
             programs: programs_for(&probes),
+            alloc: cli.alloc.options(),
             ..Options::default()
         };
         let mut tracer = Tracer::load(&options).map_err(|error| {
@@ -139,7 +162,7 @@ impl Prepared {
         tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
-        let links = attach_all(&tracer, &probes, pid, follow)?;
+        let links = attach_all(&tracer, &probes, &cli.alloc, pid, follow)?;
         let children = if follow {
             Some(Children::follow(&tracer, pid, stopped.is_none())?)
         } else {
@@ -308,9 +331,20 @@ pub struct Finished {
 
 impl Finished {
     /// The kernel's counts, symbolized.
-    pub fn profile(&mut self) -> Result<Profile> {
-        let (value_types, period) = value_types(&self.probes);
-        let raw = raw_samples(&self.tracer, &self.probes)?;
+    pub fn profile(&mut self, alloc: &AllocArgs) -> Result<Profile> {
+        let (mut value_types, period) = value_types(&self.probes);
+        let mut raw = raw_samples(&self.tracer, &self.probes)?;
+        let heap = if self.probes.iter().any(|p| p.event_spec().is_none()) {
+            let threshold = Duration::from_nanos(alloc.options().temporary_ns);
+            Some(crate::alloc::add_samples(
+                &self.tracer,
+                &mut value_types,
+                &mut raw,
+                threshold,
+            )?)
+        } else {
+            None
+        };
         let mut symbolizer = Symbolizer::new();
         // A child that exited before its mappings were read ran with its parent's (fork
         // copies them): the target's are the best guess for it.
@@ -372,7 +406,9 @@ impl Finished {
             period,
         };
         let probes = self.probes.iter().map(|p| p.text.clone()).collect();
-        Ok(builder.finish(probes, summary, metadata))
+        let mut profile = builder.finish(probes, summary, metadata);
+        profile.heap = heap;
+        Ok(profile)
     }
 
     /// With `--bpf-stats`: each program's runs and nanoseconds per run.
@@ -425,15 +461,22 @@ impl Finished {
 /// Writes every output the command line asks for. One that fails does not keep the
 /// others from being written; the first failure is returned after them.
 fn write_outputs(cli: &Cli, profile: &Profile, argv: Option<&[String]>) -> Result<Vec<PathBuf>> {
+    let metric = profile.heap.as_ref().map(|_| cli.alloc.metric);
     let options = writers::Options {
         weighting: Weighting {
-            value: 0,
+            value: metric
+                .and_then(|metric| profile.value_index(metric.value_kind()))
+                .unwrap_or(0),
             line_numbers: cli.line_numbers,
         },
-        title: cli
-            .title
-            .clone()
-            .unwrap_or_else(|| default_title(&profile.probes, argv, profile.metadata.pid)),
+        title: cli.title.clone().unwrap_or_else(|| {
+            let title = default_title(&profile.probes, argv, profile.metadata.pid);
+            match metric {
+                Some(metric) => format!("{title} ({})", metric.describe()),
+                None => title,
+            }
+        }),
+        order_by: cli.alloc.order_by,
     };
     let mut written = Vec::new();
     let mut failure = None;
@@ -470,6 +513,12 @@ fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
     texts
         .iter()
         .map(|text| {
+            if let Some(alloc) = AllocProbe::parse(text) {
+                return Ok(Probe {
+                    text: text.clone(),
+                    kind: ProbeKind::Alloc(alloc?),
+                });
+            }
             let spec = probes::parse(text)?;
             // Fail before launching anything when this kernel cannot run the probe.
             match &spec {
@@ -479,7 +528,7 @@ fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
             }
             Ok(Probe {
                 text: text.clone(),
-                spec,
+                kind: ProbeKind::Event(spec),
             })
         })
         .collect()
@@ -507,7 +556,10 @@ fn command_line(cli: &Cli) -> Result<Vec<String>> {
 fn programs_for(probes: &[Probe]) -> std::collections::BTreeSet<EventProgram> {
     probes
         .iter()
-        .map(|probe| event_program(probe.spec.program_kind()))
+        .flat_map(|probe| match &probe.kind {
+            ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
+            ProbeKind::Alloc(_) => crate::alloc::PROGRAMS.to_vec(),
+        })
         .collect()
 }
 
@@ -526,13 +578,23 @@ fn event_program(kind: ProgramKind) -> EventProgram {
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
 /// `follow`: uprobes fire in every process (the program keeps the target and its
 /// children); else in the target only.
-fn attach_all(tracer: &Tracer, probes: &[Probe], pid: u32, follow: bool) -> Result<Vec<Link>> {
+fn attach_all(
+    tracer: &Tracer,
+    probes: &[Probe],
+    alloc: &AllocArgs,
+    pid: u32,
+    follow: bool,
+) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for (index, probe) in probes.iter().enumerate() {
-        let program = tracer.program(event_program(probe.spec.program_kind()));
         let fire_in = (!follow).then_some(pid);
-        let attached =
-            probes::attach_probe_for(program, &probe.spec, Some(pid), fire_in, index as u64)?;
+        let attached = match &probe.kind {
+            ProbeKind::Event(spec) => {
+                let program = tracer.program(event_program(spec.program_kind()));
+                probes::attach_probe_for(program, spec, Some(pid), fire_in, index as u64)?
+            }
+            ProbeKind::Alloc(probe) => probe.attach(tracer, alloc, pid, fire_in, index as u32)?,
+        };
         links.extend(attached);
     }
     Ok(links)
@@ -567,7 +629,11 @@ fn process_exists(pid: u32) -> bool {
 /// the CPU time they stand for; other probes count what their program calls its events
 /// ("samples" of other perf events, "events"), "events" when the probes' names differ.
 fn value_types(probes: &[Probe]) -> (Vec<ValueType>, Option<(ValueType, i64)>) {
-    let periods: Vec<Option<i64>> = probes.iter().map(|p| clock_period_ns(&p.spec)).collect();
+    let specs: Vec<&ProbeSpec> = probes.iter().filter_map(Probe::event_spec).collect();
+    if specs.is_empty() {
+        return (Vec::new(), None);
+    }
+    let periods: Vec<Option<i64>> = specs.iter().map(|spec| clock_period_ns(spec)).collect();
     if periods.iter().all(Option::is_some) {
         let cpu = ValueType::new("cpu", "nanoseconds");
         let period = periods.iter().flatten().copied().max().unwrap_or(0);
@@ -576,9 +642,9 @@ fn value_types(probes: &[Probe]) -> (Vec<ValueType>, Option<(ValueType, i64)>) {
             Some((cpu, period)),
         );
     }
-    let mut names = probes
+    let mut names = specs
         .iter()
-        .map(|p| event_program(p.spec.program_kind()).count_name());
+        .map(|spec| event_program(spec.program_kind()).count_name());
     let first = names.next().unwrap_or("events");
     let name = if names.all(|name| name == first) {
         first
@@ -605,22 +671,17 @@ fn clock_period_ns(spec: &ProbeSpec) -> Option<i64> {
 /// Every counter with its stacks, as the profile builder takes them: the events, and
 /// for clock samples the CPU time they stand for.
 fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
-    let periods: Vec<Option<i64>> = probes.iter().map(|p| clock_period_ns(&p.spec)).collect();
-    let sampling = periods.iter().all(Option::is_some);
+    let periods: Vec<Option<i64>> = probes
+        .iter()
+        .map(|p| p.event_spec().and_then(clock_period_ns))
+        .collect();
+    let sampling = probes
+        .iter()
+        .all(|p| p.event_spec().is_none_or(|spec| clock_period_ns(spec).is_some()));
     let counts = tracer.counts().context("reading the event counts")?;
     let mut samples = Vec::with_capacity(counts.len());
     for (key, count) in counts {
-        let (user, truncated) = match key.stack {
-            StackRef::None => (Vec::new(), None),
-            StackRef::NotStored => (Vec::new(), Some(Loss::StackMapFull.name().to_string())),
-            StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
-                Some(stack) => {
-                    let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
-                    (stack.pcs, truncated)
-                }
-                None => (Vec::new(), Some("stack lost".to_string())),
-            },
-        };
+        let (user, truncated) = user_stack(tracer, key.stack)?;
         let kernel = match key.kernel_stack {
             Some(id) => tracer.kernel_stack(id).unwrap_or_default(),
             None => Vec::new(),
@@ -643,6 +704,21 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
         });
     }
     Ok(samples)
+}
+
+/// The user stack `stack` refers to, innermost first, and why it ends early if it does.
+pub(crate) fn user_stack(tracer: &Tracer, stack: StackRef) -> Result<(Vec<u64>, Option<String>)> {
+    Ok(match stack {
+        StackRef::None => (Vec::new(), None),
+        StackRef::NotStored => (Vec::new(), Some(Loss::StackMapFull.name().to_string())),
+        StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
+            Some(stack) => {
+                let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
+                (stack.pcs, truncated)
+            }
+            None => (Vec::new(), Some("stack lost".to_string())),
+        },
+    })
 }
 
 fn default_title(probes: &[String], argv: Option<&[String]>, pid: u32) -> String {

@@ -22,6 +22,10 @@
  * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
  * Only the outermost call is what the program asked for: calls made while
  * another is in progress on the thread are marked nested and not counted.
+ * A tail call (glibc's reallocarray jumps to realloc) enters the second
+ * function with the first one's rsp: nested too. Its stack could not be
+ * walked anyway: the first function's return address is the uretprobe
+ * trampoline's by then. Both returns fire, the inner one first.
  * Calls in progress are a stack per thread, matched by the stack pointer:
  * a return pops the call whose entry rsp is its own minus 8 (the return
  * address popped), discarding deeper ones that never returned.
@@ -263,8 +267,9 @@ static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_bl
 }
 
 /* The calls in progress on this thread, after dropping those that returned
- * unseen (their entry rsp at or under sp, which is the stack pointer at an
- * entry: a call in progress has an entry rsp above it). */
+ * unseen: their entry rsp under sp, the stack pointer at an entry (a call in
+ * progress has its entry rsp above it, or at it when it tail-called the
+ * function entered now). */
 static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool create)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -276,7 +281,7 @@ static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool creat
 	for (int i = 0; i < CT_ALLOC_NEST; i++) {
 		__u32 depth = t->depth;
 		if (depth == 0 || depth > CT_ALLOC_NEST ||
-		    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp > sp)
+		    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp >= sp)
 			break;
 		t->depth = depth - 1;
 	}
@@ -353,7 +358,7 @@ int on_alloc_return(struct pt_regs *ctx)
 		return 0;
 	/* rsp at the entry was this one less the return address popped */
 	__u64 entry_sp = ctx->sp - 8;
-	struct ct_alloc_thread *t = thread_calls(entry_sp - 1, false);
+	struct ct_alloc_thread *t = thread_calls(entry_sp, false);
 	__u32 depth = t ? t->depth : 0;
 	if (!t || depth == 0 || depth > CT_ALLOC_NEST ||
 	    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp != entry_sp) {

@@ -4,7 +4,9 @@
 //! bytes to any [`std::io::Write`]. Where the bytes go (which file, created how) is the
 //! caller's business.
 
+pub mod csv;
 pub mod folded;
+pub mod heap_report;
 pub mod pprof;
 pub mod summary;
 pub mod svg;
@@ -23,6 +25,10 @@ pub enum Format {
     Folded,
     /// pprof's gzipped profile.proto (`--pprof`).
     Pprof,
+    /// The heap profile's text report (`--report-text`).
+    HeapReport,
+    /// One CSV row per stack with every value (`--csv`).
+    Csv,
 }
 
 impl Format {
@@ -32,6 +38,8 @@ impl Format {
             Format::Svg => "the flamegraph",
             Format::Folded => "folded stacks",
             Format::Pprof => "the pprof profile",
+            Format::HeapReport => "the heap report",
+            Format::Csv => "the CSV table",
         }
     }
 
@@ -45,6 +53,8 @@ impl Format {
             Format::Svg => svg::write(profile, options.weighting, &options.title, out),
             Format::Folded => folded::write(profile, options.weighting, out),
             Format::Pprof => pprof::write(profile, out),
+            Format::HeapReport => heap_report::write(profile, options.order_by, out),
+            Format::Csv => csv::write(profile, options.weighting, out),
         }
     }
 }
@@ -55,6 +65,8 @@ pub struct Options {
     pub weighting: Weighting,
     /// The flamegraph's title.
     pub title: String,
+    /// The order of the heap report's stacks.
+    pub order_by: crate::alloc::OrderBy,
 }
 
 /// Which of a sample's values a writer weighs stacks by, and how frames are named.
@@ -183,6 +195,7 @@ pub(crate) mod tests {
                 duration: Duration::from_millis(1500),
                 period: None,
             },
+            heap: None,
         }
     }
 

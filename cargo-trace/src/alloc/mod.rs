@@ -1,0 +1,368 @@
+//! Heap profiling: the `alloc[:ALLOCATOR]` probe, its options, and the heap values of the
+//! profile model.
+//!
+//! An `alloc` probe expands into uprobes on the allocator's functions ([`allocators`]):
+//! each allocating function's entry and return, each freeing function's entry, all
+//! with the probe's id in their cookies, so that it keeps its counts apart from the
+//! session's other probes. The kernel aggregates per (stack, process, probe)
+//! (`bpf-prog/src/bpf/alloc.bpf.h`); [`add_samples`] turns those statistics into samples
+//! of the profile model with the heap's value types ([`value_types`]): counts, bytes,
+//! what is left live at the end, what was live at the peak, temporaries, and the size
+//! and lifetime histograms bucket by bucket. The writers (flamegraph, folded, pprof, the
+//! text report, CSV) read only those samples and [`HeapTotals`]; nothing of them knows
+//! where the events came from.
+
+pub mod allocators;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bpf_prog::{
+    alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS,
+};
+use libbpf_rs::Link;
+
+use crate::profile::{HeapProcess, HeapTotals, RawSample, ValueType};
+use allocators::Allocator;
+
+/// The programs an `alloc` probe attaches.
+pub const PROGRAMS: [EventProgram; 3] = [
+    EventProgram::AllocEntry,
+    EventProgram::AllocReturn,
+    EventProgram::Free,
+];
+
+/// Heap profiling's command-line options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AllocArgs {
+    /// With `alloc`: what the flamegraph and folded stacks weigh.
+    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
+    pub metric: Metric,
+
+    /// With `alloc`: how the text report orders its top stacks.
+    #[arg(long = "order-by", value_enum, default_value_t = OrderBy::Bytes)]
+    pub order_by: OrderBy,
+
+    /// With `alloc`: write the text report here instead of to stdout.
+    #[arg(long = "report-text", value_name = "PATH")]
+    pub report_text: Option<PathBuf>,
+
+    /// With `alloc`: write one CSV row per stack, with every counter and histogram bucket.
+    #[arg(long = "csv", value_name = "PATH")]
+    pub csv: Option<PathBuf>,
+
+    /// With `alloc`: the prefix of the allocator's functions (e.g. `je_`).
+    #[arg(long = "alloc-prefix", value_name = "PREFIX")]
+    pub alloc_prefix: Option<String>,
+
+    /// With `alloc`: live blocks tracked at once; beyond, blocks are counted but not
+    /// tracked (and said so).
+    #[arg(long = "max-live-blocks", value_name = "N", default_value_t = 1 << 20)]
+    pub max_live_blocks: u32,
+
+    /// With `alloc`: a block freed within this many milliseconds is a temporary.
+    #[arg(long = "temporary-ms", value_name = "MS", default_value_t = 1.0)]
+    pub temporary_ms: f64,
+}
+
+impl AllocArgs {
+    /// The BPF side's settings.
+    pub fn options(&self) -> AllocOptions {
+        AllocOptions {
+            max_live_blocks: self.max_live_blocks,
+            temporary_ns: (self.temporary_ms.max(0.0) * 1e6) as u64,
+            ..AllocOptions::default()
+        }
+    }
+}
+
+/// What the flamegraph of a heap profile weighs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Metric {
+    /// Allocations.
+    Allocs,
+    /// Bytes allocated.
+    Bytes,
+    /// Blocks still live at the end.
+    LeakedBlocks,
+    /// Bytes still live at the end.
+    LeakedBytes,
+    /// Bytes live when the process's live bytes peaked.
+    PeakBytes,
+    /// Blocks freed soon after their allocation (--temporary-ms).
+    Temporaries,
+}
+
+impl Metric {
+    /// The value type it weighs by.
+    pub fn value_kind(self) -> &'static str {
+        match self {
+            Metric::Allocs => ALLOCS,
+            Metric::Bytes => ALLOC_SPACE,
+            Metric::LeakedBlocks => LEAKED_BLOCKS,
+            Metric::LeakedBytes => LEAKED_BYTES,
+            Metric::PeakBytes => PEAK_BYTES,
+            Metric::Temporaries => TEMPORARIES,
+        }
+    }
+
+    /// How titles name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Metric::Allocs => "allocations",
+            Metric::Bytes => "bytes allocated",
+            Metric::LeakedBlocks => "blocks leaked",
+            Metric::LeakedBytes => "bytes leaked",
+            Metric::PeakBytes => "bytes live at the peak",
+            Metric::Temporaries => "temporary allocations",
+        }
+    }
+}
+
+/// How the text report orders its stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OrderBy {
+    /// Allocations.
+    Count,
+    /// Bytes allocated.
+    #[default]
+    Bytes,
+    /// Bytes leaked.
+    Leaked,
+}
+
+impl OrderBy {
+    pub fn value_kind(self) -> &'static str {
+        match self {
+            OrderBy::Count => ALLOCS,
+            OrderBy::Bytes => ALLOC_SPACE,
+            OrderBy::Leaked => LEAKED_BYTES,
+        }
+    }
+}
+
+/// The heap's value types, by kind.
+pub const ALLOCS: &str = "allocs";
+pub const ALLOC_SPACE: &str = "alloc_space";
+pub const FREES: &str = "frees";
+pub const FREED_SPACE: &str = "freed_space";
+pub const LEAKED_BLOCKS: &str = "leaked_blocks";
+pub const LEAKED_BYTES: &str = "leaked_bytes";
+pub const TEMPORARIES: &str = "temporaries";
+pub const PEAK_BYTES: &str = "peak_bytes";
+/// The sum of the ages of the blocks leaked, at the end: their mean age is this over
+/// their count.
+pub const LEAKED_AGE: &str = "leaked_age";
+pub const UNTRACKED: &str = "untracked";
+/// `size_bucket_K`: allocations of sizes of bit length K.
+pub const SIZE_BUCKET: &str = "size_bucket_";
+/// `lifetime_bucket_K`: frees of blocks whose lifetime in nanoseconds has bit length K.
+pub const LIFETIME_BUCKET: &str = "lifetime_bucket_";
+
+/// The value types of a heap sample, in order: counters, then the size histogram's
+/// buckets, then the lifetime histogram's.
+pub fn value_types() -> Vec<ValueType> {
+    let mut types: Vec<ValueType> = [
+        (ALLOCS, "count"),
+        (ALLOC_SPACE, "bytes"),
+        (FREES, "count"),
+        (FREED_SPACE, "bytes"),
+        (LEAKED_BLOCKS, "count"),
+        (LEAKED_BYTES, "bytes"),
+        (TEMPORARIES, "count"),
+        (PEAK_BYTES, "bytes"),
+        (LEAKED_AGE, "microseconds"),
+        (UNTRACKED, "count"),
+    ]
+    .iter()
+    .map(|(kind, unit)| ValueType::new(kind, unit))
+    .collect();
+    types.extend((0..ALLOC_BUCKETS).map(|k| ValueType::new(&format!("{SIZE_BUCKET}{k}"), "count")));
+    types.extend(
+        (0..ALLOC_BUCKETS).map(|k| ValueType::new(&format!("{LIFETIME_BUCKET}{k}"), "count")),
+    );
+    types
+}
+
+/// An `alloc[:ALLOCATOR]` probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocProbe {
+    allocator: Allocator,
+}
+
+impl AllocProbe {
+    /// The probe `text` names if it is an `alloc` probe, `None` if it is another kind.
+    pub fn parse(text: &str) -> Option<Result<AllocProbe>> {
+        let rest = match text.strip_prefix("alloc") {
+            Some("") => None,
+            Some(rest) => Some(rest.strip_prefix(':')?),
+            None => return None,
+        };
+        Some(Allocator::parse(rest).map(|allocator| AllocProbe { allocator }))
+    }
+
+    /// Attaches the allocator's functions in process `pid` (uprobes firing in `fire_in`
+    /// only, or in every process mapping the files if `None`), with probe id `probe_id`.
+    pub fn attach(
+        &self,
+        tracer: &Tracer,
+        args: &AllocArgs,
+        pid: u32,
+        fire_in: Option<u32>,
+        probe_id: u32,
+    ) -> Result<Vec<Link>> {
+        let functions = allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid)?;
+        let fire_in = fire_in.map(|pid| pid as i32);
+        let mut links = Vec::new();
+        for function in &functions {
+            let cookie = alloc_cookie(probe_id, function.kind);
+            let entry = if function.kind.frees_only() {
+                EventProgram::Free
+            } else {
+                EventProgram::AllocEntry
+            };
+            links.push(probes::attach_uprobe(
+                tracer.program(entry),
+                &function.target,
+                fire_in,
+                false,
+                cookie,
+            )?);
+            if !function.kind.frees_only() {
+                links.push(probes::attach_uprobe(
+                    tracer.program(EventProgram::AllocReturn),
+                    &function.target,
+                    fire_in,
+                    true,
+                    cookie,
+                )?);
+            }
+        }
+        Ok(links)
+    }
+}
+
+/// Adds the heap statistics of the kernel as samples: the heap value types go after
+/// `value_types`' (the other probes'), whose values the heap samples leave 0, as the
+/// others leave the heap's. Returns the heap totals.
+pub fn add_samples(
+    tracer: &Tracer,
+    value_types: &mut Vec<ValueType>,
+    samples: &mut Vec<RawSample>,
+    temporary_threshold: Duration,
+) -> Result<HeapTotals> {
+    let before = value_types.len();
+    let heap_types = self::value_types();
+    for sample in samples.iter_mut() {
+        sample.values.resize(before + heap_types.len(), 0);
+    }
+    value_types.extend(heap_types);
+
+    let now_us = monotonic_us();
+    let value = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    for (key, stats) in tracer.alloc_stats().context("reading the heap statistics")? {
+        let (user, truncated) = crate::session::user_stack(tracer, key.stack)?;
+        let live = stats.live_blocks();
+        let mut values = vec![0; before];
+        values.extend([
+            value(stats.allocs),
+            value(stats.bytes),
+            value(stats.frees),
+            value(stats.freed_bytes),
+            value(live),
+            stats.live_bytes,
+            value(stats.temporaries),
+            stats.peak_bytes,
+            value((live * now_us).saturating_sub(stats.live_birth_us)),
+            value(stats.untracked),
+        ]);
+        values.extend(stats.size_hist.iter().map(|&n| value(n)));
+        values.extend(stats.life_hist.iter().map(|&n| value(n)));
+        samples.push(RawSample {
+            probe: key.probe_id as usize,
+            pid: key.pid,
+            user,
+            truncated,
+            kernel: Vec::new(),
+            values,
+        });
+    }
+
+    let counters = tracer
+        .alloc_counters()
+        .context("reading the heap counters")?;
+    let processes = tracer
+        .alloc_processes()
+        .context("reading the heap totals")?
+        .into_iter()
+        .map(|p| HeapProcess {
+            probe: p.probe_id as usize,
+            pid: p.pid,
+            allocs: p.allocs,
+            bytes: p.bytes,
+            frees: p.frees,
+            freed_bytes: p.freed_bytes,
+            live_bytes: p.live_bytes,
+            peak_bytes: p.peak_bytes,
+            unknown_frees: p.unknown_frees,
+        })
+        .collect();
+    Ok(HeapTotals {
+        processes,
+        lost: AllocCounter::ALL
+            .iter()
+            .filter(|c| counters[**c as usize] > 0)
+            .map(|c| (c.name().to_string(), counters[*c as usize]))
+            .collect(),
+        temporary_threshold,
+        live_blocks: tracer.live_blocks() as u64,
+    })
+}
+
+/// Microseconds of `CLOCK_MONOTONIC`, the BPF program's clock (`bpf_ktime_get_ns`).
+fn monotonic_us() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer to ours.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_probes_parse() {
+        assert_eq!(
+            AllocProbe::parse("alloc").unwrap().unwrap().allocator,
+            Allocator::Auto
+        );
+        assert_eq!(
+            AllocProbe::parse("alloc:jemalloc").unwrap().unwrap().allocator,
+            Allocator::Jemalloc
+        );
+        assert!(AllocProbe::parse("allocate").is_none());
+        assert!(AllocProbe::parse("uprobe:libc:malloc").is_none());
+        assert!(AllocProbe::parse("alloc:nonsense").unwrap().is_err());
+    }
+
+    #[test]
+    fn every_metric_has_a_value_type() {
+        let kinds: Vec<String> = value_types().into_iter().map(|t| t.kind).collect();
+        for metric in [
+            Metric::Allocs,
+            Metric::Bytes,
+            Metric::LeakedBlocks,
+            Metric::LeakedBytes,
+            Metric::PeakBytes,
+            Metric::Temporaries,
+        ] {
+            assert!(kinds.iter().any(|k| k == metric.value_kind()), "{metric:?}");
+        }
+        assert_eq!(kinds.len(), 10 + 2 * ALLOC_BUCKETS);
+    }
+}
