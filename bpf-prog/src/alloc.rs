@@ -249,7 +249,8 @@ impl Tracer {
                 .into_iter()
                 .map(|(key, value)| ((key.pid, key.probe_id), value))
                 .collect();
-        let stats = entries::<CtAllocKey, CtAllocStats>(&self.skel().maps.alloc_stats, "alloc_stats")?;
+        let stats =
+            entries::<CtAllocKey, CtAllocStats>(&self.skel().maps.alloc_stats, "alloc_stats")?;
         Ok(stats
             .into_iter()
             .map(|(key, raw)| {

@@ -341,6 +341,7 @@ impl Finished {
                 &mut value_types,
                 &mut raw,
                 threshold,
+                self.started_at + self.elapsed,
             )?)
         } else {
             None
@@ -675,9 +676,10 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
         .iter()
         .map(|p| p.event_spec().and_then(clock_period_ns))
         .collect();
-    let sampling = probes
-        .iter()
-        .all(|p| p.event_spec().is_none_or(|spec| clock_period_ns(spec).is_some()));
+    let sampling = probes.iter().all(|p| {
+        p.event_spec()
+            .is_none_or(|spec| clock_period_ns(spec).is_some())
+    });
     let counts = tracer.counts().context("reading the event counts")?;
     let mut samples = Vec::with_capacity(counts.len());
     for (key, count) in counts {

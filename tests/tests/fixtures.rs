@@ -34,6 +34,8 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
         ],
     ),
     (Lang::C, "storm", &["storm_", "main"]),
+    (Lang::Rust, "alloc_sites", &["alloc_sites::"]),
+    (Lang::C, "alloc_c", &["site_", "report", "main"]),
     (
         Lang::Cpp,
         "cxx_exceptions",

@@ -96,7 +96,11 @@ pub struct AllocFunction {
 
 /// The functions to probe for `allocator` in process `pid`. `prefix` (`--alloc-prefix`)
 /// names the malloc API with a prefix in the executable, or in the library named.
-pub fn resolve(allocator: &Allocator, prefix: Option<&str>, pid: u32) -> Result<Vec<AllocFunction>> {
+pub fn resolve(
+    allocator: &Allocator,
+    prefix: Option<&str>,
+    pid: u32,
+) -> Result<Vec<AllocFunction>> {
     let mut found = Vec::new();
     match allocator {
         Allocator::Auto => {
@@ -230,7 +234,9 @@ fn find(binary: Option<&str>, name: &str, pid: u32) -> Result<Option<UprobeTarge
         Err(error) => Err(error).with_context(|| {
             format!(
                 "looking for {name} in {}",
-                binary.map_or_else(|| PathBuf::from("the executable"), PathBuf::from).display()
+                binary
+                    .map_or_else(|| PathBuf::from("the executable"), PathBuf::from)
+                    .display()
             )
         }),
     }
@@ -243,7 +249,10 @@ mod tests {
     #[test]
     fn allocator_names() {
         assert_eq!(Allocator::parse(None).unwrap(), Allocator::Auto);
-        assert_eq!(Allocator::parse(Some("jemalloc")).unwrap(), Allocator::Jemalloc);
+        assert_eq!(
+            Allocator::parse(Some("jemalloc")).unwrap(),
+            Allocator::Jemalloc
+        );
         assert_eq!(
             Allocator::parse(Some("/opt/lib/libtcmalloc.so")).unwrap(),
             Allocator::Binary("/opt/lib/libtcmalloc.so".into())

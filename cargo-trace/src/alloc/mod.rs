@@ -15,12 +15,10 @@
 pub mod allocators;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use bpf_prog::{
-    alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS,
-};
+use bpf_prog::{alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS};
 use libbpf_rs::Link;
 
 use crate::profile::{HeapProcess, HeapTotals, RawSample, ValueType};
@@ -245,12 +243,14 @@ impl AllocProbe {
 
 /// Adds the heap statistics of the kernel as samples: the heap value types go after
 /// `value_types`' (the other probes'), whose values the heap samples leave 0, as the
-/// others leave the heap's. Returns the heap totals.
+/// others leave the heap's. Blocks still live are aged as of `stopped`, when tracing
+/// stopped. Returns the heap totals.
 pub fn add_samples(
     tracer: &Tracer,
     value_types: &mut Vec<ValueType>,
     samples: &mut Vec<RawSample>,
     temporary_threshold: Duration,
+    stopped: SystemTime,
 ) -> Result<HeapTotals> {
     let before = value_types.len();
     let heap_types = self::value_types();
@@ -259,9 +259,16 @@ pub fn add_samples(
     }
     value_types.extend(heap_types);
 
-    let now_us = monotonic_us();
+    let since_stop = SystemTime::now()
+        .duration_since(stopped)
+        .unwrap_or_default()
+        .as_micros() as u64;
+    let now_us = monotonic_us().saturating_sub(since_stop);
     let value = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    for (key, stats) in tracer.alloc_stats().context("reading the heap statistics")? {
+    for (key, stats) in tracer
+        .alloc_stats()
+        .context("reading the heap statistics")?
+    {
         let (user, truncated) = crate::session::user_stack(tracer, key.stack)?;
         let live = stats.live_blocks();
         let mut values = vec![0; before];
@@ -342,7 +349,10 @@ mod tests {
             Allocator::Auto
         );
         assert_eq!(
-            AllocProbe::parse("alloc:jemalloc").unwrap().unwrap().allocator,
+            AllocProbe::parse("alloc:jemalloc")
+                .unwrap()
+                .unwrap()
+                .allocator,
             Allocator::Jemalloc
         );
         assert!(AllocProbe::parse("allocate").is_none());

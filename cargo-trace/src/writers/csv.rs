@@ -9,7 +9,12 @@ use crate::profile::Profile;
 /// Writes a header (`probe,pid,truncated,stack,` then each value type's kind) and a row
 /// per sample; the stack is folded (`root;...;leaf`).
 pub fn write(profile: &Profile, weighting: Weighting, out: &mut dyn Write) -> io::Result<()> {
-    let mut header = vec!["probe".to_string(), "pid".into(), "truncated".into(), "stack".into()];
+    let mut header = vec![
+        "probe".to_string(),
+        "pid".into(),
+        "truncated".into(),
+        "stack".into(),
+    ];
     header.extend(profile.value_types.iter().map(|t| t.kind.clone()));
     write_row(out, &header)?;
     for sample in &profile.samples {

@@ -21,16 +21,18 @@ const BAR_WIDTH: u64 = 40;
 /// Writes the report of `profile`, its top stacks ordered by `order_by`.
 pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::Result<()> {
     let Some(heap) = &profile.heap else {
-        return writeln!(out, "cargo-trace: no heap profile (trace with the alloc probe)");
+        return writeln!(
+            out,
+            "cargo-trace: no heap profile (trace with the alloc probe)"
+        );
     };
     let value = |sample: &Sample, kind: &str| -> i64 {
         profile
             .value_index(kind)
             .map_or(0, |index| sample.values[index])
     };
-    let sum = |f: fn(&crate::profile::HeapProcess) -> i64| -> i64 {
-        heap.processes.iter().map(f).sum()
-    };
+    let sum =
+        |f: fn(&crate::profile::HeapProcess) -> i64| -> i64 { heap.processes.iter().map(f).sum() };
     let temporaries: i64 = profile
         .samples
         .iter()
@@ -55,7 +57,13 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
         out,
         "peak {} live; leaked {} blocks ({}) at the end; temporaries {} (freed within {:?}); \
          unknown frees {}",
-        bytes(heap.processes.iter().map(|p| p.peak_bytes).max().unwrap_or(0)),
+        bytes(
+            heap.processes
+                .iter()
+                .map(|p| p.peak_bytes)
+                .max()
+                .unwrap_or(0)
+        ),
         leaked_blocks,
         bytes(sum(|p| p.live_bytes)),
         temporaries,
@@ -79,7 +87,10 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
     for (what, count) in &heap.lost {
         writeln!(out, "note: {what}: {count}")?;
     }
-    if heap.lost.contains_key(bpf_prog::AllocCounter::LiveMapFull.name()) {
+    if heap
+        .lost
+        .contains_key(bpf_prog::AllocCounter::LiveMapFull.name())
+    {
         writeln!(
             out,
             "note: untracked blocks are counted as allocated, never as freed or leaked; \
@@ -252,12 +263,7 @@ mod tests {
     #[test]
     fn a_profile_without_heap_says_so() {
         let mut out = Vec::new();
-        write(
-            &crate::writers::tests::example(),
-            OrderBy::Bytes,
-            &mut out,
-        )
-        .unwrap();
+        write(&crate::writers::tests::example(), OrderBy::Bytes, &mut out).unwrap();
         assert!(String::from_utf8(out).unwrap().contains("no heap profile"));
     }
 }

@@ -1,0 +1,254 @@
+//! `cargo trace alloc` end to end: the heap fixtures' sites counted exactly (allocations,
+//! bytes, frees, leaks, size buckets, temporaries) with their whole stacks, read from the
+//! CSV output, the text report and the folded stacks of the chosen metric.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use cargo_trace_tests::expected::{self, HeapSite};
+use cargo_trace_tests::fixtures;
+use common::{bpf_available, quoted, trace, Run};
+
+/// One CSV row of `--csv`: its stack's frames (root first) and values by column name.
+struct Row {
+    probe: String,
+    frames: Vec<String>,
+    truncated: String,
+    values: BTreeMap<String, i64>,
+}
+
+impl Row {
+    fn value(&self, name: &str) -> i64 {
+        *self
+            .values
+            .get(name)
+            .unwrap_or_else(|| panic!("no column {name}"))
+    }
+}
+
+/// RFC 4180 fields of one line (quoted fields may hold commas and doubled quotes).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(std::mem::take(&mut field)),
+            _ => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+fn read_csv(run: &Run, name: &str) -> Vec<Row> {
+    let path = run.scratch.path(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("no CSV {}: {e}\n{}", path.display(), run.stderr));
+    let mut lines = text.lines();
+    let header = csv_fields(lines.next().expect("a header"));
+    lines
+        .map(|line| {
+            let fields = csv_fields(line);
+            assert_eq!(fields.len(), header.len(), "{line}");
+            let values = header[4..]
+                .iter()
+                .zip(&fields[4..])
+                .map(|(name, value)| (name.clone(), value.parse().unwrap()))
+                .collect();
+            Row {
+                probe: fields[0].clone(),
+                truncated: fields[2].clone(),
+                frames: fields[3].split(';').map(str::to_string).collect(),
+                values,
+            }
+        })
+        .collect()
+}
+
+/// The rows of a site: stacks through its function.
+fn rows_of<'a>(rows: &'a [Row], site: &HeapSite) -> Vec<&'a Row> {
+    rows.iter()
+        .filter(|row| row.frames.contains(&site.function))
+        .collect()
+}
+
+fn sum(rows: &[&Row], column: &str) -> i64 {
+    rows.iter().map(|row| row.value(column)).sum()
+}
+
+/// Every site's allocations, bytes, frees and leaks exactly as the fixture counted them,
+/// each in its size's histogram bucket, and every walk complete.
+fn check_sites(run: &Run, rows: &[Row]) -> Vec<HeapSite> {
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    run.assert_every_walk_complete();
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert!(!sites.is_empty(), "no heap lines in {}", run.stdout);
+    for site in &sites {
+        let rows = rows_of(rows, site);
+        let name = &site.function;
+        assert_eq!(
+            sum(&rows, "allocs") as u64,
+            site.allocs,
+            "{name} allocations"
+        );
+        assert_eq!(sum(&rows, "alloc_space") as u64, site.bytes, "{name} bytes");
+        assert_eq!(sum(&rows, "frees") as u64, site.frees, "{name} frees");
+        assert_eq!(
+            sum(&rows, "leaked_blocks") as u64,
+            site.leaked,
+            "{name} leaks"
+        );
+        if let Some(bucket) = site.size_bucket() {
+            assert_eq!(
+                sum(&rows, &format!("size_bucket_{bucket}")) as u64,
+                site.allocs,
+                "{name}: every block in bucket {bucket}"
+            );
+            assert_eq!(
+                sum(&rows, "leaked_bytes") as u64,
+                site.leaked * site.size,
+                "{name} leaked bytes"
+            );
+        }
+        assert!(rows.iter().all(|row| row.truncated.is_empty()), "{name}");
+    }
+    sites
+}
+
+fn alloc_run(name: &str, fixture: &std::path::Path, extra: &[&str]) -> Run {
+    let mut args = vec!["--csv", "heap.csv", "--report-text", "report.txt"];
+    args.extend(extra);
+    trace(name, &["alloc"], &quoted(fixture), &args)
+}
+
+#[test]
+fn every_libc_function_is_counted_exactly() {
+    if !bpf_available("every_libc_function_is_counted_exactly") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run("alloc-c", &path, &[]);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    assert_eq!(sites.len(), 11, "{}", run.stdout);
+    // Outstanding at exit: the leaking site's blocks and nothing else (the fixture writes
+    // with write(2), so stdio allocates no buffer).
+    let leaked = sites.iter().find(|s| s.leaked > 0).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.value("leaked_bytes")).sum::<i64>() as u64,
+        leaked.leaked * leaked.size
+    );
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(report.contains("unknown frees 0"), "{report}");
+    let leaks = report
+        .split("top 10 leaks")
+        .nth(1)
+        .expect("a leaks section");
+    assert!(
+        leaks.contains("#1 7 blocks, 7651 B") && leaks.contains("site_leak <- main"),
+        "{report}"
+    );
+}
+
+#[test]
+fn rust_sites_are_exact_with_their_whole_stacks() {
+    if !bpf_available("rust_sites_are_exact_with_their_whole_stacks") {
+        return;
+    }
+    let path = fixtures::rust_fixture("alloc_sites");
+    let run = alloc_run("alloc-rust", &path, &[]);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    let site = |name: &str| {
+        sites
+            .iter()
+            .find(|s| s.function == format!("alloc_sites::{name}"))
+            .unwrap_or_else(|| panic!("no site {name}"))
+    };
+
+    // The leaks, under the leaking site's whole chain from _start.
+    let leaky = rows_of(&rows, site("leaky_site"));
+    for row in leaky.iter().filter(|row| row.value("leaked_blocks") > 0) {
+        assert_eq!(row.frames.first().map(String::as_str), Some("_start"));
+        assert!(row.frames.contains(&"alloc_sites::main".to_string()));
+    }
+    // 70 frames of recursion and more.
+    for row in rows_of(&rows, site("deep_site")) {
+        let dives = row
+            .frames
+            .iter()
+            .filter(|f| *f == "alloc_sites::dive")
+            .count();
+        assert_eq!(dives, 70, "{:?}", row.frames);
+        assert_eq!(row.frames[0], "_start");
+    }
+    // The second thread's stacks start at its thread's start.
+    for row in rows_of(&rows, site("thread_site")) {
+        assert!(
+            row.frames.iter().any(|f| f == "start_thread"),
+            "{:?}",
+            row.frames
+        );
+    }
+    // Temporaries: every block of the fast site, none of the slow one's (held 30 ms).
+    assert_eq!(sum(&rows_of(&rows, site("fast_site")), "temporaries"), 50);
+    assert_eq!(sum(&rows_of(&rows, site("slow_site")), "temporaries"), 0);
+    // Lifetimes: the slow site's blocks lived 30 ms or more (bit length >= 25 in ns).
+    let slow = rows_of(&rows, site("slow_site"));
+    let long_lived: i64 = (25..48)
+        .map(|k| sum(&slow, &format!("lifetime_bucket_{k}")))
+        .sum();
+    assert_eq!(long_lived, 10);
+}
+
+#[test]
+fn the_metric_weighs_the_flamegraph() {
+    if !bpf_available("the_metric_weighs_the_flamegraph") {
+        return;
+    }
+    let path = fixtures::rust_fixture("alloc_sites");
+    let run = alloc_run("alloc-metric", &path, &["--metric", "leaked-bytes"]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(folded.count_with("alloc_sites::leaky_site"), 37 * 3001);
+    assert_eq!(folded.count_with("alloc_sites::fast_site"), 0);
+    let svg = std::fs::read_to_string(&run.svg).unwrap();
+    assert!(svg.contains("(bytes leaked)"), "the title names the metric");
+    assert!(
+        svg.contains("leaked_bytes"),
+        "the count name is the metric's"
+    );
+}
+
+/// A counting probe beside `alloc` keeps its own counts, and the heap's stay exact.
+#[test]
+fn alloc_beside_another_probe() {
+    if !bpf_available("alloc_beside_another_probe") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = trace(
+        "alloc-beside",
+        &["alloc", "uprobe:libc:posix_memalign"],
+        &quoted(&path),
+        &["--csv", "heap.csv"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    check_sites(&run, &rows);
+    let uprobe: Vec<&Row> = rows
+        .iter()
+        .filter(|row| row.probe == "uprobe:libc:posix_memalign")
+        .collect();
+    assert_eq!(sum(&uprobe, "events"), 4);
+    assert_eq!(sum(&uprobe, "allocs"), 0);
+    let heap: Vec<&Row> = rows.iter().filter(|row| row.probe == "alloc").collect();
+    assert_eq!(sum(&heap, "events"), 0);
+}
