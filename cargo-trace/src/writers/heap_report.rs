@@ -256,7 +256,7 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
         assert!(lines[1].contains("[64, 128)") && lines[1].contains(&"@".repeat(40)));
-        assert!(lines[2].contains("[128, 256)") && lines[2].contains("||"));
+        assert!(lines[2].contains("[128, 256)") && !lines[2].contains('@'));
         assert!(lines[3].contains(&format!("|{}{}|", "@".repeat(10), " ".repeat(30))));
     }
 
