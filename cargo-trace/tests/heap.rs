@@ -252,3 +252,61 @@ fn alloc_beside_another_probe() {
     let heap: Vec<&Row> = rows.iter().filter(|row| row.probe == "alloc").collect();
     assert_eq!(sum(&heap, "events"), 0);
 }
+
+/// More live blocks than a deliberately small live map holds: the blocks left out are
+/// counted and said so, and every other figure stays right.
+#[test]
+fn a_full_live_map_is_counted_and_reported() {
+    if !bpf_available("a_full_live_map_is_counted_and_reported") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    // alloc_c holds at most one block at a time until its 7 leaks.
+    let run = alloc_run("alloc-full", &path, &["--max-live-blocks", "3"]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    for site in &sites {
+        let rows = rows_of(&rows, site);
+        assert_eq!(
+            sum(&rows, "allocs") as u64,
+            site.allocs,
+            "{}",
+            site.function
+        );
+        assert_eq!(sum(&rows, "frees") as u64, site.frees, "{}", site.function);
+    }
+    let leak = sites.iter().find(|s| s.leaked > 0).unwrap();
+    let leak_rows = rows_of(&rows, leak);
+    assert_eq!(sum(&leak_rows, "leaked_blocks"), 3);
+    assert_eq!(sum(&leak_rows, "untracked"), 4);
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(
+        report.contains("blocks untracked (live map full): 4")
+            && report.contains("raise --max-live-blocks"),
+        "{report}"
+    );
+}
+
+/// `alloc:PATH` probes the allocator of that file: libc by its path counts as `alloc` does.
+#[test]
+fn an_allocator_named_by_its_path() {
+    if !bpf_available("an_allocator_named_by_its_path") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let libc = process_image::mapped_files(std::process::id())
+        .unwrap()
+        .into_iter()
+        .find(|p| p.ends_with("libc.so.6"))
+        .expect("this test process maps libc.so.6");
+    let probe = format!("alloc:{}", libc.display());
+    let run = trace(
+        "alloc-path",
+        &[&probe],
+        &quoted(&path),
+        &["--csv", "heap.csv"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    check_sites(&run, &rows);
+}
