@@ -13,6 +13,9 @@
  * on_alloc_return (uretprobe): the address (NULL: nothing allocated) enters
  * the live map with its size, stack and birth time; the stack's counters and
  * size histogram grow.
+ * All three are multi-uprobe programs: an allocator's functions in one file
+ * attach as one link per program, where a link per function costs ~65 ms to
+ * attach and ~100 ms to detach on the machines measured.
  * on_free (uprobe on free and the like): the block leaves the live map at
  * entry, for the same reason; its stack's frees, freed bytes and lifetime
  * histogram grow. An address the map does not hold (allocated before the
@@ -290,7 +293,7 @@ static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool creat
 	return t;
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int on_alloc(struct pt_regs *ctx)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -349,7 +352,7 @@ int on_alloc(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uretprobe")
+SEC("uretprobe.multi")
 int on_alloc_return(struct pt_regs *ctx)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -404,7 +407,7 @@ int on_alloc_return(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int on_free(struct pt_regs *ctx)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;

@@ -7,11 +7,12 @@
 //! crate links `mi_*`), that one too: blocks are paired by address, so allocators side by
 //! side keep their blocks apart.
 
-use std::collections::HashSet;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use bpf_prog::AllocKind;
+use object::{Object, ObjectSymbol, SymbolKind};
 use probes::{ResolveError, UprobeLocation, UprobeSpec, UprobeTarget};
 
 /// The malloc API's functions, by their standard names: libc's, and jemalloc's with or
@@ -101,49 +102,54 @@ pub fn resolve(
     prefix: Option<&str>,
     pid: u32,
 ) -> Result<Vec<AllocFunction>> {
-    let mut found = Vec::new();
+    let mut finder = Finder {
+        pid,
+        symbols: HashMap::new(),
+        found: Vec::new(),
+    };
     match allocator {
         Allocator::Auto => {
             if let Some(prefix) = prefix {
-                add_api(&mut found, None, prefix, MALLOC_API, pid)?;
-                add_api(&mut found, None, prefix, JEMALLOC_API, pid)?;
+                finder.add_api(None, prefix, MALLOC_API)?;
+                finder.add_api(None, prefix, JEMALLOC_API)?;
             } else {
-                add_executables_own(&mut found, pid)?;
+                finder.add_executables_own()?;
             }
-            add_api(&mut found, Some("libc"), "", MALLOC_API, pid)?;
+            finder.add_api(Some("libc"), "", MALLOC_API)?;
         }
-        Allocator::Libc => add_api(&mut found, Some("libc"), "", MALLOC_API, pid)?,
+        Allocator::Libc => finder.add_api(Some("libc"), "", MALLOC_API)?,
         Allocator::Jemalloc => {
             let prefixes: Vec<&str> = match prefix {
                 Some(prefix) => vec![prefix],
                 None => JEMALLOC_PREFIXES.to_vec(),
             };
-            for (binary, prefix) in prefixes
+            let places = prefixes
                 .iter()
                 .map(|p| (None, *p))
-                .chain(prefixes.iter().map(|p| (Some("libjemalloc"), *p)))
-            {
-                if has_symbol(binary, &format!("{prefix}mallocx"), pid)? {
-                    add_api(&mut found, binary, prefix, MALLOC_API, pid)?;
-                    add_api(&mut found, binary, prefix, JEMALLOC_API, pid)?;
+                .chain(prefixes.iter().map(|p| (Some("libjemalloc"), *p)));
+            for (binary, prefix) in places {
+                if finder.has(binary, &format!("{prefix}mallocx"))? {
+                    finder.add_api(binary, prefix, MALLOC_API)?;
+                    finder.add_api(binary, prefix, JEMALLOC_API)?;
                     break;
                 }
             }
         }
         Allocator::Mimalloc => {
             for binary in [None, Some("libmimalloc")] {
-                if has_symbol(binary, "mi_malloc", pid)? {
-                    add_api(&mut found, binary, "", MIMALLOC_API, pid)?;
+                if finder.has(binary, "mi_malloc")? {
+                    finder.add_api(binary, "", MIMALLOC_API)?;
                     break;
                 }
             }
         }
         Allocator::Binary(path) => {
             let prefix = prefix.unwrap_or("");
-            add_api(&mut found, Some(path), prefix, MALLOC_API, pid)?;
-            add_api(&mut found, Some(path), prefix, JEMALLOC_API, pid)?;
+            finder.add_api(Some(path), prefix, MALLOC_API)?;
+            finder.add_api(Some(path), prefix, JEMALLOC_API)?;
         }
     }
+    let mut found = finder.found;
     if !found.iter().any(|f| !f.kind.frees_only()) {
         bail!(
             "found no allocating function for {} in process {pid}{}",
@@ -154,7 +160,7 @@ pub fn resolve(
             }
         );
     }
-    // Aliases (glibc's aligned_alloc and memalign may share an address) are probed once:
+    // Aliases (glibc's aligned_alloc and memalign share an address) are probed once:
     // two probes on one instruction would count each call twice.
     let mut seen = HashSet::new();
     found.retain(|f| seen.insert((f.target.path.clone(), f.target.file_offset)));
@@ -171,75 +177,116 @@ fn describe(allocator: &Allocator) -> String {
     }
 }
 
-/// jemalloc or mimalloc linked into the executable.
-fn add_executables_own(found: &mut Vec<AllocFunction>, pid: u32) -> Result<()> {
-    for prefix in JEMALLOC_PREFIXES.iter().filter(|p| !p.is_empty()) {
-        if has_symbol(None, &format!("{prefix}mallocx"), pid)? {
-            add_api(found, None, prefix, MALLOC_API, pid)?;
-            return add_api(found, None, prefix, JEMALLOC_API, pid);
-        }
-    }
-    if has_symbol(None, "mi_malloc", pid)? {
-        return add_api(found, None, "", MIMALLOC_API, pid);
-    }
-    // A statically linked allocator without prefix (jemalloc, or libc itself).
-    if has_symbol(None, "malloc", pid)? {
-        add_api(found, None, "", MALLOC_API, pid)?;
-        add_api(found, None, "", JEMALLOC_API, pid)?;
-    }
-    Ok(())
-}
-
-/// Adds the functions of `api` with `prefix` that `binary` (`None`: the executable)
-/// defines.
-fn add_api(
-    found: &mut Vec<AllocFunction>,
-    binary: Option<&str>,
-    prefix: &str,
-    api: &[(&str, AllocKind)],
+/// Looks functions up by exact name, reading each binary's symbols once (asking the
+/// probes crate about a name the binary lacks would also look for similar names).
+struct Finder {
     pid: u32,
-) -> Result<()> {
-    for &(name, kind) in api {
-        if let Some(target) = find(binary, &format!("{prefix}{name}"), pid)? {
-            found.push(AllocFunction { target, kind });
+    /// The defined functions of each binary asked about (`None`: the executable), `None`
+    /// for a library not found.
+    symbols: HashMap<Option<String>, Option<HashSet<String>>>,
+    found: Vec<AllocFunction>,
+}
+
+impl Finder {
+    /// jemalloc or mimalloc linked into the executable.
+    fn add_executables_own(&mut self) -> Result<()> {
+        for prefix in JEMALLOC_PREFIXES.iter().filter(|p| !p.is_empty()) {
+            if self.has(None, &format!("{prefix}mallocx"))? {
+                self.add_api(None, prefix, MALLOC_API)?;
+                return self.add_api(None, prefix, JEMALLOC_API);
+            }
+        }
+        if self.has(None, "mi_malloc")? {
+            return self.add_api(None, "", MIMALLOC_API);
+        }
+        // A statically linked allocator without prefix (jemalloc, or libc itself).
+        if self.has(None, "malloc")? {
+            self.add_api(None, "", MALLOC_API)?;
+            self.add_api(None, "", JEMALLOC_API)?;
+        }
+        Ok(())
+    }
+
+    /// Adds the functions of `api` with `prefix` that `binary` (`None`: the executable)
+    /// defines.
+    fn add_api(
+        &mut self,
+        binary: Option<&str>,
+        prefix: &str,
+        api: &[(&str, AllocKind)],
+    ) -> Result<()> {
+        for &(name, kind) in api {
+            let name = format!("{prefix}{name}");
+            if !self.has(binary, &name)? {
+                continue;
+            }
+            let spec = UprobeSpec {
+                retprobe: false,
+                target: Some(self.path_of(binary)?),
+                lang: None,
+                location: UprobeLocation::Symbol { name, offset: 0 },
+            };
+            if let Some(target) = probes::resolve_uprobe(&spec, Some(self.pid))?.pop() {
+                self.found.push(AllocFunction { target, kind });
+            }
+        }
+        Ok(())
+    }
+
+    fn path_of(&self, binary: Option<&str>) -> Result<String> {
+        Ok(match binary {
+            Some(name) => probes::resolve_binary(name, Some(self.pid))?
+                .display()
+                .to_string(),
+            None => {
+                let link = format!("/proc/{}/exe", self.pid);
+                std::fs::read_link(&link)
+                    .with_context(|| format!("reading {link}"))?
+                    .display()
+                    .to_string()
+            }
+        })
+    }
+
+    /// Whether `binary` defines function `name`; `false` for a library not found.
+    fn has(&mut self, binary: Option<&str>, name: &str) -> Result<bool> {
+        let key = binary.map(str::to_string);
+        if !self.symbols.contains_key(&key) {
+            let symbols = match self.path_of(binary) {
+                Ok(path) => Some(
+                    defined_functions(Path::new(&path))
+                        .with_context(|| format!("reading the symbols of {path}"))?,
+                ),
+                Err(error) => match error.downcast_ref::<ResolveError>() {
+                    Some(ResolveError::LibraryNotFound { .. }) if binary != Some("libc") => None,
+                    _ => return Err(error),
+                },
+            };
+            self.symbols.insert(key.clone(), symbols);
+        }
+        Ok(self.symbols[&key]
+            .as_ref()
+            .is_some_and(|symbols| symbols.contains(name)))
+    }
+}
+
+/// The names of the functions an ELF file defines (`.symtab` and `.dynsym`; a versioned
+/// name also by its bare name).
+fn defined_functions(path: &Path) -> Result<HashSet<String>> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: a read-only private map of a file we only read.
+    let map = unsafe { memmap2::Mmap::map(&file) }?;
+    let elf = object::File::parse(&*map)?;
+    let mut names = HashSet::new();
+    for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
+        if symbol.is_undefined() || symbol.kind() != SymbolKind::Text {
+            continue;
+        }
+        if let Ok(name) = symbol.name() {
+            names.insert(name.split('@').next().unwrap_or(name).to_string());
         }
     }
-    Ok(())
-}
-
-fn has_symbol(binary: Option<&str>, name: &str, pid: u32) -> Result<bool> {
-    Ok(find(binary, name, pid)?.is_some())
-}
-
-/// Where function `name` of `binary` is, `None` if the binary has no such function (or
-/// no such library is mapped or installed).
-fn find(binary: Option<&str>, name: &str, pid: u32) -> Result<Option<UprobeTarget>> {
-    let spec = UprobeSpec {
-        retprobe: false,
-        target: binary.map(str::to_string),
-        lang: None,
-        location: UprobeLocation::Symbol {
-            name: name.to_string(),
-            offset: 0,
-        },
-    };
-    match probes::resolve_uprobe(&spec, Some(pid)) {
-        Ok(mut targets) => Ok(targets.pop()),
-        Err(
-            ResolveError::SymbolNotFound { .. }
-            | ResolveError::Stripped { .. }
-            | ResolveError::InLibc { .. },
-        ) => Ok(None),
-        Err(ResolveError::LibraryNotFound { .. }) if binary != Some("libc") => Ok(None),
-        Err(error) => Err(error).with_context(|| {
-            format!(
-                "looking for {name} in {}",
-                binary
-                    .map_or_else(|| PathBuf::from("the executable"), PathBuf::from)
-                    .display()
-            )
-        }),
-    }
+    Ok(names)
 }
 
 #[cfg(test)]

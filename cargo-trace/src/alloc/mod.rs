@@ -14,15 +14,16 @@
 
 pub mod allocators;
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use bpf_prog::{alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS};
-use libbpf_rs::Link;
+use libbpf_rs::{Link, UprobeMultiOpts};
 
 use crate::profile::{HeapProcess, HeapTotals, RawSample, ValueType};
-use allocators::Allocator;
+use allocators::{AllocFunction, Allocator};
 
 /// The programs an `alloc` probe attaches.
 pub const PROGRAMS: [EventProgram; 3] = [
@@ -211,30 +212,53 @@ impl AllocProbe {
         probe_id: u32,
     ) -> Result<Vec<Link>> {
         let functions = allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid)?;
-        let fire_in = fire_in.map(|pid| pid as i32);
-        let mut links = Vec::new();
+        let fire_in = fire_in.map_or(-1, |pid| pid as i32);
+        // One link per program and file: the functions of one allocator file attach at once.
+        let mut by_file: BTreeMap<&Path, Vec<&AllocFunction>> = BTreeMap::new();
         for function in &functions {
-            let cookie = alloc_cookie(probe_id, function.kind);
-            let entry = if function.kind.frees_only() {
-                EventProgram::Free
-            } else {
-                EventProgram::AllocEntry
-            };
-            links.push(probes::attach_uprobe(
-                tracer.program(entry),
-                &function.target,
-                fire_in,
-                false,
-                cookie,
-            )?);
-            if !function.kind.frees_only() {
-                links.push(probes::attach_uprobe(
-                    tracer.program(EventProgram::AllocReturn),
-                    &function.target,
-                    fire_in,
-                    true,
-                    cookie,
-                )?);
+            by_file
+                .entry(&function.target.path)
+                .or_default()
+                .push(function);
+        }
+        let mut links = Vec::new();
+        for (path, functions) in by_file {
+            let (frees, allocs): (Vec<&AllocFunction>, Vec<&AllocFunction>) =
+                functions.into_iter().partition(|f| f.kind.frees_only());
+            for (program, functions, retprobe) in [
+                (EventProgram::AllocEntry, &allocs, false),
+                (EventProgram::AllocReturn, &allocs, true),
+                (EventProgram::Free, &frees, false),
+            ] {
+                if functions.is_empty() {
+                    continue;
+                }
+                let opts = UprobeMultiOpts {
+                    offsets: functions
+                        .iter()
+                        .map(|f| f.target.file_offset as usize)
+                        .collect(),
+                    cookies: functions
+                        .iter()
+                        .map(|f| alloc_cookie(probe_id, f.kind))
+                        .collect(),
+                    retprobe,
+                    ..UprobeMultiOpts::default()
+                };
+                let link = tracer
+                    .program(program)
+                    .attach_uprobe_multi_with_opts(fire_in, path, "", opts)
+                    .with_context(|| {
+                        let names: Vec<&str> =
+                            functions.iter().map(|f| f.target.symbol.as_str()).collect();
+                        format!(
+                            "attaching {} to {} in {}",
+                            program.name(),
+                            names.join(", "),
+                            path.display()
+                        )
+                    })?;
+                links.push(link);
             }
         }
         Ok(links)
