@@ -226,7 +226,10 @@ impl Finder {
                 lang: None,
                 location: UprobeLocation::Symbol { name, offset: 0 },
             };
-            if let Some(target) = probes::resolve_uprobe(&spec, Some(self.pid))?.pop() {
+            if let Some(mut target) = probes::resolve_uprobe(&spec, Some(self.pid))?.pop() {
+                if kind.frees_only() {
+                    skip_null_test(&mut target)?;
+                }
                 self.found.push(AllocFunction { target, kind });
             }
         }
@@ -270,6 +273,36 @@ impl Finder {
     }
 }
 
+/// Moves a free function's probe past a leading `if (ptr == NULL) return` (`test %rdi,
+/// %rdi; je ...`), when the function starts so. The kernel emulates few instructions
+/// under a uprobe and single-steps the others: glibc's free starts with that test and
+/// paid ~10 µs per call for it on the machines measured, where the `push` after it is
+/// emulated (~0.3 µs). Past the test nothing has changed: rdi holds the address, rsp is
+/// as at the entry, and a NULL, which the program ignores anyway, never gets there.
+fn skip_null_test(target: &mut UprobeTarget) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut code = [0u8; 9];
+    let mut file = std::fs::File::open(&target.path)
+        .with_context(|| format!("reading {}", target.path.display()))?;
+    file.seek(SeekFrom::Start(target.file_offset))?;
+    if file.read_exact(&mut code).is_err() {
+        return Ok(());
+    }
+    let skip = null_test_length(&code);
+    target.file_offset += skip;
+    target.address += skip;
+    Ok(())
+}
+
+/// The length of a leading `test %rdi,%rdi; je rel8/rel32` in `code`, 0 if it has none.
+fn null_test_length(code: &[u8]) -> u64 {
+    match code {
+        [0x48, 0x85, 0xff, 0x0f, 0x84, ..] => 9,
+        [0x48, 0x85, 0xff, 0x74, ..] => 5,
+        _ => 0,
+    }
+}
+
 /// The names of the functions an ELF file defines (`.symtab` and `.dynsym`; a versioned
 /// name also by its bare name).
 fn defined_functions(path: &Path) -> Result<HashSet<String>> {
@@ -292,6 +325,19 @@ fn defined_functions(path: &Path) -> Result<HashSet<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn null_tests_are_recognized() {
+        // glibc 2.36's free: test %rdi,%rdi; je rel32; push %rbp
+        assert_eq!(
+            null_test_length(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0, 0, 0, 0x55]),
+            9
+        );
+        assert_eq!(null_test_length(&[0x48, 0x85, 0xff, 0x74, 0x10]), 5);
+        // jne: the address is not NULL on the jump, so the next instruction is not past it
+        assert_eq!(null_test_length(&[0x48, 0x85, 0xff, 0x75, 0x10]), 0);
+        assert_eq!(null_test_length(&[0x55, 0x48, 0x89, 0xe5]), 0);
+    }
 
     #[test]
     fn allocator_names() {
