@@ -37,6 +37,11 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
     (Lang::Rust, "alloc_sites", &["alloc_sites::"]),
     (Lang::C, "alloc_c", &["site_", "report", "main"]),
     (
+        Lang::C,
+        "heap_storm",
+        &["storm", "descend", "number", "main"],
+    ),
+    (
         Lang::Cpp,
         "cxx_exceptions",
         &["thrower", "middle", "catcher", "GuardD", "main"],
