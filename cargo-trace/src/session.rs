@@ -17,6 +17,7 @@ use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer};
 use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind, Rate};
 
+use crate::alloc::live::LiveView;
 use crate::alloc::{AllocArgs, AllocProbe};
 use crate::children::Children;
 use crate::cli::Cli;
@@ -109,6 +110,8 @@ struct Traced {
 /// Phase 1: everything attached, the target held at its entry point.
 pub struct Prepared {
     traced: Traced,
+    /// With `alloc --interval`: the top outstanding stacks while the target runs.
+    live: Option<LiveView>,
     /// The launched target, stopped under ptrace; `None` with `-p`.
     stopped: Option<launch::Stopped>,
 }
@@ -185,6 +188,11 @@ impl Prepared {
                 scratch,
             },
             stopped,
+            live: cli
+                .alloc
+                .interval
+                .filter(|_| cli.probes.iter().any(|p| AllocProbe::parse(p).is_some()))
+                .map(LiveView::new),
         })
     }
 
@@ -202,6 +210,7 @@ impl Prepared {
         };
         Ok(Running {
             traced: self.traced,
+            live: self.live,
             target,
             started: Instant::now(),
             started_at: SystemTime::now(),
@@ -213,6 +222,7 @@ impl Prepared {
 /// Phase 2: the target runs.
 pub struct Running {
     traced: Traced,
+    live: Option<LiveView>,
     target: Target,
     started: Instant,
     started_at: SystemTime,
@@ -305,6 +315,9 @@ impl Running {
                 // maps, so a failure here loses nothing.
                 let _ = traced.tracer.drain_spilled_stacks();
                 track_processes(&mut traced.tracer, &mut traced.tables);
+            }
+            if let Some(live) = &mut self.live {
+                live.tick(&traced.tracer, &traced.tables);
             }
         }
     }

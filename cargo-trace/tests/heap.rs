@@ -310,3 +310,94 @@ fn an_allocator_named_by_its_path() {
     let rows = read_csv(&run, "heap.csv");
     check_sites(&run, &rows);
 }
+
+/// Attached to a running process that leaks 100 blocks a second at one site and frees
+/// everything else: that site is the top outstanding stack, with a count the rate allows,
+/// the live view names it while tracing, and the frees of blocks allocated before the
+/// attach are counted apart, not subtracted from anything.
+#[test]
+fn attached_to_a_leaking_server() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    if !bpf_available("attached_to_a_leaking_server") {
+        return;
+    }
+    let path = fixtures::c_fixture("leak_rate");
+    let mut server = Command::new(&path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start leak_rate");
+    let mut ready = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+
+    let scratch = common::Scratch::new("alloc-attach");
+    let seconds = 2.0;
+    let output = Command::new(common::binary())
+        .args([
+            "alloc",
+            "-p",
+            &server.id().to_string(),
+            "-d",
+            &seconds.to_string(),
+        ])
+        .args(["--interval", "500ms", "--no-svg", "--csv", "heap.csv"])
+        .args(["--report-text", "report.txt"])
+        .current_dir(&scratch.0)
+        .output()
+        .expect("run cargo-trace");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stderr}");
+    assert!(output.status.success(), "cargo-trace failed: {stderr}");
+
+    let live = stderr
+        .lines()
+        .skip_while(|line| !line.contains("cargo-trace: live at"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no live view in {stderr}"));
+    assert!(live.contains("site_leak_tick"), "{live}");
+
+    let run = Run {
+        status: output.status,
+        stdout: String::new(),
+        stderr: stderr.to_string(),
+        svg: scratch.path("none.svg"),
+        folded_path: scratch.path("none.folded"),
+        scratch,
+    };
+    let rows = read_csv(&run, "heap.csv");
+    let top = rows
+        .iter()
+        .max_by_key(|row| row.value("leaked_blocks"))
+        .unwrap();
+    assert!(
+        top.frames.iter().any(|f| f == "site_leak_tick"),
+        "{:?}",
+        top.frames
+    );
+    // 100 a second at most; a loaded machine sleeps longer between ticks.
+    let leaked = top.value("leaked_blocks") as f64;
+    assert!(
+        (0.1 * 100.0 * seconds..=1.5 * 100.0 * seconds).contains(&leaked),
+        "{leaked} blocks leaked in {seconds} s"
+    );
+    // The churn site's blocks: each freed one was allocated while attached.
+    let churn: Vec<&Row> = rows
+        .iter()
+        .filter(|row| row.frames.iter().any(|f| f == "site_churn"))
+        .collect();
+    assert!(sum(&churn, "frees") <= sum(&churn, "allocs"));
+    assert!(sum(&churn, "leaked_blocks") <= 50);
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    let unknown: u64 = report
+        .split("unknown frees ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no unknown frees in {report}"));
+    assert!(unknown >= 1, "{report}");
+}

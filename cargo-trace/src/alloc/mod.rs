@@ -13,6 +13,7 @@
 //! where the events came from.
 
 pub mod allocators;
+pub mod live;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,11 @@ pub struct AllocArgs {
     /// tracked (and said so).
     #[arg(long = "max-live-blocks", value_name = "N", default_value_t = 1 << 20)]
     pub max_live_blocks: u32,
+
+    /// With `alloc`: print the top outstanding stacks every interval while the target
+    /// runs (e.g. 5s, 500ms), on stderr.
+    #[arg(long = "interval", value_name = "DURATION", value_parser = live::parse_interval)]
+    pub interval: Option<Duration>,
 
     /// With `alloc`: a block freed within this many milliseconds is a temporary.
     #[arg(long = "temporary-ms", value_name = "MS", default_value_t = 1.0)]
