@@ -84,6 +84,19 @@ pub struct AllocOptions {
     pub max_processes: u32,
     /// A block freed sooner than this after its allocation is a temporary.
     pub temporary_ns: u64,
+    /// Count an outermost allocating call with a chance of 1 in this (0 or 1: every call).
+    pub sample_every: u32,
+    /// Count an allocation of `s` bytes with a chance of `s / sample_bytes` (1 from that
+    /// size up); 0: every allocation. Not with `sample_every`.
+    pub sample_bytes: u64,
+}
+
+impl AllocOptions {
+    /// Whether only some events are counted (and [`AllocStats::estimated`] holds what
+    /// they stand for).
+    pub fn sampling(&self) -> bool {
+        self.sample_every > 1 || self.sample_bytes > 0
+    }
 }
 
 impl Default for AllocOptions {
@@ -93,6 +106,8 @@ impl Default for AllocOptions {
             max_stacks: 65536,
             max_processes: 4096,
             temporary_ns: 1_000_000,
+            sample_every: 0,
+            sample_bytes: 0,
         }
     }
 }
@@ -166,7 +181,7 @@ pub struct AllocKey {
 }
 
 /// What the blocks allocated under one stack in one process did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AllocStats {
     pub allocs: u64,
     pub bytes: u64,
@@ -189,6 +204,18 @@ pub struct AllocStats {
     pub size_hist: [u64; ALLOC_BUCKETS],
     /// Frees by lifetime in nanoseconds, bucketed as `size_hist`.
     pub life_hist: [u64; ALLOC_BUCKETS],
+    /// Under sampling ([`AllocOptions::sampling`]): what the sampled events stand for.
+    /// The other fields count the sampled events only.
+    pub estimated: Estimated,
+}
+
+/// What sampled events stand for: each weighs the inverse of its chance to be sampled.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimated {
+    pub allocs: f64,
+    pub bytes: u64,
+    pub frees: f64,
+    pub freed_bytes: u64,
 }
 
 impl AllocStats {
@@ -228,6 +255,8 @@ pub(crate) fn configure(open: &mut OpenTraceSkel<'_>, options: &AllocOptions) ->
         .as_deref_mut()
         .expect("the object has a .rodata section");
     rodata.alloc_temporary_ns = options.temporary_ns;
+    rodata.alloc_sample_every = options.sample_every;
+    rodata.alloc_sample_bytes = options.sample_bytes;
     let maps = &mut open.maps;
     for (map, name, entries) in [
         (&mut maps.alloc_live, "alloc_live", options.max_live_blocks),
@@ -278,6 +307,12 @@ impl Tracer {
                     peak_bytes,
                     size_hist: raw.size_hist,
                     life_hist: raw.life_hist,
+                    estimated: Estimated {
+                        allocs: fixed_point(raw.est_allocs),
+                        bytes: raw.est_bytes,
+                        frees: fixed_point(raw.est_frees),
+                        freed_bytes: raw.est_freed_bytes,
+                    },
                 };
                 (key, stats)
             })
@@ -319,6 +354,10 @@ impl Tracer {
     pub fn live_blocks(&self) -> usize {
         self.skel().maps.alloc_live.keys().count()
     }
+}
+
+fn fixed_point(value: u64) -> f64 {
+    value as f64 / f64::from(1u32 << raw::WEIGHT_SHIFT)
 }
 
 /// Every (key, value) of a hash map; entries deleted while reading are skipped.
@@ -372,6 +411,7 @@ mod tests {
             peak_bytes: 0,
             size_hist: [0; ALLOC_BUCKETS],
             life_hist: [0; ALLOC_BUCKETS],
+            estimated: Estimated::default(),
         };
         assert_eq!(stats.live_blocks(), 2);
         assert_eq!(stats.mean_live_age_us(1000), Some((2000 - 400) / 2));

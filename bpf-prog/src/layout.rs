@@ -514,6 +514,8 @@ pub mod alloc {
     pub const NEST: usize = 8;
     /// An alloc program's cookie is `probe id | kind << KIND_SHIFT` (`CT_ALLOC_KIND_SHIFT`).
     pub const KIND_SHIFT: u32 = 32;
+    /// Estimated counts are in 1/2^WEIGHT_SHIFT (`CT_ALLOC_WEIGHT_SHIFT`).
+    pub const WEIGHT_SHIFT: u32 = 16;
 
     /// `enum ct_alloc_kind`: where a function's size and addresses are.
     pub mod kind {
@@ -535,6 +537,7 @@ pub mod alloc {
         BUCKETS => c::ct_alloc_limits::CT_ALLOC_BUCKETS,
         NEST => c::ct_alloc_limits::CT_ALLOC_NEST,
         KIND_SHIFT => c::ct_alloc_limits::CT_ALLOC_KIND_SHIFT,
+        WEIGHT_SHIFT => c::ct_alloc_limits::CT_ALLOC_WEIGHT_SHIFT,
         kind::SIZE_ARG0 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG0,
         kind::SIZE_ARG1 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG1,
         kind::CALLOC => c::ct_alloc_kind::CT_ALLOC_CALLOC,
@@ -583,6 +586,10 @@ pub mod alloc {
         pub live_birth_us: u64,
         pub changed_seq: u64,
         pub peak_live_bytes: i64,
+        pub est_allocs: u64,
+        pub est_bytes: u64,
+        pub est_frees: u64,
+        pub est_freed_bytes: u64,
         pub size_hist: [u64; BUCKETS],
         pub life_hist: [u64; BUCKETS],
     }
@@ -599,6 +606,10 @@ pub mod alloc {
             live_birth_us: u64,
             changed_seq: u64,
             peak_live_bytes: i64,
+            est_allocs: u64,
+            est_bytes: u64,
+            est_frees: u64,
+            est_freed_bytes: u64,
             size_hist: [u64; BUCKETS],
             life_hist: [u64; BUCKETS],
         }
@@ -730,9 +741,11 @@ pub mod alloc {
     pub mod call_flags {
         pub const NESTED: u32 = 1;
         pub const OLD_KNOWN: u32 = 2;
+        pub const UNSAMPLED: u32 = 4;
     }
     check_constants! {
         call_flags::NESTED => c::ct_alloc_call_flags::CT_CALL_NESTED,
         call_flags::OLD_KNOWN => c::ct_alloc_call_flags::CT_CALL_OLD_KNOWN,
+        call_flags::UNSAMPLED => c::ct_alloc_call_flags::CT_CALL_UNSAMPLED,
     }
 }

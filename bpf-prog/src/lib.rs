@@ -141,7 +141,7 @@ mod skel {
 
 pub use alloc::{
     alloc_cookie, AllocCounter, AllocKey, AllocKind, AllocOptions, AllocProcess, AllocStats,
-    ALLOC_BUCKETS,
+    Estimated, ALLOC_BUCKETS,
 };
 pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};

@@ -146,6 +146,8 @@ pub struct HeapTotals {
     pub temporary_threshold: Duration,
     /// Blocks in the kernel's live map when the profile was taken.
     pub live_blocks: u64,
+    /// How sampling made the figures estimates, when events were sampled.
+    pub sampling: Option<String>,
 }
 
 /// The heap totals of one process (and probe).

@@ -348,12 +348,11 @@ impl Finished {
         let (mut value_types, period) = value_types(&self.probes);
         let mut raw = raw_samples(&self.tracer, &self.probes)?;
         let heap = if self.probes.iter().any(|p| p.event_spec().is_none()) {
-            let threshold = Duration::from_nanos(alloc.options().temporary_ns);
             Some(crate::alloc::add_samples(
                 &self.tracer,
                 &mut value_types,
                 &mut raw,
-                threshold,
+                &alloc.options(),
                 self.started_at + self.elapsed,
             )?)
         } else {

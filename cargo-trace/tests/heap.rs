@@ -401,3 +401,55 @@ fn attached_to_a_leaking_server() {
         .unwrap_or_else(|| panic!("no unknown frees in {report}"));
     assert!(unknown >= 1, "{report}");
 }
+
+/// The storm site's estimate under sampling, against the fixture's own count: within five
+/// standard deviations of the binomial number of sampled calls (a failure by chance once
+/// in about 1.7 million runs).
+fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
+    let path = fixtures::c_fixture("heap_storm");
+    let run = trace(
+        "alloc-sampled",
+        &["alloc"],
+        &format!("{} 200000 10", quoted(&path)),
+        &[
+            &["--csv", "heap.csv", "--report-text", "report.txt"],
+            option,
+        ]
+        .concat(),
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let site = expected::parse_heap_sites(&run.stdout).unwrap().remove(0);
+    let estimate = sum(&rows_of(&rows, &site), column) as f64;
+    assert!(
+        (estimate - exact).abs() <= 5.0 * sigma,
+        "{option:?}: {column} estimated {estimate}, exactly {exact} (sigma {sigma:.0})"
+    );
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(
+        report.contains("sampled: "),
+        "the report says it is sampled:\n{report}"
+    );
+}
+
+#[test]
+fn sampling_one_call_in_n_estimates_the_counts() {
+    if !bpf_available("sampling_one_call_in_n_estimates_the_counts") {
+        return;
+    }
+    // 200000 calls, each counted with a chance of 1/100, worth 100.
+    let (n, p) = (200_000.0, 0.01);
+    let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
+    check_estimate(&["--sample-every", "100"], "allocs", n, sigma);
+}
+
+#[test]
+fn sampling_by_bytes_estimates_the_bytes() {
+    if !bpf_available("sampling_by_bytes_estimates_the_bytes") {
+        return;
+    }
+    // 200000 blocks of 48 bytes, each counted with a chance of 48/4096, worth 4096 bytes.
+    let (n, p) = (200_000.0, 48.0 / 4096.0);
+    let sigma = (n * p * (1.0f64 - p)).sqrt() * 4096.0;
+    check_estimate(&["--sample-bytes", "4K"], "alloc_space", n * 48.0, sigma);
+}

@@ -44,6 +44,15 @@
 
 /* Set by userspace before load (bpf_prog::AllocOptions). */
 const volatile __u64 alloc_temporary_ns = 1000000; /* frees sooner are temporaries */
+/*
+ * Sampling, when one is set: an outermost allocating call is counted with a
+ * chance of 1 in alloc_sample_every, or of size / alloc_sample_bytes (1 from
+ * that size up): unbiased estimates, each sampled event weighing the inverse
+ * of its chance (est_* in ct_alloc_stats). Frees of blocks not sampled find
+ * no block, as frees of unknown ones do, and are not counted as unknown.
+ */
+const volatile __u32 alloc_sample_every = 0;
+const volatile __u64 alloc_sample_bytes = 0;
 
 const volatile enum ct_alloc_limits anchor_alloc_limits;
 const volatile enum ct_alloc_kind anchor_alloc_kind;
@@ -129,6 +138,40 @@ static __always_inline __u32 log2_bucket(__u64 v)
 	return bits < CT_ALLOC_BUCKETS ? bits : CT_ALLOC_BUCKETS - 1;
 }
 
+static __always_inline bool sampling(void)
+{
+	return alloc_sample_every > 1 || alloc_sample_bytes > 0;
+}
+
+/* Whether an allocation of size bytes is sampled. */
+static __always_inline bool sampled(__u64 size)
+{
+	if (alloc_sample_every > 1)
+		return bpf_get_prandom_u32() % alloc_sample_every == 0;
+	if (alloc_sample_bytes > 0)
+		return size >= alloc_sample_bytes ||
+		       (__u64)bpf_get_prandom_u32() * alloc_sample_bytes < size << 32;
+	return true;
+}
+
+/* What a sampled event of a block of size bytes stands for: allocations (or
+ * frees) in 1/65536ths, and bytes. */
+static __always_inline __u64 weight_count(__u64 size)
+{
+	if (alloc_sample_every > 1)
+		return (__u64)alloc_sample_every << CT_ALLOC_WEIGHT_SHIFT;
+	if (size >= alloc_sample_bytes || size == 0)
+		return 1 << CT_ALLOC_WEIGHT_SHIFT;
+	return (alloc_sample_bytes << CT_ALLOC_WEIGHT_SHIFT) / size;
+}
+
+static __always_inline __u64 weight_bytes(__u64 size)
+{
+	if (alloc_sample_every > 1)
+		return size * alloc_sample_every;
+	return size >= alloc_sample_bytes ? size : alloc_sample_bytes;
+}
+
 static __always_inline struct ct_alloc_stats *alloc_stats_of(__u64 stack, __u32 pid,
 							     __u32 probe_id)
 {
@@ -198,6 +241,10 @@ static __always_inline void account_free(const struct ct_live_block *block, __u3
 		__sync_fetch_and_add(&stats->temporaries, 1);
 	__sync_fetch_and_add(&stats->life_hist[log2_bucket(lifetime)], 1);
 	__sync_fetch_and_add(&stats->live_birth_us, -(block->born_ns / 1000));
+	if (sampling()) {
+		__sync_fetch_and_add(&stats->est_frees, weight_count(block->size));
+		__sync_fetch_and_add(&stats->est_freed_bytes, weight_bytes(block->size));
+	}
 	change_live(stats, proc, -(__s64)block->size);
 	__sync_fetch_and_add(&proc->frees, 1);
 	__sync_fetch_and_add(&proc->freed_bytes, block->size);
@@ -205,6 +252,8 @@ static __always_inline void account_free(const struct ct_live_block *block, __u3
 
 static __always_inline void count_unknown_free(__u32 pid, __u32 probe_id)
 {
+	if (sampling())
+		return; /* most are frees of blocks not sampled */
 	struct ct_alloc_proc *proc = alloc_proc_of(pid, probe_id);
 
 	count_in(&alloc_counters, CT_ALLOC_UNKNOWN_FREES);
@@ -226,6 +275,10 @@ static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack
 	__sync_fetch_and_add(&stats->size_hist[log2_bucket(size)], 1);
 	__sync_fetch_and_add(&proc->allocs, 1);
 	__sync_fetch_and_add(&proc->bytes, size);
+	if (sampling()) {
+		__sync_fetch_and_add(&stats->est_allocs, weight_count(size));
+		__sync_fetch_and_add(&stats->est_bytes, weight_bytes(size));
+	}
 
 	struct ct_live_key key = { .address = address, .pid = pid };
 	struct ct_live_block block = {
@@ -296,8 +349,17 @@ static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool creat
 SEC("uprobe.multi")
 int on_alloc(struct pt_regs *ctx)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
 
+	/* Sampling 1 in N: most calls end here, before any map. A realloc goes on,
+	 * to free its old block; so do the calls of the others that the sampled
+	 * ones make (they are nested). The return of a call left here finds no
+	 * call of its own: see on_alloc_return. */
+	if (alloc_sample_every > 1 && kind != CT_ALLOC_REALLOC && kind != CT_ALLOC_REALLOCARRAY &&
+	    !sampled(0))
+		return 0;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (filter_uprobes && !pid_wanted(tgid))
 		return 0;
 	struct ct_alloc_thread *t = thread_calls(ctx->sp, true);
@@ -314,9 +376,8 @@ int on_alloc(struct pt_regs *ctx)
 		return 0;
 	}
 
-	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
 	__u64 size = 0, old = 0, out = 0;
+
 	switch (kind) {
 	case CT_ALLOC_SIZE_ARG0:
 		size = ctx->di;
@@ -347,6 +408,12 @@ int on_alloc(struct pt_regs *ctx)
 	call->flags = 0;
 	if (old && take_live(old, tgid, &call->old_block) == 0)
 		call->flags = CT_CALL_OLD_KNOWN;
+	if (alloc_sample_bytes > 0 && !sampled(size)) {
+		/* sampling's cheap path: kept for its return (a realloc's old block
+		 * is still freed there), not walked */
+		call->flags |= CT_CALL_UNSAMPLED;
+		return 0;
+	}
 	struct event_stacks stacks = take_stacks(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, ctx->di);
 	call->stack = stacks.user;
 	return 0;
@@ -365,7 +432,9 @@ int on_alloc_return(struct pt_regs *ctx)
 	__u32 depth = t ? t->depth : 0;
 	if (!t || depth == 0 || depth > CT_ALLOC_NEST ||
 	    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp != entry_sp) {
-		count_in(&alloc_counters, CT_ALLOC_NO_ENTRY);
+		/* sampling 1 in N keeps no call for most entries */
+		if (alloc_sample_every <= 1)
+			count_in(&alloc_counters, CT_ALLOC_NO_ENTRY);
 		return 0;
 	}
 	t->depth = depth - 1;
@@ -403,6 +472,8 @@ int on_alloc_return(struct pt_regs *ctx)
 			count_in(&alloc_counters, CT_ALLOC_FAILED);
 		return 0;
 	}
+	if (call->flags & CT_CALL_UNSAMPLED)
+		return 0;
 	account_alloc(address, call->size, call->stack, tgid, probe_id, now);
 	return 0;
 }

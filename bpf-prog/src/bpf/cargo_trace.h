@@ -319,6 +319,7 @@ enum ct_alloc_limits {
 	CT_ALLOC_BUCKETS = 48,	  /* log2 buckets of a size or lifetime histogram */
 	CT_ALLOC_NEST = 8,	  /* allocator calls in progress at once on one thread */
 	CT_ALLOC_KIND_SHIFT = 32, /* see above */
+	CT_ALLOC_WEIGHT_SHIFT = 16, /* fixed point of the estimated counts */
 };
 
 /* Where a function's size and addresses are (x86-64 argument registers). */
@@ -368,6 +369,12 @@ struct ct_alloc_stats {
 	__u64 changed_seq;     /* ct_alloc_proc.seq at its last change */
 	__s64 peak_live_bytes; /* its live bytes at the process's last peak, if it
 				* changed since (see alloc.bpf.h) */
+	/* Sampling only: what the sampled events stand for (allocations and frees in
+	 * 1/65536ths, bytes), each weighed by the inverse of its chance to be sampled. */
+	__u64 est_allocs;
+	__u64 est_bytes;
+	__u64 est_frees;
+	__u64 est_freed_bytes;
 	__u64 size_hist[CT_ALLOC_BUCKETS]; /* bucket k: sizes of bit length k */
 	__u64 life_hist[CT_ALLOC_BUCKETS]; /* same, of the lifetimes (ns) of freed blocks */
 };
@@ -421,6 +428,7 @@ struct ct_alloc_call {
 enum ct_alloc_call_flags {
 	CT_CALL_NESTED = 1,    /* inside another allocator call: not counted */
 	CT_CALL_OLD_KNOWN = 2, /* old_block holds the realloc'ed block */
+	CT_CALL_UNSAMPLED = 4, /* left out by sampling: not counted */
 };
 
 /* Task storage: the allocator calls in progress on one thread, innermost last. */

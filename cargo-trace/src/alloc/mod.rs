@@ -66,6 +66,20 @@ pub struct AllocArgs {
     #[arg(long = "interval", value_name = "DURATION", value_parser = live::parse_interval)]
     pub interval: Option<Duration>,
 
+    /// With `alloc`: count 1 in N allocating calls, at random; counts and bytes are
+    /// scaled estimates.
+    #[arg(
+        long = "sample-every",
+        value_name = "N",
+        conflicts_with = "sample_bytes"
+    )]
+    pub sample_every: Option<u32>,
+
+    /// With `alloc`: count about one allocation per SIZE bytes allocated (an allocation of
+    /// s bytes with a chance of s/SIZE), e.g. 512K; bytes are unbiased estimates.
+    #[arg(long = "sample-bytes", value_name = "SIZE", value_parser = parse_size)]
+    pub sample_bytes: Option<u64>,
+
     /// With `alloc`: a block freed within this many milliseconds is a temporary.
     #[arg(long = "temporary-ms", value_name = "MS", default_value_t = 1.0)]
     pub temporary_ms: f64,
@@ -77,6 +91,8 @@ impl AllocArgs {
         AllocOptions {
             max_live_blocks: self.max_live_blocks,
             temporary_ns: (self.temporary_ms.max(0.0) * 1e6) as u64,
+            sample_every: self.sample_every.unwrap_or(0),
+            sample_bytes: self.sample_bytes.unwrap_or(0),
             ..AllocOptions::default()
         }
     }
@@ -145,6 +161,28 @@ impl OrderBy {
             OrderBy::Leaked => LEAKED_BYTES,
         }
     }
+}
+
+/// `512K`, `1M`, `64` (bytes); K, M and G are powers of 1024. At most 4 GiB.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => {
+            let unit = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("'{text}': the unit is K, M or G")),
+            };
+            (&text[..at], unit)
+        }
+        _ => (text, 1),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|size| (1..=1 << 32).contains(size))
+        .ok_or_else(|| format!("'{text}' is not a size from 1 byte to 4G (e.g. 512K)"))
 }
 
 /// The heap's value types, by kind.
@@ -279,7 +317,7 @@ pub fn add_samples(
     tracer: &Tracer,
     value_types: &mut Vec<ValueType>,
     samples: &mut Vec<RawSample>,
-    temporary_threshold: Duration,
+    options: &AllocOptions,
     stopped: SystemTime,
 ) -> Result<HeapTotals> {
     let before = value_types.len();
@@ -295,27 +333,48 @@ pub fn add_samples(
         .as_micros() as u64;
     let now_us = monotonic_us().saturating_sub(since_stop);
     let value = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    // What one sampled event stands for where every event weighs the same (1 in N);
+    // with --sample-bytes, histograms, temporaries and peaks count the sampled blocks.
+    let scale = i64::from(options.sample_every.max(1));
+    let first_heap_sample = samples.len();
     for (key, stats) in tracer
         .alloc_stats()
         .context("reading the heap statistics")?
     {
         let (user, truncated) = crate::session::user_stack(tracer, key.stack)?;
         let live = stats.live_blocks();
+        let age = value((live * now_us).saturating_sub(stats.live_birth_us));
         let mut values = vec![0; before];
+        if options.sampling() {
+            let estimated = &stats.estimated;
+            let allocs = estimated.allocs.round() as i64;
+            let frees = estimated.frees.round() as i64;
+            values.extend([
+                allocs,
+                value(estimated.bytes),
+                frees,
+                value(estimated.freed_bytes),
+                (allocs - frees - value(stats.untracked) * scale).max(0),
+                value(estimated.bytes) - value(estimated.freed_bytes),
+            ]);
+        } else {
+            values.extend([
+                value(stats.allocs),
+                value(stats.bytes),
+                value(stats.frees),
+                value(stats.freed_bytes),
+                value(live),
+                stats.live_bytes,
+            ]);
+        }
         values.extend([
-            value(stats.allocs),
-            value(stats.bytes),
-            value(stats.frees),
-            value(stats.freed_bytes),
-            value(live),
-            stats.live_bytes,
-            value(stats.temporaries),
-            stats.peak_bytes,
-            value((live * now_us).saturating_sub(stats.live_birth_us)),
-            value(stats.untracked),
+            value(stats.temporaries) * scale,
+            stats.peak_bytes * scale,
+            age * scale,
+            value(stats.untracked) * scale,
         ]);
-        values.extend(stats.size_hist.iter().map(|&n| value(n)));
-        values.extend(stats.life_hist.iter().map(|&n| value(n)));
+        values.extend(stats.size_hist.iter().map(|&n| value(n) * scale));
+        values.extend(stats.life_hist.iter().map(|&n| value(n) * scale));
         samples.push(RawSample {
             probe: key.probe_id as usize,
             pid: key.pid,
@@ -329,7 +388,7 @@ pub fn add_samples(
     let counters = tracer
         .alloc_counters()
         .context("reading the heap counters")?;
-    let processes = tracer
+    let mut processes: Vec<HeapProcess> = tracer
         .alloc_processes()
         .context("reading the heap totals")?
         .into_iter()
@@ -341,10 +400,33 @@ pub fn add_samples(
             frees: p.frees,
             freed_bytes: p.freed_bytes,
             live_bytes: p.live_bytes,
-            peak_bytes: p.peak_bytes,
+            peak_bytes: p.peak_bytes * scale,
             unknown_frees: p.unknown_frees,
         })
         .collect();
+    if options.sampling() {
+        // The process's totals from its stacks' estimates.
+        for process in &mut processes {
+            let mut totals = [0i64; 4];
+            for sample in samples[first_heap_sample..]
+                .iter()
+                .filter(|s| s.pid == process.pid && s.probe == process.probe)
+            {
+                for (total, value) in totals.iter_mut().zip(&sample.values[before..before + 4]) {
+                    *total += value;
+                }
+            }
+            let [allocs, bytes, frees, freed_bytes] = totals.map(|v| v.max(0) as u64);
+            *process = HeapProcess {
+                allocs,
+                bytes,
+                frees,
+                freed_bytes,
+                live_bytes: bytes as i64 - freed_bytes as i64,
+                ..process.clone()
+            };
+        }
+    }
     Ok(HeapTotals {
         processes,
         lost: AllocCounter::ALL
@@ -352,9 +434,29 @@ pub fn add_samples(
             .filter(|c| counters[**c as usize] > 0)
             .map(|c| (c.name().to_string(), counters[*c as usize]))
             .collect(),
-        temporary_threshold,
+        temporary_threshold: Duration::from_nanos(options.temporary_ns),
         live_blocks: tracer.live_blocks() as u64,
+        sampling: sampling_note(options),
     })
+}
+
+/// How a sampled profile's figures came to be, for the report.
+fn sampling_note(options: &AllocOptions) -> Option<String> {
+    if options.sample_every > 1 {
+        Some(format!(
+            "1 in {} allocating calls counted, at random: every figure is an estimate (×{})",
+            options.sample_every, options.sample_every
+        ))
+    } else if options.sample_bytes > 0 {
+        Some(format!(
+            "an allocation of s bytes counted with a chance of s/{}: allocations, frees and \
+             bytes are unbiased estimates; temporaries, peaks and histograms count the \
+             sampled blocks only",
+            options.sample_bytes
+        ))
+    } else {
+        None
+    }
 }
 
 /// Microseconds of `CLOCK_MONOTONIC`, the BPF program's clock (`bpf_ktime_get_ns`).
@@ -371,6 +473,16 @@ fn monotonic_us() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("64"), Ok(64));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("5G").is_err());
+        assert!(parse_size("3X").is_err());
+    }
 
     #[test]
     fn alloc_probes_parse() {

@@ -45,6 +45,9 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
         .sum();
 
     writeln!(out, "== heap profile ==")?;
+    if let Some(sampling) = &heap.sampling {
+        writeln!(out, "sampled: {sampling}")?;
+    }
     writeln!(
         out,
         "allocations {} ({}), frees {} ({})",
