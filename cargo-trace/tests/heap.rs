@@ -11,8 +11,10 @@ use cargo_trace_tests::fixtures;
 use common::{bpf_available, quoted, trace, Run};
 
 /// One CSV row of `--csv`: its stack's frames (root first) and values by column name.
+#[derive(Clone)]
 struct Row {
     probe: String,
+    pid: u32,
     frames: Vec<String>,
     truncated: String,
     values: BTreeMap<String, i64>,
@@ -65,6 +67,7 @@ fn read_csv(run: &Run, name: &str) -> Vec<Row> {
                 .collect();
             Row {
                 probe: fields[0].clone(),
+                pid: fields[1].parse().unwrap(),
                 truncated: fields[2].clone(),
                 frames: fields[3].split(';').map(str::to_string).collect(),
                 values,
@@ -452,4 +455,55 @@ fn sampling_by_bytes_estimates_the_bytes() {
     let (n, p) = (200_000.0, 48.0 / 4096.0);
     let sigma = (n * p * (1.0f64 - p)).sqrt() * 4096.0;
     check_estimate(&["--sample-bytes", "4K"], "alloc_space", n * 48.0, sigma);
+}
+
+/// Children that fork and exec are profiled as processes of their own: each run of the
+/// fixture under a shell has its sites exact under its own pid.
+#[test]
+fn children_are_their_own_processes() {
+    if !bpf_available("children_are_their_own_processes") {
+        return;
+    }
+    let path = quoted(&fixtures::c_fixture("alloc_c"));
+    let script = format!("{path} && {path}");
+    let run = trace(
+        "alloc-children",
+        &["alloc"],
+        &format!("/bin/sh -c {}", common::shell_quote(&script)),
+        &["--csv", "heap.csv"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert_eq!(sites.len(), 22, "two runs of 11 sites: {}", run.stdout);
+    let pids: std::collections::BTreeSet<u32> = rows
+        .iter()
+        .filter(|row| row.frames.iter().any(|f| f == "site_malloc"))
+        .map(|row| row.pid)
+        .collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in pids {
+        let own: Vec<Row> = rows.iter().filter(|row| row.pid == pid).cloned().collect();
+        for site in &sites[..11] {
+            let rows = rows_of(&own, site);
+            assert_eq!(
+                sum(&rows, "allocs") as u64,
+                site.allocs,
+                "{} in {pid}",
+                site.function
+            );
+            assert_eq!(
+                sum(&rows, "frees") as u64,
+                site.frees,
+                "{} in {pid}",
+                site.function
+            );
+            assert_eq!(
+                sum(&rows, "leaked_blocks") as u64,
+                site.leaked,
+                "{} in {pid}",
+                site.function
+            );
+        }
+    }
 }
