@@ -32,6 +32,10 @@ declare -A wanted=(
     [libc6-dbg]=/usr/share/doc/libc6-dbg/copyright
     # go tool pprof: the tests read the pprof output with the real client
     [golang-go]=/usr/bin/go
+    # the heap profiler's fixtures: jemalloc (linked statically, as tikv-jemallocator
+    # links it) and mimalloc
+    [libjemalloc-dev]=/usr/include/jemalloc/jemalloc.h
+    [libmimalloc-dev]=/usr/include/mimalloc.h
 )
 
 missing=()

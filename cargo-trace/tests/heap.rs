@@ -507,3 +507,88 @@ fn children_are_their_own_processes() {
         }
     }
 }
+
+/// A fixture linked with a library of .ci/setup.sh's, or `None` (with the reason printed)
+/// where the library is missing outside CI.
+fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::PathBuf> {
+    if !std::path::Path::new(header).exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{header} is missing: .ci/setup.sh installs it"
+        );
+        eprintln!("skipping {name}: no {header} (bash .ci/setup.sh installs it)");
+        return None;
+    }
+    Some(
+        fixtures::build(fixtures::Lang::C, name, flags)
+            .unwrap_or_else(|error| panic!("building {name}: {error}")),
+    )
+}
+
+/// jemalloc linked into the executable, as tikv-jemallocator links it: its malloc API and
+/// its own (mallocx, rallocx, sdallocx, dallocx) counted exactly, found without a flag and
+/// with `alloc:jemalloc`.
+#[test]
+fn jemalloc_in_the_executable() {
+    if !bpf_available("jemalloc_in_the_executable") {
+        return;
+    }
+    let Some(path) = fixture_with(
+        "alloc_jemalloc",
+        "/usr/include/jemalloc/jemalloc.h",
+        &[
+            "-Wl,--whole-archive",
+            "-l:libjemalloc.a",
+            "-Wl,--no-whole-archive",
+            "-lstdc++",
+            "-lm",
+        ],
+    ) else {
+        return;
+    };
+    for probe in ["alloc", "alloc:jemalloc"] {
+        let run = trace(
+            "alloc-jemalloc",
+            &[probe],
+            &quoted(&path),
+            &["--csv", "heap.csv"],
+        );
+        let rows = read_csv(&run, "heap.csv");
+        let sites = check_sites(&run, &rows);
+        assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
+        // Every counted block is jemalloc's: the fixture's libc never allocates.
+        assert!(
+            rows.iter()
+                .filter(|row| row.value("allocs") > 0)
+                .all(|row| !row.frames.iter().any(|f| f == "__GI___libc_malloc")),
+            "{probe}"
+        );
+    }
+}
+
+/// mimalloc as a shared library: its API and the malloc it overrides, counted exactly,
+/// found without a flag and with `alloc:mimalloc`.
+#[test]
+fn mimalloc_as_a_library() {
+    if !bpf_available("mimalloc_as_a_library") {
+        return;
+    }
+    let Some(path) = fixture_with(
+        "alloc_mimalloc",
+        "/usr/include/mimalloc.h",
+        &["-Wl,--no-as-needed", "-lmimalloc"],
+    ) else {
+        return;
+    };
+    for probe in ["alloc", "alloc:mimalloc"] {
+        let run = trace(
+            "alloc-mimalloc",
+            &[probe],
+            &quoted(&path),
+            &["--csv", "heap.csv"],
+        );
+        let rows = read_csv(&run, "heap.csv");
+        let sites = check_sites(&run, &rows);
+        assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
+    }
+}

@@ -114,6 +114,7 @@ pub fn resolve(
                 finder.add_api(None, prefix, JEMALLOC_API)?;
             } else {
                 finder.add_executables_own()?;
+                finder.add_mapped_libraries()?;
             }
             finder.add_api(Some("libc"), "", MALLOC_API)?;
         }
@@ -139,6 +140,8 @@ pub fn resolve(
             for binary in [None, Some("libmimalloc")] {
                 if finder.has(binary, "mi_malloc")? {
                     finder.add_api(binary, "", MIMALLOC_API)?;
+                    // Its malloc API when it overrides libc's (aliases, probed once).
+                    finder.add_api(binary, "", MALLOC_API)?;
                     break;
                 }
             }
@@ -203,6 +206,28 @@ impl Finder {
         if self.has(None, "malloc")? {
             self.add_api(None, "", MALLOC_API)?;
             self.add_api(None, "", JEMALLOC_API)?;
+        }
+        Ok(())
+    }
+
+    /// jemalloc or mimalloc as a library the process maps (linked, or LD_PRELOADed).
+    fn add_mapped_libraries(&mut self) -> Result<()> {
+        let mapped = process_image::mapped_files(self.pid)
+            .with_context(|| format!("reading the mappings of process {}", self.pid))?;
+        let maps = |library: &str| {
+            mapped.iter().any(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with(&format!("{library}.so")))
+            })
+        };
+        if maps("libjemalloc") {
+            self.add_api(Some("libjemalloc"), "", MALLOC_API)?;
+            self.add_api(Some("libjemalloc"), "", JEMALLOC_API)?;
+        }
+        if maps("libmimalloc") {
+            self.add_api(Some("libmimalloc"), "", MIMALLOC_API)?;
+            self.add_api(Some("libmimalloc"), "", MALLOC_API)?;
         }
         Ok(())
     }
