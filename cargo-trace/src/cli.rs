@@ -161,6 +161,9 @@ impl Cli {
         if let Some(path) = &self.alloc.csv {
             outputs.push((Format::Csv, path.clone()));
         }
+        if let Some(path) = &self.alloc.timeline {
+            outputs.push((Format::Timeline, path.clone()));
+        }
         outputs
     }
 

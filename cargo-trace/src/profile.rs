@@ -148,6 +148,22 @@ pub struct HeapTotals {
     pub live_blocks: u64,
     /// How sampling made the figures estimates, when events were sampled.
     pub sampling: Option<String>,
+    /// Memory over time, while the target ran, from the start of tracing.
+    pub timeline: Vec<TimelinePoint>,
+}
+
+/// The heap of the traced processes at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TimelinePoint {
+    /// Since tracing started.
+    pub at: Duration,
+    /// Bytes of tracked blocks live.
+    pub live_bytes: i64,
+    /// Allocations and frees counted so far (the rates are their differences).
+    pub allocs: u64,
+    pub frees: u64,
+    /// Resident memory of the processes (`/proc/PID/statm`).
+    pub rss_bytes: u64,
 }
 
 /// The heap totals of one process (and probe).

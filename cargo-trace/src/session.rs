@@ -17,13 +17,15 @@ use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer};
 use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind, Rate};
 
-use crate::alloc::live::LiveView;
+use crate::alloc::live::HeapWatch;
 use crate::alloc::{AllocArgs, AllocProbe};
 use crate::children::Children;
 use crate::cli::Cli;
 use crate::guard::Guard;
 use crate::launch::{self, Exit};
-use crate::profile::{Metadata, Profile, ProfileBuilder, RawSample, Summary, ValueType};
+use crate::profile::{
+    HeapTotals, Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint, ValueType,
+};
 use crate::signals;
 use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
@@ -110,8 +112,8 @@ struct Traced {
 /// Phase 1: everything attached, the target held at its entry point.
 pub struct Prepared {
     traced: Traced,
-    /// With `alloc --interval`: the top outstanding stacks while the target runs.
-    live: Option<LiveView>,
+    /// With `alloc`: the timeline, and the top outstanding stacks with `--interval`.
+    heap: Option<HeapWatch>,
     /// The launched target, stopped under ptrace; `None` with `-p`.
     stopped: Option<launch::Stopped>,
 }
@@ -188,11 +190,11 @@ impl Prepared {
                 scratch,
             },
             stopped,
-            live: cli
-                .alloc
-                .interval
-                .filter(|_| cli.probes.iter().any(|p| AllocProbe::parse(p).is_some()))
-                .map(LiveView::new),
+            heap: cli
+                .probes
+                .iter()
+                .any(|p| AllocProbe::parse(p).is_some())
+                .then(|| HeapWatch::new(cli.alloc.interval)),
         })
     }
 
@@ -210,7 +212,7 @@ impl Prepared {
         };
         Ok(Running {
             traced: self.traced,
-            live: self.live,
+            heap: self.heap,
             target,
             started: Instant::now(),
             started_at: SystemTime::now(),
@@ -222,7 +224,7 @@ impl Prepared {
 /// Phase 2: the target runs.
 pub struct Running {
     traced: Traced,
-    live: Option<LiveView>,
+    heap: Option<HeapWatch>,
     target: Target,
     started: Instant,
     started_at: SystemTime,
@@ -241,8 +243,12 @@ impl Running {
             target,
             stats,
             started_at,
+            heap,
             ..
         } = self;
+        let timeline = heap
+            .map(|heap| heap.finish(&traced.tracer))
+            .unwrap_or_default();
         let Traced {
             probes,
             argv,
@@ -274,6 +280,7 @@ impl Running {
             started_at,
             elapsed,
             stats,
+            timeline,
             _scratch: scratch,
         })
     }
@@ -316,8 +323,8 @@ impl Running {
                 let _ = traced.tracer.drain_spilled_stacks();
                 track_processes(&mut traced.tracer, &mut traced.tables);
             }
-            if let Some(live) = &mut self.live {
-                live.tick(&traced.tracer, &traced.tables);
+            if let Some(heap) = &mut self.heap {
+                heap.tick(&traced.tracer, &traced.tables);
             }
         }
     }
@@ -338,6 +345,8 @@ pub struct Finished {
     started_at: SystemTime,
     elapsed: Duration,
     stats: Option<std::os::fd::OwnedFd>,
+    /// With `alloc`: memory over time.
+    timeline: Vec<TimelinePoint>,
     /// Holds the vDSO copies the symbolizer reads.
     _scratch: ScratchDir,
 }
@@ -420,7 +429,10 @@ impl Finished {
         };
         let probes = self.probes.iter().map(|p| p.text.clone()).collect();
         let mut profile = builder.finish(probes, summary, metadata);
-        profile.heap = heap;
+        profile.heap = heap.map(|heap| HeapTotals {
+            timeline: std::mem::take(&mut self.timeline),
+            ..heap
+        });
         Ok(profile)
     }
 

@@ -356,7 +356,7 @@ fn attached_to_a_leaking_server() {
             &seconds.to_string(),
         ])
         .args(["--interval", "500ms", "--no-svg", "--csv", "heap.csv"])
-        .args(["--report-text", "report.txt"])
+        .args(["--report-text", "report.txt", "--timeline", "timeline.csv"])
         .current_dir(&scratch.0)
         .output()
         .expect("run cargo-trace");
@@ -411,6 +411,22 @@ fn attached_to_a_leaking_server() {
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no unknown frees in {report}"));
     assert!(unknown >= 1, "{report}");
+
+    // The timeline: a point every 100 ms, live bytes growing with the leak, the process's
+    // resident memory while it ran.
+    let timeline = std::fs::read_to_string(run.scratch.path("timeline.csv")).unwrap();
+    let points: Vec<Vec<i64>> = timeline
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert!(points.len() >= 5, "{timeline}");
+    let live: Vec<i64> = points.iter().map(|p| p[1]).collect();
+    assert!(
+        live.last() > live.first() && live.windows(2).filter(|w| w[1] < w[0]).count() <= 2,
+        "live bytes grow with the leak:\n{timeline}"
+    );
+    assert!(points.iter().any(|p| p[4] > 0), "{timeline}");
 }
 
 /// The storm site's estimate under sampling, against the fixture's own count: within five

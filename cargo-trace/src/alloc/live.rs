@@ -1,5 +1,7 @@
-//! `--interval`: the top outstanding stacks, printed every interval while the target
-//! runs (tracelloc's view of a running server), from the kernel's statistics as they are.
+//! What heap profiling does while the target runs: the timeline of live bytes,
+//! allocation and free counts and RSS (every [`TIMELINE_STEP`]), and with `--interval`
+//! the top outstanding stacks printed every interval (tracelloc's view of a running
+//! server), both from the kernel's statistics as they are.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -7,8 +9,76 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use bpf_prog::Tracer;
 
+use crate::profile::TimelinePoint;
 use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
+
+/// How often the timeline takes a point.
+pub const TIMELINE_STEP: Duration = Duration::from_millis(100);
+
+/// The heap's watch over a running target: its timeline, and the live view if asked for.
+pub struct HeapWatch {
+    started: Instant,
+    next_point: Instant,
+    timeline: Vec<TimelinePoint>,
+    view: Option<LiveView>,
+}
+
+impl HeapWatch {
+    pub fn new(interval: Option<Duration>) -> HeapWatch {
+        let now = Instant::now();
+        HeapWatch {
+            started: now,
+            next_point: now,
+            timeline: Vec::new(),
+            view: interval.map(LiveView::new),
+        }
+    }
+
+    /// Takes a timeline point and prints the live view when they are due.
+    pub fn tick(&mut self, tracer: &Tracer, tables: &ProcessTables) {
+        if Instant::now() >= self.next_point {
+            self.next_point += TIMELINE_STEP;
+            if let Ok(point) = self.point(tracer) {
+                self.timeline.push(point);
+            }
+        }
+        if let Some(view) = &mut self.view {
+            view.tick(tracer, tables);
+        }
+    }
+
+    /// The timeline so far, with a last point as of now.
+    pub fn finish(mut self, tracer: &Tracer) -> Vec<TimelinePoint> {
+        if let Ok(point) = self.point(tracer) {
+            self.timeline.push(point);
+        }
+        self.timeline
+    }
+
+    /// Every traced process's live bytes and calls so far, and their resident memory.
+    fn point(&self, tracer: &Tracer) -> Result<TimelinePoint> {
+        let processes = tracer.alloc_processes()?;
+        let mut pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+        pids.dedup();
+        Ok(TimelinePoint {
+            at: self.started.elapsed(),
+            live_bytes: processes.iter().map(|p| p.live_bytes).sum(),
+            allocs: processes.iter().map(|p| p.allocs).sum(),
+            frees: processes.iter().map(|p| p.frees).sum(),
+            rss_bytes: pids.iter().filter_map(|&pid| rss_bytes(pid)).sum(),
+        })
+    }
+}
+
+/// The resident set of process `pid` (`/proc/PID/statm`), if it still runs.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
 
 /// Stacks listed each time.
 const TOP: usize = 10;

@@ -52,6 +52,11 @@ pub struct AllocArgs {
     #[arg(long = "csv", value_name = "PATH")]
     pub csv: Option<PathBuf>,
 
+    /// With `alloc`: write memory over time as CSV (every 100 ms: live bytes, allocation and
+    /// free rates, resident memory).
+    #[arg(long = "timeline", value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
+
     /// With `alloc`: the prefix of the allocator's functions (e.g. `je_`).
     #[arg(long = "alloc-prefix", value_name = "PREFIX")]
     pub alloc_prefix: Option<String>,
@@ -437,6 +442,7 @@ pub fn add_samples(
         temporary_threshold: Duration::from_nanos(options.temporary_ns),
         live_blocks: tracer.live_blocks() as u64,
         sampling: sampling_note(options),
+        timeline: Vec::new(),
     })
 }
 

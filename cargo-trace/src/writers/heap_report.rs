@@ -87,6 +87,14 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
             )?;
         }
     }
+    if let Some(rss) = heap.timeline.iter().map(|p| p.rss_bytes).max() {
+        writeln!(
+            out,
+            "resident memory at most {} ({} timeline points, --timeline writes them)",
+            bytes(rss as i64),
+            heap.timeline.len()
+        )?;
+    }
     for (what, count) in &heap.lost {
         writeln!(out, "note: {what}: {count}")?;
     }

@@ -29,6 +29,8 @@ pub enum Format {
     HeapReport,
     /// One CSV row per stack with every value (`--csv`).
     Csv,
+    /// The heap's memory over time, CSV (`--timeline`).
+    Timeline,
 }
 
 impl Format {
@@ -40,6 +42,7 @@ impl Format {
             Format::Pprof => "the pprof profile",
             Format::HeapReport => "the heap report",
             Format::Csv => "the CSV table",
+            Format::Timeline => "the heap timeline",
         }
     }
 
@@ -55,6 +58,7 @@ impl Format {
             Format::Pprof => pprof::write(profile, out),
             Format::HeapReport => heap_report::write(profile, options.order_by, out),
             Format::Csv => csv::write(profile, options.weighting, out),
+            Format::Timeline => csv::write_timeline(profile, out),
         }
     }
 }
