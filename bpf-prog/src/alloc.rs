@@ -349,11 +349,6 @@ impl Tracer {
         )?;
         Ok(totals)
     }
-
-    /// Blocks in the live map now (all processes).
-    pub fn live_blocks(&self) -> usize {
-        self.skel().maps.alloc_live.keys().count()
-    }
 }
 
 fn fixed_point(value: u64) -> f64 {

@@ -144,8 +144,6 @@ pub struct HeapTotals {
     pub lost: BTreeMap<String, u64>,
     /// Blocks freed sooner than this after their allocation are temporaries.
     pub temporary_threshold: Duration,
-    /// Blocks in the kernel's live map when the profile was taken.
-    pub live_blocks: u64,
     /// How sampling made the figures estimates, when events were sampled.
     pub sampling: Option<String>,
     /// Memory over time, while the target ran, from the start of tracing.

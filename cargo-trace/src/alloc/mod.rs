@@ -440,7 +440,6 @@ pub fn add_samples(
             .map(|c| (c.name().to_string(), counters[*c as usize]))
             .collect(),
         temporary_threshold: Duration::from_nanos(options.temporary_ns),
-        live_blocks: tracer.live_blocks() as u64,
         sampling: sampling_note(options),
         timeline: Vec::new(),
     })
