@@ -27,6 +27,16 @@
 //! Nothing is sent per event: userspace reads the maps when it wants
 //! ([`Tracer::counts`], [`Tracer::stack`], [`Tracer::kernel_stack`]).
 //!
+//! The heap profiler's programs (`src/bpf/alloc.bpf.h`, the [`alloc_cookie`] and
+//! readers in the `alloc` module): `on_alloc` at an allocating function's entry walks
+//! the stack with the same `take_stacks` and keeps its key and the size in the thread's
+//! task storage (nested allocator calls are told apart by the stack pointer);
+//! `on_alloc_return` tracks the block returned by (process, address) and counts it under
+//! (stack, process, probe) with log2 size buckets; `on_free` removes a block at the
+//! free's entry and counts its free, lifetime bucket and whether it was a temporary.
+//! Userspace reads [`Tracer::alloc_stats`], [`Tracer::alloc_processes`] and
+//! [`Tracer::alloc_counters`] (what could not be paired or kept).
+//!
 //! Every way a walk can stop is counted in `walk_ends`
 //! ([`Tracer::walk_ends`], by [`WalkEnd`], the type both walkers share), and
 //! the frames found before the stop are stored with it ([`Stack::end`]): a
