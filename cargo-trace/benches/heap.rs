@@ -110,8 +110,8 @@ fn main() {
             depth + 4
         );
         println!(
-            "  {:<22}{:<28}{}",
-            "", "ns per pair", "added per pair, µs (× untraced)"
+            "  {:<22}{:<28}added per pair, µs (× untraced)",
+            "", "ns per pair"
         );
         let base = ways[0].1.clone();
         for (way, times) in &ways {
