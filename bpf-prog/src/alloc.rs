@@ -89,6 +89,10 @@ pub struct AllocOptions {
     /// Count an allocation of `s` bytes with a chance of `s / sample_bytes` (1 from that
     /// size up); 0: every allocation. Not with `sample_every`.
     pub sample_bytes: u64,
+    /// Count only allocations of at least this many bytes (0: any).
+    pub min_size: u64,
+    /// Count only allocations of at most this many bytes (0: any).
+    pub max_size: u64,
 }
 
 impl AllocOptions {
@@ -108,6 +112,8 @@ impl Default for AllocOptions {
             temporary_ns: 1_000_000,
             sample_every: 0,
             sample_bytes: 0,
+            min_size: 0,
+            max_size: 0,
         }
     }
 }
@@ -257,6 +263,8 @@ pub(crate) fn configure(open: &mut OpenTraceSkel<'_>, options: &AllocOptions) ->
     rodata.alloc_temporary_ns = options.temporary_ns;
     rodata.alloc_sample_every = options.sample_every;
     rodata.alloc_sample_bytes = options.sample_bytes;
+    rodata.alloc_min_size = options.min_size;
+    rodata.alloc_max_size = options.max_size;
     let maps = &mut open.maps;
     for (map, name, entries) in [
         (&mut maps.alloc_live, "alloc_live", options.max_live_blocks),

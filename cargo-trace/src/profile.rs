@@ -146,6 +146,9 @@ pub struct HeapTotals {
     pub temporary_threshold: Duration,
     /// How sampling made the figures estimates, when events were sampled.
     pub sampling: Option<String>,
+    /// Which allocations were counted, when a size filter left some out (their frees
+    /// are then not counted as unknown).
+    pub size_filter: Option<String>,
     /// Memory over time, while the target ran, from the start of tracing.
     pub timeline: Vec<TimelinePoint>,
 }

@@ -616,3 +616,45 @@ fn mimalloc_as_a_library() {
         assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
     }
 }
+
+/// `--min-size` and `--max-size`: the sites whose blocks are in the range are exact, the
+/// others are not counted, and their frees are not taken for unknown ones.
+#[test]
+fn a_size_range_counts_its_sites_only() {
+    if !bpf_available("a_size_range_counts_its_sites_only") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run(
+        "alloc-sizes",
+        &path,
+        &["--min-size", "1050", "--max-size", "1100"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    let mut counted = 0;
+    for site in &sites {
+        let rows = rows_of(&rows, site);
+        let name = &site.function;
+        // The realloc chain's sizes (1021, 2041, 4093) are all outside.
+        if (1050..=1100).contains(&site.size) {
+            counted += 1;
+            assert_eq!(sum(&rows, "allocs") as u64, site.allocs, "{name}");
+            assert_eq!(sum(&rows, "frees") as u64, site.frees, "{name}");
+            assert_eq!(sum(&rows, "leaked_blocks") as u64, site.leaked, "{name}");
+        } else {
+            assert_eq!(sum(&rows, "allocs"), 0, "{name}");
+        }
+    }
+    assert_eq!(
+        counted, 5,
+        "memalign, valloc, pvalloc, aligned_alloc and the leak"
+    );
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(
+        report.contains("counted: allocations of 1050 to 1100 bytes only")
+            && report.contains("unknown frees 0"),
+        "{report}"
+    );
+}

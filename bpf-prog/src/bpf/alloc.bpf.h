@@ -53,6 +53,10 @@ const volatile __u64 alloc_temporary_ns = 1000000; /* frees sooner are temporari
  */
 const volatile __u32 alloc_sample_every = 0;
 const volatile __u64 alloc_sample_bytes = 0;
+/* Only allocations of sizes in [alloc_min_size, alloc_max_size] are counted
+ * (0: no bound). As with sampling, the frees of the others are not unknown. */
+const volatile __u64 alloc_min_size = 0;
+const volatile __u64 alloc_max_size = 0;
 
 const volatile enum ct_alloc_limits anchor_alloc_limits;
 const volatile enum ct_alloc_kind anchor_alloc_kind;
@@ -141,6 +145,17 @@ static __always_inline __u32 log2_bucket(__u64 v)
 static __always_inline bool sampling(void)
 {
 	return alloc_sample_every > 1 || alloc_sample_bytes > 0;
+}
+
+/* Whether some allocations are left out, by sampling or by size. */
+static __always_inline bool leaving_out(void)
+{
+	return sampling() || alloc_min_size > 0 || alloc_max_size > 0;
+}
+
+static __always_inline bool size_wanted(__u64 size)
+{
+	return size >= alloc_min_size && (alloc_max_size == 0 || size <= alloc_max_size);
 }
 
 /* Whether an allocation of size bytes is sampled. */
@@ -252,8 +267,8 @@ static __always_inline void account_free(const struct ct_live_block *block, __u3
 
 static __always_inline void count_unknown_free(__u32 pid, __u32 probe_id)
 {
-	if (sampling())
-		return; /* most are frees of blocks not sampled */
+	if (leaving_out())
+		return; /* most are frees of blocks left out */
 	struct ct_alloc_proc *proc = alloc_proc_of(pid, probe_id);
 
 	count_in(&alloc_counters, CT_ALLOC_UNKNOWN_FREES);
@@ -408,7 +423,7 @@ int on_alloc(struct pt_regs *ctx)
 	call->flags = 0;
 	if (old && take_live(old, tgid, &call->old_block) == 0)
 		call->flags = CT_CALL_OLD_KNOWN;
-	if (alloc_sample_bytes > 0 && !sampled(size)) {
+	if (!size_wanted(size) || (alloc_sample_bytes > 0 && !sampled(size))) {
 		/* sampling's cheap path: kept for its return (a realloc's old block
 		 * is still freed there), not walked */
 		call->flags |= CT_CALL_UNSAMPLED;

@@ -428,7 +428,7 @@ struct ct_alloc_call {
 enum ct_alloc_call_flags {
 	CT_CALL_NESTED = 1,    /* inside another allocator call: not counted */
 	CT_CALL_OLD_KNOWN = 2, /* old_block holds the realloc'ed block */
-	CT_CALL_UNSAMPLED = 4, /* left out by sampling: not counted */
+	CT_CALL_UNSAMPLED = 4, /* left out by sampling or by size: not counted */
 };
 
 /* Task storage: the allocator calls in progress on one thread, innermost last. */

@@ -85,6 +85,14 @@ pub struct AllocArgs {
     #[arg(long = "sample-bytes", value_name = "SIZE", value_parser = parse_size)]
     pub sample_bytes: Option<u64>,
 
+    /// With `alloc`: count only allocations of at least SIZE bytes (e.g. 64, 4K).
+    #[arg(long = "min-size", value_name = "SIZE", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+
+    /// With `alloc`: count only allocations of at most SIZE bytes (e.g. 1M).
+    #[arg(long = "max-size", value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+
     /// With `alloc`: a block freed within this many milliseconds is a temporary.
     #[arg(long = "temporary-ms", value_name = "MS", default_value_t = 1.0)]
     pub temporary_ms: f64,
@@ -98,6 +106,8 @@ impl AllocArgs {
             temporary_ns: (self.temporary_ms.max(0.0) * 1e6) as u64,
             sample_every: self.sample_every.unwrap_or(0),
             sample_bytes: self.sample_bytes.unwrap_or(0),
+            min_size: self.min_size.unwrap_or(0),
+            max_size: self.max_size.unwrap_or(0),
             ..AllocOptions::default()
         }
     }
@@ -441,6 +451,7 @@ pub fn add_samples(
             .collect(),
         temporary_threshold: Duration::from_nanos(options.temporary_ns),
         sampling: sampling_note(options),
+        size_filter: size_filter_note(options),
         timeline: Vec::new(),
     })
 }
@@ -461,6 +472,15 @@ fn sampling_note(options: &AllocOptions) -> Option<String> {
         ))
     } else {
         None
+    }
+}
+
+/// Which sizes were counted, when not all were.
+fn size_filter_note(options: &AllocOptions) -> Option<String> {
+    match (options.min_size, options.max_size) {
+        (0, 0) => None,
+        (min, 0) => Some(format!("allocations of {min} bytes or more")),
+        (min, max) => Some(format!("allocations of {min} to {max} bytes")),
     }
 }
 

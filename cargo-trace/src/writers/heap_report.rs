@@ -48,6 +48,9 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
     if let Some(sampling) = &heap.sampling {
         writeln!(out, "sampled: {sampling}")?;
     }
+    if let Some(filter) = &heap.size_filter {
+        writeln!(out, "counted: {filter} only")?;
+    }
     writeln!(
         out,
         "allocations {} ({}), frees {} ({})",
