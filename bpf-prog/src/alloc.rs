@@ -45,6 +45,11 @@ pub enum AllocKind {
     PosixMemalign,
     /// `free(ptr)`, `sdallocx(ptr, size, flags)`, `dallocx(ptr, flags)`, `mi_free`.
     Free,
+    /// `mmap(addr, len, prot, flags, fd, offset)`: anonymous mappings only.
+    Mmap,
+    /// `munmap(addr, len)`: ends the mapping made at `addr`; an address no mapping was
+    /// made at is not counted as an unknown free.
+    Munmap,
 }
 
 impl AllocKind {
@@ -58,12 +63,14 @@ impl AllocKind {
             AllocKind::ReallocArray => kind::REALLOCARRAY,
             AllocKind::PosixMemalign => kind::POSIX_MEMALIGN,
             AllocKind::Free => kind::FREE,
+            AllocKind::Mmap => kind::MMAP,
+            AllocKind::Munmap => kind::MUNMAP,
         }
     }
 
     /// Whether the function frees only (attached at its entry, no return probe).
     pub fn frees_only(self) -> bool {
-        self == AllocKind::Free
+        matches!(self, AllocKind::Free | AllocKind::Munmap)
     }
 }
 

@@ -526,7 +526,9 @@ pub mod alloc {
         pub const REALLOCARRAY: u32 = 4;
         pub const POSIX_MEMALIGN: u32 = 5;
         pub const FREE: u32 = 6;
-        pub const COUNT: u32 = 7;
+        pub const MMAP: u32 = 7;
+        pub const MUNMAP: u32 = 8;
+        pub const COUNT: u32 = 9;
     }
 
     /// Entries of the alloc_counters map (`CT_ALLOC_COUNTER_COUNT`), indexed by
@@ -545,6 +547,8 @@ pub mod alloc {
         kind::REALLOCARRAY => c::ct_alloc_kind::CT_ALLOC_REALLOCARRAY,
         kind::POSIX_MEMALIGN => c::ct_alloc_kind::CT_ALLOC_POSIX_MEMALIGN,
         kind::FREE => c::ct_alloc_kind::CT_ALLOC_FREE,
+        kind::MMAP => c::ct_alloc_kind::CT_ALLOC_MMAP,
+        kind::MUNMAP => c::ct_alloc_kind::CT_ALLOC_MUNMAP,
         kind::COUNT => c::ct_alloc_kind::CT_ALLOC_KIND_COUNT,
         COUNTER_COUNT => c::ct_alloc_counter::CT_ALLOC_COUNTER_COUNT,
         crate::AllocCounter::UnknownFrees => c::ct_alloc_counter::CT_ALLOC_UNKNOWN_FREES,

@@ -141,7 +141,7 @@ fn every_libc_function_is_counted_exactly() {
     let run = alloc_run("alloc-c", &path, &[]);
     let rows = read_csv(&run, "heap.csv");
     let sites = check_sites(&run, &rows);
-    assert_eq!(sites.len(), 12, "{}", run.stdout);
+    assert_eq!(sites.len(), 14, "{}", run.stdout);
     // Live at the peak: site_peak's three blocks, and nothing of any other stack.
     let peak_site = sites.iter().find(|s| s.function == "site_peak").unwrap();
     assert_eq!(sum(&rows_of(&rows, peak_site), "peak_bytes"), 3 * 20011);
@@ -499,7 +499,7 @@ fn children_are_their_own_processes() {
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     let rows = read_csv(&run, "heap.csv");
     let sites = expected::parse_heap_sites(&run.stdout).unwrap();
-    assert_eq!(sites.len(), 24, "two runs of 12 sites: {}", run.stdout);
+    assert_eq!(sites.len(), 28, "two runs of 14 sites: {}", run.stdout);
     let pids: std::collections::BTreeSet<u32> = rows
         .iter()
         .filter(|row| row.frames.iter().any(|f| f == "site_malloc"))
@@ -508,7 +508,7 @@ fn children_are_their_own_processes() {
     assert_eq!(pids.len(), 2, "{pids:?}");
     for pid in pids {
         let own: Vec<Row> = rows.iter().filter(|row| row.pid == pid).cloned().collect();
-        for site in &sites[..12] {
+        for site in &sites[..14] {
             let rows = rows_of(&own, site);
             assert_eq!(
                 sum(&rows, "allocs") as u64,

@@ -33,6 +33,12 @@
  * a return pops the call whose entry rsp is its own minus 8 (the return
  * address popped), discarding deeper ones that never returned.
  *
+ * Anonymous mmap and munmap are tracked as an allocator's functions: the
+ * mapping made at an address is a block until munmap is called at it (a
+ * partial munmap ends the whole block). malloc's own mmaps and munmaps happen
+ * inside allocator calls (nested) or inside free (an unknown address, not
+ * counted as such for munmap).
+ *
  * Peak: each process's live bytes and their peak, and for each stack its
  * live bytes at that peak, kept lazily: a change of a stack that comes
  * after the process's last peak first saves the stack's live bytes as they
@@ -41,6 +47,9 @@
  */
 #ifndef ALLOC_BPF_H
 #define ALLOC_BPF_H
+
+#define CT_MAP_ANONYMOUS 0x20
+#define CT_MAP_FAILED (~0ULL)
 
 /* Set by userspace before load (bpf_prog::AllocOptions). */
 const volatile __u64 alloc_temporary_ns = 1000000; /* frees sooner are temporaries */
@@ -415,6 +424,9 @@ int on_alloc(struct pt_regs *ctx)
 		out = ctx->di;
 		size = ctx->dx;
 		break;
+	case CT_ALLOC_MMAP:
+		size = ctx->si;
+		break;
 	}
 	call->kind = kind;
 	call->size = size;
@@ -423,7 +435,9 @@ int on_alloc(struct pt_regs *ctx)
 	call->flags = 0;
 	if (old && take_live(old, tgid, &call->old_block) == 0)
 		call->flags = CT_CALL_OLD_KNOWN;
-	if (!size_wanted(size) || (alloc_sample_bytes > 0 && !sampled(size))) {
+	/* mmap of a file is no heap: its return is not counted */
+	bool file = kind == CT_ALLOC_MMAP && !(ctx->cx & CT_MAP_ANONYMOUS);
+	if (file || !size_wanted(size) || (alloc_sample_bytes > 0 && !sampled(size))) {
 		/* sampling's cheap path: kept for its return (a realloc's old block
 		 * is still freed there), not walked */
 		call->flags |= CT_CALL_UNSAMPLED;
@@ -460,6 +474,8 @@ int on_alloc_return(struct pt_regs *ctx)
 	__u32 probe_id = bpf_get_attach_cookie(ctx);
 	__u64 now = bpf_ktime_get_ns();
 	__u64 address = ctx->ax;
+	if (call->kind == CT_ALLOC_MMAP && address == CT_MAP_FAILED)
+		address = 0;
 	if (call->kind == CT_ALLOC_POSIX_MEMALIGN) {
 		/* returns an error number; the address went to *out */
 		if (address != 0 || bpf_probe_read_user(&address, sizeof(address),
@@ -504,10 +520,13 @@ int on_free(struct pt_regs *ctx)
 	struct ct_alloc_thread *t = thread_calls(ctx->sp, false);
 	if (t && t->depth > 0)
 		return 0; /* inside an allocator call: part of it */
-	__u32 probe_id = bpf_get_attach_cookie(ctx);
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 probe_id = cookie;
 	struct ct_live_block block;
 	if (take_live(address, tgid, &block)) {
-		count_unknown_free(tgid, probe_id);
+		/* most munmaps unmap files, or memory malloc mapped for itself */
+		if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
+			count_unknown_free(tgid, probe_id);
 		return 0;
 	}
 	account_free(&block, tgid, bpf_ktime_get_ns());

@@ -331,7 +331,9 @@ enum ct_alloc_kind {
 	CT_ALLOC_REALLOCARRAY = 4,   /* reallocarray(ptr, n, size) */
 	CT_ALLOC_POSIX_MEMALIGN = 5, /* posix_memalign(&ptr, align, size): ptr read at return */
 	CT_ALLOC_FREE = 6,	     /* free(ptr), sdallocx(ptr, ...), dallocx(ptr, flags) */
-	CT_ALLOC_KIND_COUNT = 7,
+	CT_ALLOC_MMAP = 7,	     /* mmap(addr, len, prot, flags, fd, off): anonymous only */
+	CT_ALLOC_MUNMAP = 8,	     /* munmap(addr, len): the mapping made at addr */
+	CT_ALLOC_KIND_COUNT = 9,
 };
 
 /* What the heap programs could not pair or keep: index into the per-CPU

@@ -30,6 +30,14 @@ const MALLOC_API: &[(&str, AllocKind)] = &[
     ("pvalloc", AllocKind::SizeArg0),
 ];
 
+/// Anonymous memory mapped directly: its own kind of block (large Rust Vecs go there
+/// through malloc, which is counted as malloc; these are the program's own mmaps).
+const MMAP_API: &[(&str, AllocKind)] = &[
+    ("mmap", AllocKind::Mmap),
+    ("mmap64", AllocKind::Mmap),
+    ("munmap", AllocKind::Munmap),
+];
+
 /// jemalloc's non-standard API (`xallocx` resizes in place and is not tracked).
 const JEMALLOC_API: &[(&str, AllocKind)] = &[
     ("mallocx", AllocKind::SizeArg0),
@@ -117,8 +125,12 @@ pub fn resolve(
                 finder.add_mapped_libraries()?;
             }
             finder.add_api(Some("libc"), "", MALLOC_API)?;
+            finder.add_api(Some("libc"), "", MMAP_API)?;
         }
-        Allocator::Libc => finder.add_api(Some("libc"), "", MALLOC_API)?,
+        Allocator::Libc => {
+            finder.add_api(Some("libc"), "", MALLOC_API)?;
+            finder.add_api(Some("libc"), "", MMAP_API)?;
+        }
         Allocator::Jemalloc => {
             let prefixes: Vec<&str> = match prefix {
                 Some(prefix) => vec![prefix],
@@ -150,6 +162,8 @@ pub fn resolve(
             let prefix = prefix.unwrap_or("");
             finder.add_api(Some(path), prefix, MALLOC_API)?;
             finder.add_api(Some(path), prefix, JEMALLOC_API)?;
+            // A libc by its path has these too.
+            finder.add_api(Some(path), "", MMAP_API)?;
         }
     }
     let mut found = finder.found;
