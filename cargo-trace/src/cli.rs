@@ -1,7 +1,7 @@
 //! Command line: bpftrace's probe grammar and `-c`/`-p`, cargo-flamegraph's cargo flags.
 //!
 //! Cargo runs a subcommand as `cargo-trace trace ARGS`; run directly it is
-//! `cargo-trace ARGS`. [`Cli::parse_from_env`] accepts both.
+//! `cargo-trace ARGS`; `main` drops the first word and [`Cli::from_args`] parses the rest.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -23,7 +23,8 @@ use crate::writers::Format;
         cargo trace uprobe:libc:malloc -p 1234         attach to a running process\n  \
         cargo trace tracepoint:sched:sched_switch -c ./prog\n  \
         cargo trace alloc -c ./prog                    heap profile: allocations, frees, leaks, peak\n  \
-        cargo trace alloc:jemalloc --metric leaked-bytes -c ./prog"
+        cargo trace alloc:jemalloc --metric leaked-bytes -c ./prog\n  \
+        cargo trace diff before.folded after.folded    differential flamegraph, diff.svg"
 )]
 pub struct Cli {
     /// Probes in bpftrace's grammar, e.g. profile:hz:99, uprobe:libc:malloc,
@@ -73,6 +74,14 @@ pub struct Cli {
     #[arg(long = "pprof", value_name = "PATH")]
     pub pprof: Option<PathBuf>,
 
+    /// Also write the profile as JSON, for scripts (schema: docs/json.md).
+    #[arg(long = "json", value_name = "PATH")]
+    pub json: Option<PathBuf>,
+
+    /// Also write a speedscope profile (https://www.speedscope.app).
+    #[arg(long = "speedscope", value_name = "PATH")]
+    pub speedscope: Option<PathBuf>,
+
     /// Name frames `function (file:line)`: each source line of a function is its own frame.
     #[arg(long = "line-numbers")]
     pub line_numbers: bool,
@@ -81,6 +90,16 @@ pub struct Cli {
     /// kernel's BPF statistics (enabled for the session).
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
+
+    /// Show libbpf's own log (-v: warnings and information, -vv: debug too).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Accept uprobes at raw addresses that are in no known function (or in code that
+    /// does not decode), where nothing checks that they start an instruction; one that
+    /// does not crashes every process running the file.
+    #[arg(long = "unsafe")]
+    pub unsafe_addresses: bool,
 
     /// Don't write the flamegraph SVG (e.g. with --folded only).
     #[arg(long = "no-svg")]
@@ -152,24 +171,26 @@ impl Cli {
         if let Some(path) = &self.folded {
             outputs.push((Format::Folded, path.clone()));
         }
-        if let Some(path) = &self.pprof {
-            outputs.push((Format::Pprof, path.clone()));
-        }
-        if let Some(path) = &self.alloc.report_text {
-            outputs.push((Format::HeapReport, path.clone()));
-        }
-        if let Some(path) = &self.alloc.csv {
-            outputs.push((Format::Csv, path.clone()));
-        }
-        if let Some(path) = &self.alloc.timeline {
-            outputs.push((Format::Timeline, path.clone()));
+        for (format, path) in [
+            (Format::Pprof, &self.pprof),
+            (Format::Json, &self.json),
+            (Format::Speedscope, &self.speedscope),
+            (Format::HeapReport, &self.alloc.report_text),
+            (Format::Csv, &self.alloc.csv),
+            (Format::Timeline, &self.alloc.timeline),
+        ] {
+            if let Some(path) = path {
+                outputs.push((format, path.clone()));
+            }
         }
         outputs
     }
 
-    /// Parse the process arguments, whether cargo or a user invoked the binary.
-    pub fn parse_from_env() -> Self {
-        Self::parse_from(normalize_args(std::env::args_os().collect())).with_defaults()
+    /// Parse the process arguments (`cargo-trace ARGS`: cargo's `trace` word, if any,
+    /// dropped). Render an error with [`error_line`]; help and version are printed as clap
+    /// has them.
+    pub fn from_args(args: Vec<OsString>) -> Result<Self, clap::Error> {
+        Self::try_parse_from(normalize_args(args)).map(Self::with_defaults)
     }
 
     /// No probe means sampling on-CPU stacks at 99 Hz, like a profiler.
@@ -181,12 +202,32 @@ impl Cli {
     }
 }
 
+/// The longest `-d` taken: a deadline must be a time the clock can reach.
+const MAX_DURATION_SECONDS: f64 = 100.0 * 365.25 * 24.0 * 3600.0;
+
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    text.parse::<f64>()
+    let seconds = text
+        .parse::<f64>()
         .ok()
         .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
-        .map(std::time::Duration::from_secs_f64)
-        .ok_or_else(|| format!("'{text}' is not a positive number of seconds"))
+        .ok_or_else(|| format!("'{text}' is not a positive number of seconds"))?;
+    if seconds > MAX_DURATION_SECONDS {
+        return Err(format!("'{text}' seconds is more than 100 years"));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
+/// The one line an argument error prints (clap's usage and hints left out).
+pub fn error_line(error: &clap::Error) -> String {
+    let text = error.kind().to_string();
+    let rendered = error.to_string();
+    let first = rendered
+        .lines()
+        .next()
+        .map(|line| line.trim_start_matches("error: ").to_string())
+        .filter(|line| !line.is_empty())
+        .unwrap_or(text);
+    format!("cargo-trace: error: {first}")
 }
 
 const DEFAULT_PROBE: &str = "profile:hz:99";
@@ -216,7 +257,10 @@ pub fn normalize_args(mut args: Vec<OsString>) -> Vec<OsString> {
         };
         match flag_value {
             Some(value) => {
-                let is_pid = value.to_str().is_some_and(|v| v.parse::<u32>().is_ok());
+                // Digits are a pid, even too many for one (an error then, not a package).
+                let is_pid = value
+                    .to_str()
+                    .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
                 out.push(if is_pid { "--pid" } else { "--package" }.into());
                 out.push(value);
             }
@@ -251,6 +295,26 @@ mod tests {
         let cli = parse(&["cargo-trace", "profile:hz:99", "-p", "server", "--bin", "s"]);
         assert_eq!(cli.pid, None);
         assert_eq!(cli.cargo.package.as_deref(), Some("server"));
+    }
+
+    #[test]
+    fn huge_numbers_are_errors_not_packages_or_panics() {
+        let args = ["cargo-trace", "profile:hz:99", "-p", "99999999999999999999"];
+        let error = Cli::try_parse_from(normalize_args(args.map(OsString::from).to_vec()))
+            .expect_err("not a pid");
+        let line = error_line(&error);
+        assert!(line.contains("99999999999999999999"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        for duration in ["1e20", "1e19", "inf", "-1", "0"] {
+            let args = ["cargo-trace", "-d", duration, "-c", "true"];
+            let error = Cli::try_parse_from(normalize_args(args.map(OsString::from).to_vec()))
+                .expect_err(duration);
+            assert!(error_line(&error).contains(duration), "{duration}");
+        }
+        assert_eq!(
+            parse_duration("0.5"),
+            Ok(std::time::Duration::from_millis(500))
+        );
     }
 
     #[test]

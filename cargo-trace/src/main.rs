@@ -12,9 +12,13 @@ mod alloc;
 mod cargo;
 mod children;
 mod cli;
+mod diff;
 mod elf_symbols;
 mod guard;
+mod invoker;
 mod launch;
+mod output;
+mod process;
 mod profile;
 mod session;
 mod signals;
@@ -25,12 +29,47 @@ mod writers;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse_from_env();
-    match session::run(&cli) {
-        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-        Err(error) => {
-            eprintln!("cargo-trace: error: {error:#}");
-            ExitCode::from(2)
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Cargo runs a subcommand as `cargo-trace trace ARGS`.
+    if args.get(1).is_some_and(|word| word == "trace") {
+        args.remove(1);
+    }
+    if diff::is_diff(&args) {
+        return finish(diff::run(args));
+    }
+    let cli = match cli::Cli::from_args(args) {
+        Ok(cli) => cli,
+        Err(error) if error.use_stderr() => {
+            eprintln!("{}", cli::error_line(&error));
+            return ExitCode::from(2);
         }
+        // --help, --version.
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    probes::libbpf_log(cli.verbose);
+    finish(session::run(&cli))
+}
+
+/// The exit code of a run: the one it chose, or 2 after an error, said in one line.
+fn finish(result: anyhow::Result<i32>) -> ExitCode {
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(error) => match error.downcast::<clap::Error>() {
+            Ok(error) if !error.use_stderr() => {
+                let _ = error.print();
+                ExitCode::SUCCESS
+            }
+            Ok(error) => {
+                eprintln!("{}", cli::error_line(&error));
+                ExitCode::from(2)
+            }
+            Err(error) => {
+                eprintln!("cargo-trace: error: {error:#}");
+                ExitCode::from(2)
+            }
+        },
     }
 }

@@ -9,7 +9,6 @@
 //!   (by `Drop`, whatever path leaves the phase). What the kernel counted becomes a
 //!   [`Profile`], which the writers turn into files.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -23,13 +22,15 @@ use crate::children::Children;
 use crate::cli::Cli;
 use crate::guard::Guard;
 use crate::launch::{self, Exit};
+use crate::output::{self, Destination};
+use crate::process;
 use crate::profile::{
     HeapTotals, Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint, ValueType,
 };
 use crate::signals;
 use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
-use crate::writers::{self, Weighting};
+use crate::writers::{self, Format, Weighting};
 
 /// How often the target's mappings are re-read (libraries opened with dlopen).
 const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
@@ -38,10 +39,13 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Runs the whole session for `cli` and returns the exit code to leave with.
 pub fn run(cli: &Cli) -> Result<i32> {
-    let running = Prepared::new(cli)?.start(cli.bpf_stats)?;
+    let probes = parse_probes(&cli.probes)?;
+    // Checked before anything runs: a bad path must not cost the run.
+    let outputs = open_outputs(cli)?;
+    let running = Prepared::new(cli, probes)?.start(cli.bpf_stats)?;
     let mut finished = running.wait(cli.duration)?;
     let profile = finished.profile(&cli.alloc)?;
-    let written = write_outputs(cli, &profile, finished.argv.as_deref());
+    let written = write_outputs(cli, &outputs, &profile, finished.argv.as_deref());
     if profile.heap.is_some() && cli.alloc.report_text.is_none() {
         let mut stdout = std::io::stdout().lock();
         writers::heap_report::write(&profile, cli.alloc.order_by, &mut stdout)
@@ -52,12 +56,15 @@ pub fn run(cli: &Cli) -> Result<i32> {
         eprintln!("{note}");
     }
     finished.report_program_stats()?;
-    let written = written?;
-    if !written.is_empty() {
-        let paths: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
-        eprintln!("cargo-trace: wrote {}", paths.join(", "));
+    if let Some(line) = written.summary() {
+        eprintln!("{line}");
     }
-    Ok(finished.announce_exit())
+    for pid in &finished.untraced {
+        eprintln!("cargo-trace: process {pid} still running, untraced");
+    }
+    let (code, fate) = finished.announce_exit();
+    written.check(&fate)?;
+    Ok(code)
 }
 
 /// A probe as the user wrote it and as parsed.
@@ -106,11 +113,10 @@ struct Traced {
     tracer: Tracer,
     /// Resumes the processes held stopped, should cargo-trace die without doing so.
     guard: Guard,
-    scratch: ScratchDir,
 }
 
 /// Phase 1: everything attached, the target held at its entry point.
-pub struct Prepared {
+struct Prepared {
     traced: Traced,
     /// With `alloc`: the timeline, and the top outstanding stacks with `--interval`.
     heap: Option<HeapWatch>,
@@ -119,8 +125,10 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    pub fn new(cli: &Cli) -> Result<Prepared> {
-        let probes = parse_probes(&cli.probes)?;
+    pub fn new(cli: &Cli, probes: Vec<Probe>) -> Result<Prepared> {
+        if let Some(pid) = cli.pid {
+            process::check_attachable(pid)?;
+        }
         let argv = match cli.pid {
             Some(_) => None,
             None => Some(command_line(cli)?),
@@ -145,20 +153,14 @@ impl Prepared {
         })?;
         // Before anything can be stopped: resumes what is, should cargo-trace die.
         let guard = Guard::spawn(tracer.pid_filter_fd()).context("starting the guard process")?;
-        let scratch = ScratchDir::create()?;
-        let mut tables = ProcessTables::new(scratch.0.clone());
+        let mut tables = ProcessTables::new();
 
         let (pid, stopped) = match (&argv, cli.pid) {
             (Some(argv), _) => {
                 let stopped = launch::start(argv)?;
                 (stopped.pid(), Some(stopped))
             }
-            (None, Some(pid)) => {
-                if !process_exists(pid) {
-                    bail!("no process {pid}");
-                }
-                (pid, None)
-            }
+            (None, Some(pid)) => (pid, None),
             (None, None) => unreachable!("either a command or a pid"),
         };
         signals::install(stopped.as_ref().map(|s| s.pid()))?;
@@ -167,13 +169,25 @@ impl Prepared {
         tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
-        let links = attach_all(&tracer, &probes, &cli.alloc, pid, follow)?;
+        let links = attach_all(
+            &tracer,
+            &probes,
+            &cli.alloc,
+            pid,
+            follow,
+            cli.unsafe_addresses,
+        )?;
         let children = if follow {
             Some(Children::follow(&tracer, pid, stopped.is_none())?)
         } else {
             None
         };
+        let heap = probes
+            .iter()
+            .any(|p| p.event_spec().is_none())
+            .then(|| HeapWatch::new(cli.alloc.interval));
         Ok(Prepared {
+            heap,
             traced: Traced {
                 probes,
                 argv,
@@ -187,14 +201,8 @@ impl Prepared {
                 tables,
                 tracer,
                 guard,
-                scratch,
             },
             stopped,
-            heap: cli
-                .probes
-                .iter()
-                .any(|p| AllocProbe::parse(p).is_some())
-                .then(|| HeapWatch::new(cli.alloc.interval)),
         })
     }
 
@@ -222,7 +230,7 @@ impl Prepared {
 }
 
 /// Phase 2: the target runs.
-pub struct Running {
+struct Running {
     traced: Traced,
     heap: Option<HeapWatch>,
     target: Target,
@@ -238,6 +246,7 @@ impl Running {
         let deadline = duration.map(|duration| self.started + duration);
         let exit = self.wait_for_end(deadline)?;
         let elapsed = self.started.elapsed();
+        let untraced = process::still_running(self.traced.tracer.filtered_pids(), self.traced.pid);
         let Running {
             traced,
             target,
@@ -260,11 +269,12 @@ impl Running {
             tables,
             tracer,
             guard,
-            scratch,
         } = traced;
         // Teardown in order: no probe fires and no child stops any more, every child
         // held stopped is resumed; only then is the guard told it has nothing to do.
-        drop(links);
+        probes::detach(links, |count| {
+            eprintln!("cargo-trace: detaching {count} probes...")
+        });
         drop(children);
         guard.dismiss();
         Ok(Finished {
@@ -280,8 +290,8 @@ impl Running {
             started_at,
             elapsed,
             stats,
+            untraced,
             timeline,
-            _scratch: scratch,
         })
     }
 
@@ -289,6 +299,7 @@ impl Running {
     fn wait_for_end(&mut self, deadline: Option<Instant>) -> Result<Option<Exit>> {
         let traced = &mut self.traced;
         let mut last_refresh = Instant::now();
+        let mut waiting_notice = signals::WaitingNotice::default();
         loop {
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                 return Ok(None);
@@ -298,9 +309,10 @@ impl Running {
                     if let Some(exit) = running.try_wait()? {
                         return Ok(Some(exit));
                     }
+                    waiting_notice.tell_if_waiting(running.pid());
                 }
                 Target::Attached(pid) => {
-                    if signals::stop_requested() || !process_exists(*pid) {
+                    if signals::stop_requested() || !process::alive(*pid) {
                         return Ok(None);
                     }
                 }
@@ -331,7 +343,7 @@ impl Running {
 }
 
 /// Phase 3: tracing stopped, everything detached; the counts wait to be read.
-pub struct Finished {
+struct Finished {
     probes: Vec<Probe>,
     argv: Option<Vec<String>>,
     pid: u32,
@@ -345,10 +357,10 @@ pub struct Finished {
     started_at: SystemTime,
     elapsed: Duration,
     stats: Option<std::os::fd::OwnedFd>,
+    /// Traced processes other than the target still running at the end (daemons).
+    untraced: Vec<u32>,
     /// With `alloc`: memory over time.
     timeline: Vec<TimelinePoint>,
-    /// Holds the vDSO copies the symbolizer reads.
-    _scratch: ScratchDir,
 }
 
 impl Finished {
@@ -458,8 +470,9 @@ impl Finished {
     }
 
     /// Says how the target ended when that is news, and returns the exit code to pass
-    /// on: the target's (128 + signal if it was killed), 0 when it still runs.
-    fn announce_exit(&self) -> i32 {
+    /// on (the target's, 128 + signal if it was killed, 0 when it still runs) with the
+    /// target's fate in words, for a failure message that must not hide it.
+    fn announce_exit(&self) -> (i32, String) {
         match self.exit {
             Some(exit) => {
                 if let Exit::Signal(signal) = exit {
@@ -468,24 +481,52 @@ impl Finished {
                         signal_name(signal)
                     );
                 }
-                exit.code()
+                (
+                    exit.code(),
+                    format!("the target exited with code {}", exit.code()),
+                )
             }
-            None => {
-                if let Target::Launched(running) = &self.target {
+            None => match &self.target {
+                Target::Launched(running) => {
                     eprintln!(
                         "cargo-trace: stopped tracing after the duration; process {} runs on",
                         running.pid()
                     );
+                    (0, format!("process {} runs on", running.pid()))
                 }
-                0
-            }
+                Target::Attached(pid) if !process::alive(*pid) => {
+                    eprintln!("cargo-trace: process {pid} exited");
+                    (0, format!("process {pid} exited"))
+                }
+                Target::Attached(pid) => (0, format!("process {pid} runs on")),
+            },
         }
     }
 }
 
-/// Writes every output the command line asks for. One that fails does not keep the
-/// others from being written; the first failure is returned after them.
-fn write_outputs(cli: &Cli, profile: &Profile, argv: Option<&[String]>) -> Result<Vec<PathBuf>> {
+/// The outputs the command line asks for, checked and opened: each with its format.
+fn open_outputs(cli: &Cli) -> Result<Vec<(Format, Destination)>> {
+    let requested = cli.outputs();
+    let paths: Vec<(Option<&std::path::Path>, &'static str)> = requested
+        .iter()
+        .map(|(format, path)| (Some(path.as_path()), format.describe()))
+        .collect();
+    let opened = output::open_all(&paths)?;
+    Ok(requested
+        .iter()
+        .zip(opened)
+        .filter_map(|((format, _), destination)| Some((*format, destination?)))
+        .collect())
+}
+
+/// Writes every output. One that fails does not keep the others from being written;
+/// [`output::Written`] says what was written and what failed.
+fn write_outputs(
+    cli: &Cli,
+    outputs: &[(Format, Destination)],
+    profile: &Profile,
+    argv: Option<&[String]>,
+) -> output::Written {
     let metric = profile.heap.as_ref().map(|_| cli.alloc.metric);
     let options = writers::Options {
         weighting: Weighting {
@@ -503,44 +544,32 @@ fn write_outputs(cli: &Cli, profile: &Profile, argv: Option<&[String]>) -> Resul
         }),
         order_by: cli.alloc.order_by,
     };
-    let mut written = Vec::new();
-    let mut failure = None;
-    for (format, path) in cli.outputs() {
-        match write_file(&path, |out| format.write(profile, &options, out)) {
-            Ok(()) => written.push(path),
-            Err(error) => {
-                let error = anyhow::Error::new(error).context(format!(
-                    "writing {} to {}",
-                    format.describe(),
-                    path.display()
-                ));
-                eprintln!("cargo-trace: error: {error:#}");
-                failure.get_or_insert(error);
-            }
-        }
+    let mut written = output::Written::default();
+    for (format, destination) in outputs {
+        written.write(destination, || {
+            let mut bytes = Vec::new();
+            format
+                .write(profile, &options, &mut bytes)
+                .with_context(|| format!("rendering the {}", format.describe()))?;
+            Ok(bytes)
+        });
     }
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(written),
-    }
-}
-
-fn write_file(
-    path: &std::path::Path,
-    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    write(&mut out)?;
-    std::io::Write::flush(&mut out)
+    written
 }
 
 fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
-    texts
+    // bpftrace's comma lists: `uprobe:./p:f,uprobe:./p:g` is two probes.
+    let listed: Vec<&str> = texts
+        .iter()
+        .map(|text| probes::split_list(text).map_err(anyhow::Error::from))
+        .collect::<Result<Vec<_>>>()?
+        .concat();
+    listed
         .iter()
         .map(|text| {
             if let Some(alloc) = AllocProbe::parse(text) {
                 return Ok(Probe {
-                    text: text.clone(),
+                    text: text.to_string(),
                     kind: ProbeKind::Alloc(alloc?),
                 });
             }
@@ -552,7 +581,7 @@ fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
                 _ => {}
             }
             Ok(Probe {
-                text: text.clone(),
+                text: text.to_string(),
                 kind: ProbeKind::Event(spec),
             })
         })
@@ -609,18 +638,29 @@ fn attach_all(
     alloc: &AllocArgs,
     pid: u32,
     follow: bool,
+    unsafe_addresses: bool,
 ) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for (index, probe) in probes.iter().enumerate() {
-        let fire_in = (!follow).then_some(pid);
-        let attached = match &probe.kind {
-            ProbeKind::Event(spec) => {
-                let program = tracer.program(event_program(spec.program_kind()));
-                probes::attach_probe_for(program, spec, Some(pid), fire_in, index as u64)?
+        let spec = match &probe.kind {
+            ProbeKind::Event(spec) => spec,
+            ProbeKind::Alloc(probe) => {
+                let fire_in = (!follow).then_some(pid);
+                links.extend(probe.attach(tracer, alloc, pid, fire_in, index as u32)?);
+                continue;
             }
-            ProbeKind::Alloc(probe) => probe.attach(tracer, alloc, pid, fire_in, index as u32)?,
         };
-        links.extend(attached);
+        let program = tracer.program(event_program(spec.program_kind()));
+        let options = probes::AttachOptions {
+            resolve_in: Some(pid),
+            fire_in: (!follow).then_some(pid),
+            unsafe_addresses,
+        };
+        let attached = probes::attach_probe_with(program, spec, &options, index as u64)?;
+        for notice in &attached.notices {
+            eprintln!("cargo-trace: {}: {notice}", notice.level());
+        }
+        links.extend(attached.links);
     }
     Ok(links)
 }
@@ -631,7 +671,7 @@ fn attach_all(
 fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
     for pid in tracer.filtered_pids() {
         let known = tables.knows(pid);
-        if !process_exists(pid) {
+        if !process::alive(pid) {
             // Its counts stay; its filter and mappings entries are freed.
             let _ = tracer.unfilter_pid(pid);
             let _ = tracer.remove_process(pid);
@@ -644,10 +684,6 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
         // The process may be exiting: a failed read is not an error.
         let _ = tables.sync(tracer, pid);
     }
-}
-
-fn process_exists(pid: u32) -> bool {
-    PathBuf::from(format!("/proc/{pid}")).exists()
 }
 
 /// What the samples of a session weigh: probes that sample on a clock count samples and
@@ -759,23 +795,4 @@ fn signal_name(signal: i32) -> String {
     nix::sys::signal::Signal::try_from(signal)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| format!("signal {signal}"))
-}
-
-/// A private directory for the session's scratch files (vDSO copies), removed
-/// when the session ends, however it ends.
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn create() -> Result<ScratchDir> {
-        let dir = std::env::temp_dir().join(format!("cargo-trace-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("creating the scratch directory {}", dir.display()))?;
-        Ok(ScratchDir(dir))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

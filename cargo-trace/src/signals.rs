@@ -1,5 +1,5 @@
-//! Ctrl-C and SIGTERM while tracing: the session must outlive them long enough
-//! to write its outputs.
+//! Ctrl-C, SIGTERM and SIGHUP while tracing: the session must outlive them long
+//! enough to write its outputs.
 //!
 //! A terminal's Ctrl-C reaches the whole foreground process group, so a
 //! launched target gets it by itself; a SIGINT or SIGTERM sent to cargo-trace
@@ -8,6 +8,12 @@
 //! second signal kills a target that ignored the first. When
 //! attached to a running process with `-p`, the signal ends the session and the
 //! process runs on.
+//!
+//! SIGHUP (the terminal or the SSH session went away) ends the session like SIGTERM,
+//! and cargo-trace's stderr goes to /dev/null from then on: a write to a hung-up
+//! terminal fails, and a failed `eprintln!` would panic before the outputs are written.
+
+use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
@@ -27,21 +33,32 @@ pub fn install(target: Option<u32>) -> Result<()> {
         SaFlags::SA_SIGINFO | SaFlags::SA_RESTART,
         SigSet::empty(),
     );
-    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: the handler only does atomic loads/stores and calls kill(2),
-        // which is async-signal-safe.
+        // open(2), dup2(2) and close(2), which are async-signal-safe.
         unsafe { signal::sigaction(signal, &action) }
             .with_context(|| format!("installing a {signal} handler"))?;
     }
     Ok(())
 }
 
-/// Whether SIGINT or SIGTERM arrived.
+/// Whether SIGINT, SIGTERM or SIGHUP arrived.
 pub fn stop_requested() -> bool {
     STOPS.load(Ordering::SeqCst) > 0
 }
 
 extern "C" fn on_signal(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    if signal == libc::SIGHUP {
+        // SAFETY: open(2) of a constant NUL-terminated path, dup2(2) and close(2) on
+        // the descriptor it returned.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup2(null, libc::STDERR_FILENO);
+                libc::close(null);
+            }
+        }
+    }
     let earlier = STOPS.fetch_add(1, Ordering::SeqCst);
     let target = TARGET.load(Ordering::SeqCst);
     if target > 0 && earlier > 0 {
@@ -57,5 +74,31 @@ extern "C" fn on_signal(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut
         // SAFETY: kill(2) is async-signal-safe; a stale pid is our unreaped child,
         // so it cannot have been reused.
         unsafe { libc::kill(target, signal) };
+    }
+}
+
+/// How long a launched target may take to end after the first stop signal before
+/// the user is told why the session goes on.
+const WAITING_NOTICE_DELAY: Duration = Duration::from_secs(1);
+
+/// Says once, a moment after the first stop signal, that the session waits for a
+/// target that did not end, and how to end it.
+#[derive(Debug, Default)]
+pub struct WaitingNotice {
+    first_seen: Option<Instant>,
+    told: bool,
+}
+
+impl WaitingNotice {
+    /// Called while waiting for launched target `pid`.
+    pub fn tell_if_waiting(&mut self, pid: u32) {
+        if self.told || !stop_requested() {
+            return;
+        }
+        let first_seen = *self.first_seen.get_or_insert_with(Instant::now);
+        if first_seen.elapsed() >= WAITING_NOTICE_DELAY && STOPS.load(Ordering::SeqCst) == 1 {
+            self.told = true;
+            eprintln!("cargo-trace: waiting for process {pid} to exit; a second Ctrl-C kills it");
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -49,10 +50,9 @@ pub struct ProcessTables {
     registered: HashMap<u32, Vec<MapsEntry>>,
     /// Every mapping seen per pid, for symbolization at the end.
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
-    /// Every object file loaded, open until the session ends (see `symbols`).
+    /// Every object file loaded, open until the session ends (see `symbols`), and the
+    /// in-memory copies of vDSO images.
     held_files: Vec<File>,
-    /// Where copies of vDSO images go.
-    scratch: PathBuf,
     pub coverage: Coverage,
 }
 
@@ -70,15 +70,14 @@ enum ObjectKey {
 }
 
 impl ProcessTables {
-    pub fn new(scratch: PathBuf) -> Self {
+    pub fn new() -> Self {
         ProcessTables {
-            cache: Cache::default_dir().map(Cache::new),
+            cache: crate::invoker::unwind_cache(),
             objects: HashMap::new(),
             bias_offsets: HashMap::new(),
             held_files: Vec::new(),
             registered: HashMap::new(),
             symbol_mappings: HashMap::new(),
-            scratch,
             coverage: Coverage::default(),
         }
     }
@@ -235,8 +234,18 @@ impl ProcessTables {
         let object = match &self.cache {
             Some(cache) => {
                 let loaded = cache.load_or_compile(path)?;
-                if matches!(loaded.outcome, Outcome::Hit) {
-                    self.coverage.cached += 1;
+                match &loaded.outcome {
+                    Outcome::Hit => self.coverage.cached += 1,
+                    // The cache's directory is not safe to use (another user's, a link):
+                    // said once, and the run goes on without it.
+                    Outcome::Compiled {
+                        store_error: Some(error),
+                        ..
+                    } if error.kind() == std::io::ErrorKind::PermissionDenied => {
+                        eprintln!("cargo-trace: note: the unwind cache is not used: {error}");
+                        self.cache = None;
+                    }
+                    Outcome::Compiled { .. } => {}
                 }
                 loaded.object
             }
@@ -248,7 +257,8 @@ impl ProcessTables {
     }
 
     /// The vDSO has no file: read its image from the process, compile it, and keep a
-    /// copy on disk for the symbolizer.
+    /// copy in memory (a memfd) for the symbolizer, which reads files: nothing on disk,
+    /// so nothing anyone could plant a link for, and nothing left behind.
     fn load_vdso(
         &mut self,
         tracer: &mut Tracer,
@@ -266,8 +276,14 @@ impl ProcessTables {
         let compiled = unwind_tables::compile(&image)?;
         let table = tracer.add_table(&compiled.table)?;
         self.coverage.objects += 1;
-        let copy = self.scratch.join(format!("vdso-{pid}.so"));
-        let symbols = std::fs::write(&copy, &image).ok().map(|()| copy);
+        let symbols = match in_memory_file(&image) {
+            Ok(file) => {
+                let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                self.held_files.push(file);
+                Some(path)
+            }
+            Err(_) => None,
+        };
         let object = LoadedObject {
             table: Some(table),
             symbols,
@@ -314,6 +330,14 @@ fn file_bias_offset(path: &Path, offset: u64) -> Option<u64> {
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*map).ok()?;
     process_image::load_bias_of(&elf, 0, offset)
+}
+
+/// A file in memory holding `bytes`, gone when it is closed.
+fn in_memory_file(bytes: &[u8]) -> std::io::Result<File> {
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    let mut file = File::from(memfd_create(c"cargo-trace-vdso", MFdFlags::MFD_CLOEXEC)?);
+    file.write_all(bytes)?;
+    Ok(file)
 }
 
 fn read_process_memory(pid: u32, address: u64, len: u64) -> Result<Vec<u8>> {

@@ -92,6 +92,13 @@ fn sigint_reaches_the_target_and_the_profile_is_written() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The target runs (leaves its ptrace stop) once the probes are live: a loaded
+    // machine may take seconds to get there.
+    wait_until("the target runs", || {
+        children_of(child.id()).iter().any(|(pid, comm)| {
+            comm == "cpu_split" && process_state(*pid).is_some_and(|s| s != 't' && s != 'T')
+        })
+    });
     interrupt_after(&child, Duration::from_millis(1500));
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

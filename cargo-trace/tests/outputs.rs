@@ -1,6 +1,6 @@
 //! The outputs as the tools people use read them: pprof through `go tool pprof` and
-//! through a decoder of its own (prost, from pprof's published schema), against the
-//! folded stacks of the same run.
+//! through a decoder of its own (prost, from pprof's published schema), JSON and
+//! speedscope through serde_json, against the folded stacks of the same run.
 
 mod common;
 
@@ -60,7 +60,14 @@ fn pprof_agrees_with_the_folded_stacks() {
         "pprof",
         &["profile:hz:99"],
         &format!("{} 1", quoted(&path)),
-        &["--pprof", "out.pb.gz"],
+        &[
+            "--pprof",
+            "out.pb.gz",
+            "--json",
+            "out.json",
+            "--speedscope",
+            "out.speedscope.json",
+        ],
     );
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     let folded = run.folded();
@@ -98,6 +105,22 @@ fn pprof_agrees_with_the_folded_stacks() {
         .find(|m| text(&profile, m.filename).ends_with("/libc.so.6"))
         .expect("libc's mapping");
     assert!(!text(&profile, libc.build_id).is_empty() && libc.file_offset > 0);
+
+    // The JSON and speedscope outputs of the same run hold the same total.
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("out.json")).unwrap()).unwrap();
+    assert_eq!(json["summary"]["totals"][0], total);
+    let json_total: i64 = json["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["values"][0].as_i64().unwrap())
+        .sum();
+    assert_eq!(json_total, total);
+    let speedscope: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("out.speedscope.json")).unwrap())
+            .unwrap();
+    assert_eq!(speedscope["profiles"][0]["endValue"], total);
 
     if !go_pprof_available() {
         return;
@@ -144,4 +167,106 @@ fn pprof_agrees_with_the_folded_stacks() {
                 && pair[1].ends_with("cpu_split::hot")
         });
     assert!(inlined, "no xorshift_rounds inlined in hot:\n{traces}");
+}
+
+/// The `<title>` of `function`'s box in a differential flamegraph: `NAME (N samples,
+/// P%; ±D%)`.
+fn diff_title<'a>(svg: &'a str, function: &str) -> &'a str {
+    let start = svg
+        .find(&format!("<title>{function} ("))
+        .unwrap_or_else(|| panic!("no box for {function}"));
+    let end = start + svg[start..].find("</title>").unwrap();
+    &svg[start..end]
+}
+
+#[test]
+fn a_diff_marks_the_function_that_changed() {
+    if !bpf_available("diff") {
+        return;
+    }
+    let path = fixtures::rust_fixture("cpu_split");
+    // hot:cold slices 2:1, then 1:2: hot shrinks, cold grows.
+    let before = trace(
+        "diff-before",
+        &["profile:hz:99"],
+        &format!("{} 1 2:1", quoted(&path)),
+        &[],
+    );
+    let after = trace(
+        "diff-after",
+        &["profile:hz:99"],
+        &format!("{} 1 1:2", quoted(&path)),
+        &["--pprof", "after.pb.gz"],
+    );
+    assert!(before.status.success() && after.status.success());
+    let scratch = tempfile::tempdir().unwrap();
+    let svg = scratch.path().join("diff.svg");
+    let folded = scratch.path().join("diff.folded");
+    // Folded stacks before, pprof after: either format is read.
+    let output = Command::new(common::binary())
+        .arg("diff")
+        .arg(&before.folded_path)
+        .arg(after.scratch.path("after.pb.gz"))
+        .arg("-o")
+        .arg(&svg)
+        .arg("--folded")
+        .arg(&folded)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cargo-trace diff failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Differential folded lines: `stack BEFORE AFTER`, BEFORE scaled to AFTER's total.
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let (mut hot, mut cold) = ((0i64, 0i64), (0i64, 0i64));
+    for line in text.lines() {
+        let mut fields = line.rsplitn(3, ' ');
+        let after: i64 = fields.next().unwrap().parse().unwrap();
+        let before: i64 = fields.next().unwrap().parse().unwrap();
+        let stack = fields.next().unwrap();
+        let sum = if stack.contains("cpu_split::hot") {
+            &mut hot
+        } else if stack.contains("cpu_split::cold") {
+            &mut cold
+        } else {
+            continue;
+        };
+        sum.0 += before;
+        sum.1 += after;
+    }
+    // 2/3 of the time before and 1/3 after, and the other way round: far apart.
+    assert!(
+        hot.0 > hot.1 + 10 && cold.1 > cold.0 + 10,
+        "hot {hot:?} cold {cold:?}"
+    );
+    // In the graph, a box's change is its own (self) samples': hot's are in its inlined
+    // xorshift_rounds, which shrank; cold's leaves (core's inlined arithmetic) grew.
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    let hot_work = diff_title(&svg, "cpu_split::xorshift_rounds");
+    assert!(hot_work.contains("%; -"), "{hot_work}");
+    assert!(svg.contains("%; +"), "nothing grew in the graph");
+}
+
+#[test]
+fn a_diff_of_something_that_is_not_a_profile_is_one_line() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bad = scratch.path().join("bad.txt");
+    std::fs::write(&bad, "hello\n").unwrap();
+    let output = Command::new(common::binary())
+        .arg("diff")
+        .arg(&bad)
+        .arg(&bad)
+        .arg("-o")
+        .arg(scratch.path().join("d.svg"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("neither folded stacks nor pprof"),
+        "{stderr}"
+    );
 }

@@ -370,7 +370,7 @@ fn a_cargo_target_is_built_and_profiled() {
         .args(["--package", "cargo-trace-demo", "--no-svg", "--folded"])
         .arg(&folded_path)
         .args(["--", "1"])
-        .current_dir(&scratch.0)
+        .current_dir(scratch.dir())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

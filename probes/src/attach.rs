@@ -14,7 +14,8 @@ use libbpf_rs::{
 };
 
 use crate::features::kprobe_support;
-use crate::resolve::{resolve_uprobe, resolve_usdt, UprobeTarget};
+use crate::notice::Notice;
+use crate::resolve::{resolve_uprobe_with, resolve_usdt, ResolveOptions, UprobeTarget};
 use crate::spec::{HardwareEvent, KprobeSpec, ProbeSpec, Rate, Sampling, SoftwareEvent};
 use crate::sys;
 use crate::tracefs::{check_tracepoint, ensure_tracefs, expand_tracepoints};
@@ -65,6 +66,11 @@ pub enum AttachError {
     },
     #[error("cannot read the online CPUs from /sys/devices/system/cpu/online: {reason}")]
     OnlineCpus { reason: String },
+    #[error(
+        "the kernel refuses {probe}: its uprobes cannot run the instruction there (ENOTSUPP; \
+         many AVX instructions are refused); probe another instruction"
+    )]
+    InstructionRefused { probe: String },
     #[error("attaching {probe} failed{}", libbpf_hint(source))]
     Libbpf {
         probe: String,
@@ -182,9 +188,17 @@ pub fn attach_uprobe(
         target.file_offset as usize,
         opts,
     )
-    .map_err(|source| AttachError::Libbpf {
-        probe: describe(),
-        source,
+    .map_err(|source| {
+        // ENOTSUPP (524, a kernel-internal errno std does not name): the kernel's
+        // uprobes cannot run the instruction there (its tables refuse many AVX ones).
+        if format!("{source:#}").ends_with("(os error 524)") {
+            AttachError::InstructionRefused { probe: describe() }
+        } else {
+            AttachError::Libbpf {
+                probe: describe(),
+                source,
+            }
+        }
     })
 }
 
@@ -458,11 +472,11 @@ pub fn attach_kprobe(
 ///
 /// `prog` must be of [`ProbeSpec::program_kind`]. `pid` is the process the probe is for:
 /// library names resolve in its mappings and uprobes fire only in it (forked children
-/// included only if they share its memory; to follow forks, resolve with
-/// [`resolve_uprobe`] and attach with pid `None`). Perf events are system-wide
-/// whatever `pid` is.
+/// included only if they share its memory; to follow forks, see [`attach_probe_with`]).
+/// Perf events are system-wide whatever `pid` is.
 ///
-/// Patterns attach several links (one per function, tracepoint or CPU).
+/// Patterns attach several links (one per function, tracepoint or CPU). Notices are
+/// dropped: see [`attach_probe_with`] for them.
 pub fn attach_probe(
     prog: &ProgramMut<'_>,
     spec: &ProbeSpec,
@@ -482,17 +496,68 @@ pub fn attach_probe_for(
     fire_in: Option<u32>,
     cookie: u64,
 ) -> Result<Vec<Link>, Error> {
-    let pid = resolve_in;
-    let filter = fire_in.map(|p| p as i32);
-    Ok(match spec {
-        ProbeSpec::Uprobe(u) => resolve_uprobe(u, pid)?
-            .iter()
-            .map(|t| attach_uprobe(prog, t, filter, u.retprobe, cookie))
-            .collect::<Result<_, _>>()?,
-        ProbeSpec::Usdt(u) => resolve_usdt(u, pid)?
-            .iter()
-            .map(|t| attach_uprobe(prog, t, filter, false, cookie))
-            .collect::<Result<_, _>>()?,
+    let options = AttachOptions {
+        resolve_in,
+        fire_in,
+        unsafe_addresses: false,
+    };
+    Ok(attach_probe_with(prog, spec, &options, cookie)?.links)
+}
+
+/// For whom and how [`attach_probe_with`] attaches a probe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttachOptions {
+    /// The process names resolve for (its mappings, its executable, its mount
+    /// namespace); probes on files it does not map get a [`Notice::NotMapped`].
+    pub resolve_in: Option<u32>,
+    /// Uprobes fire in this process only (`None`: every process that maps the file, for
+    /// the program to filter, e.g. to follow a process's children).
+    pub fire_in: Option<u32>,
+    /// See [`ResolveOptions::unsafe_addresses`].
+    pub unsafe_addresses: bool,
+}
+
+/// What [`attach_probe_with`] attached, and what the user should know about it.
+pub struct Attached {
+    /// Dropping a link detaches it.
+    pub links: Vec<Link>,
+    pub notices: Vec<Notice>,
+}
+
+/// Resolves and attaches any probe, saying what the user should know: a probe on a
+/// file the process does not map, an IFUNC's implementation probed in its place.
+pub fn attach_probe_with(
+    prog: &ProgramMut<'_>,
+    spec: &ProbeSpec,
+    options: &AttachOptions,
+    cookie: u64,
+) -> Result<Attached, Error> {
+    let pid = options.resolve_in;
+    let filter = options.fire_in.map(|p| p as i32);
+    let mut notices = Vec::new();
+    let links = match spec {
+        ProbeSpec::Uprobe(u) => {
+            let resolve = ResolveOptions {
+                pid,
+                unsafe_addresses: options.unsafe_addresses,
+            };
+            let resolution = resolve_uprobe_with(u, &resolve)?;
+            let targets = resolution.targets;
+            notices.extend(resolution.notices);
+            notices.extend(not_mapped(spec, &targets, pid));
+            targets
+                .iter()
+                .map(|t| attach_uprobe(prog, t, filter, u.retprobe, cookie))
+                .collect::<Result<_, _>>()?
+        }
+        ProbeSpec::Usdt(u) => {
+            let targets = resolve_usdt(u, pid)?;
+            notices.extend(not_mapped(spec, &targets, pid));
+            targets
+                .iter()
+                .map(|t| attach_uprobe(prog, t, filter, false, cookie))
+                .collect::<Result<_, _>>()?
+        }
         ProbeSpec::Profile(rate) => attach_profile(prog, *rate, cookie)?,
         ProbeSpec::Interval(rate) => vec![attach_interval(prog, *rate, cookie)?],
         ProbeSpec::Tracepoint { category, name } => {
@@ -519,7 +584,33 @@ pub fn attach_probe_for(
             Sampling::Period(*period),
             cookie,
         )?,
-    })
+    };
+    Ok(Attached { links, notices })
+}
+
+/// A notice for each file of `targets` that process `pid` does not map.
+fn not_mapped(spec: &ProbeSpec, targets: &[UprobeTarget], pid: Option<u32>) -> Vec<Notice> {
+    let Some(pid) = pid else {
+        return Vec::new();
+    };
+    let Some(mapped) = crate::maps::MappedFiles::of(pid) else {
+        return Vec::new();
+    };
+    let mut notices: Vec<Notice> = Vec::new();
+    for target in targets {
+        let known = notices
+            .iter()
+            .any(|n| matches!(n, Notice::NotMapped { path, .. } if *path == target.path));
+        if !known && !mapped.contains(&target.path) {
+            notices.push(Notice::NotMapped {
+                probe: spec.to_string(),
+                path: target.path.clone(),
+                pid,
+                static_target: !mapped.has_shared_libraries(),
+            });
+        }
+    }
+    notices
 }
 
 #[cfg(test)]

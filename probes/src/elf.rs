@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use object::elf::{self, FileHeader64};
-use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, Sym};
+use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
 use object::Endianness;
 
 use crate::resolve::ResolveError;
@@ -22,6 +22,11 @@ pub(crate) struct Function {
     pub dynamic: bool,
     /// A non-default symbol version (`malloc@GLIBC_2.2.5` beside `malloc@@GLIBC_2.34`).
     pub hidden_version: bool,
+    /// STT_GNU_IFUNC: the address is that of a resolver, which returns the address of
+    /// the implementation to call (chosen for the CPU by ld.so at relocation).
+    pub ifunc: bool,
+    /// At the address of an IFUNC (the IFUNC itself, or another name of its resolver).
+    pub resolver: bool,
 }
 
 /// A PT_LOAD segment.
@@ -51,6 +56,14 @@ pub(crate) struct ElfInfo {
     pub has_symtab: bool,
     pub segments: Vec<Segment>,
     pub usdt: Vec<UsdtNote>,
+    /// `R_X86_64_IRELATIVE` relocations: (resolver address, address of the slot ld.so
+    /// fills with what the resolver returns). The file's own calls to an IFUNC go
+    /// through such a slot.
+    pub irelative: Vec<(u64, u64)>,
+    /// The file's bytes, for the code of the functions probed at an offset.
+    pub data: Vec<u8>,
+    /// [`ElfInfo::add_debug_file_symbols`] ran.
+    pub debug_file_searched: bool,
 }
 
 impl ElfInfo {
@@ -60,9 +73,64 @@ impl ElfInfo {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(path, &data)
+        let mut info = Self::parse(path, &data)?;
+        info.data = data;
+        Ok(info)
     }
 
+    /// Marks every symbol at an IFUNC's address as a resolver: glibc names the resolver
+    /// itself too (`strlen_ifunc`, a plain function at `strlen`'s address), and a
+    /// pattern may pick that name for the address.
+    fn mark_ifunc_aliases(&mut self) {
+        let resolvers: HashSet<u64> = self
+            .functions
+            .iter()
+            .filter(|f| f.ifunc)
+            .map(|f| f.address)
+            .collect();
+        for function in &mut self.functions {
+            function.resolver = resolvers.contains(&function.address);
+        }
+    }
+
+    /// Adds the functions of the file's separate debug file (found by build-id or
+    /// `.gnu_debuglink`, as the symbolizer finds it), whose .symtab names the static
+    /// functions a stripped library's .dynsym lacks (`__strlen_evex`, `__GI_getppid`).
+    /// Only for a file without .symtab, once: for libc it costs ~20 ms, 10-20 times
+    /// what reading the library's own symbols does.
+    pub fn add_debug_file_symbols(&mut self) {
+        if self.has_symtab || self.debug_file_searched {
+            return;
+        }
+        self.debug_file_searched = true;
+        let search = unwind_tables::DebugSearch::default();
+        let Some(debug_path) = unwind_tables::find_debug_file_path(&self.path, &search) else {
+            return;
+        };
+        let Ok(data) = std::fs::read(&debug_path) else {
+            return;
+        };
+        let Some(debug_functions) = symtab_functions(&data) else {
+            return;
+        };
+        if debug_functions.is_empty() {
+            return;
+        }
+        let mut seen: HashSet<(String, u64)> = self
+            .functions
+            .iter()
+            .map(|f| (f.name.clone(), f.address))
+            .collect();
+        for function in debug_functions {
+            if seen.insert((function.name.clone(), function.address)) {
+                self.functions.push(function);
+            }
+        }
+        self.has_symtab = true;
+        self.mark_ifunc_aliases();
+    }
+
+    /// Indexes `data`, the contents of `path`; [`ElfInfo::data`] is left empty.
     pub fn parse(path: &Path, data: &[u8]) -> Result<Self, ResolveError> {
         if !data.starts_with(&elf::ELFMAG) {
             return Err(ResolveError::NotElf {
@@ -98,12 +166,6 @@ impl ElfInfo {
             })
             .collect();
 
-        let is_code_section = |index: usize| {
-            sections
-                .section(object::SectionIndex(index))
-                .is_ok_and(|s| s.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0)
-        };
-
         let mut functions = Vec::new();
         let mut seen = HashSet::new();
         let symtab = sections
@@ -113,60 +175,43 @@ impl ElfInfo {
             .symbols(endian, data, elf::SHT_DYNSYM)
             .map_err(malformed)?;
         let versym = sections.gnu_versym(endian, data).map_err(malformed)?;
-        for (table, dynamic) in [(&symtab, false), (&dynsym, true)] {
-            for (index, sym) in table.enumerate() {
-                let shndx = sym.st_shndx(endian);
-                if shndx == elf::SHN_UNDEF || sym.st_value(endian) == 0 {
-                    continue;
-                }
-                let is_function = match sym.st_type() {
-                    elf::STT_FUNC | elf::STT_GNU_IFUNC => true,
-                    // Hand-written assembly often leaves code labels untyped.
-                    elf::STT_NOTYPE => {
-                        shndx < elf::SHN_LORESERVE && is_code_section(usize::from(shndx))
-                    }
-                    _ => false,
-                };
-                if !is_function {
-                    continue;
-                }
-                let Ok(name) = table.symbol_name(endian, sym) else {
-                    continue;
-                };
-                if name.is_empty() {
-                    continue;
-                }
-                let name = String::from_utf8_lossy(name).into_owned();
-                let address = sym.st_value(endian);
-                // .dynsym mostly repeats .symtab.
-                if !seen.insert((name.clone(), address)) {
-                    continue;
-                }
-                let hidden_version = dynamic
-                    && versym.is_some_and(|(versions, _)| {
-                        versions
-                            .get(index.0)
-                            .is_some_and(|v| v.0.get(endian) & elf::VERSYM_HIDDEN != 0)
-                    });
-                functions.push(Function {
-                    name,
-                    address,
-                    size: sym.st_size(endian),
-                    dynamic,
-                    hidden_version,
-                });
-            }
-        }
+        let versions = versym.map_or(&[][..], |(versions, _)| versions);
+        collect_functions(endian, &sections, &symtab, None, &mut seen, &mut functions);
+        collect_functions(
+            endian,
+            &sections,
+            &dynsym,
+            Some(versions),
+            &mut seen,
+            &mut functions,
+        );
+        let irelative = irelative_slots(endian, data, &sections).map_err(malformed)?;
 
         let usdt = usdt_notes(endian, data, &sections).map_err(malformed)?;
 
-        Ok(ElfInfo {
+        let mut info = ElfInfo {
             path: path.to_path_buf(),
             functions,
             has_symtab: !symtab.is_empty(),
             segments,
             usdt,
-        })
+            irelative,
+            data: Vec::new(),
+            debug_file_searched: false,
+        };
+        info.mark_ifunc_aliases();
+        Ok(info)
+    }
+
+    /// The bytes of the file from virtual address `address` to the end of the
+    /// executable segment that holds it.
+    pub fn code_from(&self, address: u64) -> Option<&[u8]> {
+        let segment = self.segments.iter().find(|s| {
+            s.executable && address >= s.vaddr && address - s.vaddr < s.filesz.min(s.memsz)
+        })?;
+        let start = usize::try_from(address - segment.vaddr + segment.offset).ok()?;
+        let end = usize::try_from(segment.offset + segment.filesz.min(segment.memsz)).ok()?;
+        self.data.get(start..end.min(self.data.len()))
     }
 
     /// The file offset of a virtual address, through the PT_LOAD segment holding it.
@@ -189,6 +234,109 @@ impl ElfInfo {
     }
 }
 
+/// Appends the functions of symbol table `table` not `seen` yet (a .dynsym mostly
+/// repeats the .symtab). `versions`: for a .dynsym, its `.gnu.version` entries (empty
+/// when it has none).
+fn collect_functions(
+    endian: Endianness,
+    sections: &SectionTable<'_>,
+    table: &SymbolTable<'_>,
+    versions: Option<&[elf::Versym<Endianness>]>,
+    seen: &mut HashSet<(String, u64)>,
+    functions: &mut Vec<Function>,
+) {
+    let dynamic = versions.is_some();
+    let is_code_section = |index: usize| {
+        sections
+            .section(object::SectionIndex(index))
+            .is_ok_and(|s| s.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0)
+    };
+    for (index, sym) in table.enumerate() {
+        let shndx = sym.st_shndx(endian);
+        if shndx == elf::SHN_UNDEF || sym.st_value(endian) == 0 {
+            continue;
+        }
+        let is_function = match sym.st_type() {
+            elf::STT_FUNC | elf::STT_GNU_IFUNC => true,
+            // Hand-written assembly often leaves code labels untyped.
+            elf::STT_NOTYPE => shndx < elf::SHN_LORESERVE && is_code_section(usize::from(shndx)),
+            _ => false,
+        };
+        if !is_function {
+            continue;
+        }
+        let Ok(name) = table.symbol_name(endian, sym) else {
+            continue;
+        };
+        if name.is_empty() {
+            continue;
+        }
+        let name = String::from_utf8_lossy(name).into_owned();
+        let address = sym.st_value(endian);
+        if !seen.insert((name.clone(), address)) {
+            continue;
+        }
+        let hidden_version = versions.is_some_and(|versions| {
+            versions
+                .get(index.0)
+                .is_some_and(|v| v.0.get(endian) & elf::VERSYM_HIDDEN != 0)
+        });
+        functions.push(Function {
+            name,
+            address,
+            size: sym.st_size(endian),
+            dynamic,
+            hidden_version,
+            ifunc: sym.st_type() == elf::STT_GNU_IFUNC,
+            resolver: sym.st_type() == elf::STT_GNU_IFUNC,
+        });
+    }
+}
+
+/// The functions of a separate debug file's .symtab (its code sections are empty, and
+/// its .dynsym too).
+fn symtab_functions(data: &[u8]) -> Option<Vec<Function>> {
+    let header = FileHeader64::<Endianness>::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let sections = header.sections(endian, data).ok()?;
+    let symtab = sections.symbols(endian, data, elf::SHT_SYMTAB).ok()?;
+    let mut functions = Vec::new();
+    collect_functions(
+        endian,
+        &sections,
+        &symtab,
+        None,
+        &mut HashSet::new(),
+        &mut functions,
+    );
+    Some(functions)
+}
+
+/// The `R_X86_64_IRELATIVE` relocations of every SHT_RELA section: (addend, which is
+/// the resolver's address; offset, the slot's address).
+fn irelative_slots(
+    endian: Endianness,
+    data: &[u8],
+    sections: &SectionTable<'_>,
+) -> object::read::Result<Vec<(u64, u64)>> {
+    let mut slots = Vec::new();
+    for section in sections.iter() {
+        let Some((relocations, _)) = section.rela(endian, data)? else {
+            continue;
+        };
+        for relocation in relocations {
+            if relocation.r_type(endian, false) == elf::R_X86_64_IRELATIVE {
+                slots.push((
+                    relocation.r_addend(endian) as u64,
+                    relocation.r_offset(endian),
+                ));
+            }
+        }
+    }
+    Ok(slots)
+}
+
+type SymbolTable<'data> = object::read::elf::SymbolTable<'data, FileHeader64<Endianness>>;
 type SectionTable<'data> = object::read::elf::SectionTable<'data, FileHeader64<Endianness>>;
 
 /// Parses `.note.stapsdt` (the layout of systemtap's `<sys/sdt.h>`): per probe, the
@@ -315,6 +463,9 @@ mod tests {
                 },
             ],
             usdt: vec![],
+            irelative: vec![],
+            data: vec![],
+            debug_file_searched: false,
         };
         assert_eq!(info.file_offset(0x401234, true), Some(0x1234));
         assert_eq!(info.file_offset(0x500, true), None);

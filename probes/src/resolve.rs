@@ -7,7 +7,11 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::elf::ElfInfo;
+use crate::elf::{ElfInfo, Function};
+use crate::instructions::{
+    branch_targets, misread_by_uprobes, placement, rip_relative_targets, Misread, Placement,
+};
+use crate::notice::Notice;
 use crate::spec::{Lang, UprobeLocation, UprobeSpec, UsdtSpec};
 use crate::wildcard::{has_wildcard, matches};
 
@@ -119,6 +123,61 @@ pub enum ResolveError {
     },
     #[error("address {address:#x} is not in an executable segment of {}", path.display())]
     AddressNotInCode { address: u64, path: PathBuf },
+    #[error(
+        "{location} is inside an instruction of {function} in {}: a uprobe there would \
+         crash every process running the file; the nearest instruction boundaries are \
+         {before} and {after}",
+        path.display()
+    )]
+    InsideInstruction {
+        location: String,
+        function: String,
+        path: PathBuf,
+        before: String,
+        after: String,
+    },
+    #[error(
+        "cannot check that {location} starts an instruction: {function} in {} does not \
+         decode at {at:#x}; probe the function's start, or pass --unsafe to probe it anyway",
+        path.display()
+    )]
+    Undecodable {
+        location: String,
+        function: String,
+        path: PathBuf,
+        at: u64,
+    },
+    #[error(
+        "{location} is {mnemonic}, an AVX instruction Linux's uprobes take for a jump or a \
+         nop and would skip instead of running, corrupting every process running {}; \
+         probe the next instruction, at {next}",
+        path.display()
+    )]
+    Misread {
+        location: String,
+        mnemonic: String,
+        path: PathBuf,
+        next: String,
+    },
+    #[error(
+        "{function} starts with {mnemonic}, an AVX instruction Linux's uprobes would skip \
+         instead of running (corrupting every process running {}), and its next \
+         instruction {reason}; probe one further in with FUNCTION+OFFSET",
+        path.display()
+    )]
+    MisreadEntry {
+        function: String,
+        mnemonic: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error(
+        "address {address:#x} is in no known function of {}, so it cannot be checked to \
+         start an instruction (a uprobe inside one crashes every process running the file); \
+         probe FUNCTION+OFFSET instead, or pass --unsafe to probe it anyway",
+        path.display()
+    )]
+    OutsideFunctions { address: u64, path: PathBuf },
     #[error("no USDT probe '{probe}' in {}{}", path.display(), usdt_listing(available, *total))]
     UsdtNotFound {
         probe: String,
@@ -147,19 +206,59 @@ fn usdt_listing(available: &[String], total: usize) -> String {
     }
 }
 
-/// Resolves a uprobe spec to the places to probe.
-///
-/// `pid` is the process the probe is for, if known: library short names are looked up
-/// in its mappings first, an omitted binary means its executable, and paths are read
-/// through its mount namespace.
-///
-/// One target, except for patterns (`*`) and `cpp:` specs, which yield one per distinct
-/// address. A name matching several functions at different addresses is an error
-/// listing them; several symbols at one address (aliases) are one target.
+/// How a uprobe spec is resolved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResolveOptions {
+    /// The process the probe is for, if known: library short names are looked up in
+    /// its mappings first, an omitted binary means its executable, and paths are read
+    /// through its mount namespace.
+    pub pid: Option<u32>,
+    /// Accept a raw address that lies in no known function, or in code that does not
+    /// decode, without knowing that it starts an instruction (bpftrace's `--unsafe`).
+    /// An address known to be inside an instruction is refused all the same.
+    pub unsafe_addresses: bool,
+}
+
+/// Resolves a uprobe spec to the places to probe, with [`ResolveOptions`]'s defaults
+/// but `pid`; see [`resolve_uprobe_with`].
 pub fn resolve_uprobe(
     spec: &UprobeSpec,
     pid: Option<u32>,
 ) -> Result<Vec<UprobeTarget>, ResolveError> {
+    let options = ResolveOptions {
+        pid,
+        ..ResolveOptions::default()
+    };
+    Ok(resolve_uprobe_with(spec, &options)?.targets)
+}
+
+/// What a uprobe spec resolved to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolution {
+    pub targets: Vec<UprobeTarget>,
+    /// What the user should know about them (an IFUNC's implementations probed in its
+    /// place).
+    pub notices: Vec<Notice>,
+}
+
+/// Resolves a uprobe spec to the places to probe.
+///
+/// One target, except for patterns (`*`) and `cpp:` specs, which yield one per distinct
+/// address. A name matching several functions at different addresses is an error
+/// listing them; several symbols at one address (aliases) are one target.
+///
+/// A probe never lands inside an instruction: an offset or address past a function's
+/// start is checked against the instructions decoded from that start.
+///
+/// A probe on an IFUNC symbol (`strlen`, `memcpy` in glibc) goes to the implementation
+/// its resolver selected in process `pid` (read from the slot ld.so filled for the
+/// file's own calls), else to every implementation the resolver can return: the
+/// resolver itself runs once per process, not once per call.
+pub fn resolve_uprobe_with(
+    spec: &UprobeSpec,
+    options: &ResolveOptions,
+) -> Result<Resolution, ResolveError> {
+    let pid = options.pid;
     let path = match &spec.target {
         Some(target) => resolve_binary(target, pid)?,
         None => process_executable(pid, || {
@@ -173,71 +272,352 @@ pub fn resolve_uprobe(
             )
         })?,
     };
-    let info = ElfInfo::load(&path)?;
+    let mut info = ElfInfo::load(&path)?;
     match &spec.location {
         UprobeLocation::Address(address) => {
+            let address = *address;
+            // Every function known, static ones included, for the instruction check.
+            info.add_debug_file_symbols();
             let file_offset =
-                info.file_offset(*address, true)
+                info.file_offset(address, true)
                     .ok_or_else(|| ResolveError::AddressNotInCode {
-                        address: *address,
+                        address,
                         path: path.clone(),
                     })?;
-            let symbol = match info.function_at(*address) {
+            let symbol = match info.function_at(address) {
                 Some((function, 0)) => display_name(&function.name),
                 Some((function, offset)) => {
-                    format!("{}+{offset:#x}", display_name(&function.name))
+                    let name = display_name(&function.name);
+                    let location = format!("address {address:#x} ({name}+{offset:#x})");
+                    let shown = |boundary: u64| {
+                        format!("{boundary:#x} ({name}+{:#x})", boundary - function.address)
+                    };
+                    check_boundary(&info, function, address, options, location, shown)?;
+                    format!("{name}+{offset:#x}")
                 }
-                None => format!("{address:#x}"),
+                None if options.unsafe_addresses => format!("{address:#x}"),
+                None => {
+                    return Err(ResolveError::OutsideFunctions {
+                        address,
+                        path: path.clone(),
+                    })
+                }
             };
-            Ok(vec![UprobeTarget {
-                path,
-                file_offset,
-                address: *address,
-                symbol,
-                ref_ctr_offset: None,
-            }])
+            if let Some(misread) = misread_at(&info, address) {
+                return Err(ResolveError::Misread {
+                    location: format!("address {address:#x} ({symbol})"),
+                    mnemonic: misread.mnemonic,
+                    path: path.clone(),
+                    next: format!("{:#x}", address + misread.length),
+                });
+            }
+            Ok(Resolution {
+                targets: vec![UprobeTarget {
+                    path,
+                    file_offset,
+                    address,
+                    symbol,
+                    ref_ctr_offset: None,
+                }],
+                notices: Vec::new(),
+            })
         }
         UprobeLocation::Symbol { name, offset } => {
             let all = has_wildcard(name) || spec.lang == Some(Lang::Cpp);
+            // The debug file's names too for a pattern, a name the file lacks, and an
+            // IFUNC (its implementations are static functions).
+            let more_names = has_wildcard(name)
+                || find_functions(&info, name, all)
+                    .map_or(true, |found| found.iter().any(|(f, _)| f.resolver));
+            if more_names {
+                info.add_debug_file_symbols();
+            }
             let functions = match find_functions(&info, name, all) {
                 Err(e @ (ResolveError::SymbolNotFound { .. } | ResolveError::Stripped { .. })) => {
                     return Err(in_libc_instead(spec, name).unwrap_or(e))
                 }
                 result => result?,
             };
-            functions
-                .into_iter()
-                .map(|(function, display)| {
-                    if *offset > 0 && function.size > 0 && *offset >= function.size {
-                        return Err(ResolveError::OffsetOutOfRange {
-                            symbol: display,
-                            offset: *offset,
-                            size: function.size,
+            let mut notices = Vec::new();
+            let mut targets = Vec::new();
+            let mut moved = Vec::new();
+            let mut skipped = Vec::new();
+            for (function, display) in functions {
+                if function.resolver && *offset == 0 {
+                    let (implementations, notice) =
+                        ifunc_implementations(&info, function, &display, pid);
+                    notices.push(notice);
+                    for (entry, name) in implementations {
+                        let (address, symbol) = entry_site(&info, entry, name, &mut moved)?;
+                        let file_offset = info.file_offset(address, true).ok_or_else(|| {
+                            ResolveError::AddressNotInCode {
+                                address,
+                                path: path.clone(),
+                            }
+                        })?;
+                        targets.push(UprobeTarget {
                             path: path.clone(),
+                            file_offset,
+                            address,
+                            symbol,
+                            ref_ctr_offset: None,
                         });
                     }
-                    let address = function.address.wrapping_add(*offset);
-                    let file_offset = info.file_offset(address, true).ok_or_else(|| {
-                        ResolveError::AddressNotInCode {
-                            address,
-                            path: path.clone(),
-                        }
-                    })?;
-                    let symbol = if *offset == 0 {
-                        display
-                    } else {
-                        format!("{display}+{offset:#x}")
-                    };
-                    Ok(UprobeTarget {
+                    continue;
+                }
+                if *offset > 0 && function.size > 0 && *offset >= function.size {
+                    return Err(ResolveError::OffsetOutOfRange {
+                        symbol: display,
+                        offset: *offset,
+                        size: function.size,
                         path: path.clone(),
-                        file_offset,
+                    });
+                }
+                let address = function.address.wrapping_add(*offset);
+                info.file_offset(address, true)
+                    .ok_or_else(|| ResolveError::AddressNotInCode {
                         address,
-                        symbol,
-                        ref_ctr_offset: None,
-                    })
-                })
-                .collect()
+                        path: path.clone(),
+                    })?;
+                let (address, symbol) = if *offset > 0 {
+                    let location = format!("offset {offset:#x}");
+                    let shown =
+                        |boundary: u64| format!("{display}+{:#x}", boundary - function.address);
+                    check_boundary(&info, function, address, options, location, shown)?;
+                    if let Some(misread) = misread_at(&info, address) {
+                        return Err(ResolveError::Misread {
+                            location: format!("{display}+{offset:#x}"),
+                            mnemonic: misread.mnemonic,
+                            path: path.clone(),
+                            next: format!("{display}+{:#x}", offset + misread.length),
+                        });
+                    }
+                    (address, format!("{display}+{offset:#x}"))
+                } else {
+                    match entry_site(&info, address, display, &mut moved) {
+                        // One function of a pattern is not worth the others.
+                        Err(ResolveError::MisreadEntry { function, .. }) if all => {
+                            skipped.push(function);
+                            continue;
+                        }
+                        site => site?,
+                    }
+                };
+                let file_offset = info.file_offset(address, true).ok_or_else(|| {
+                    ResolveError::AddressNotInCode {
+                        address,
+                        path: path.clone(),
+                    }
+                })?;
+                targets.push(UprobeTarget {
+                    path: path.clone(),
+                    file_offset,
+                    address,
+                    symbol,
+                    ref_ctr_offset: None,
+                });
+            }
+            // An IFUNC's implementation may also have been matched by name (patterns).
+            let mut seen = std::collections::HashSet::new();
+            targets.retain(|t| seen.insert(t.address));
+            if notices.len() > 1 {
+                notices = vec![Notice::Ifuncs {
+                    pattern: name.clone(),
+                    path: path.clone(),
+                    ifuncs: notices,
+                }];
+            }
+            if !moved.is_empty() {
+                notices.push(Notice::PastMisreadInstruction {
+                    path: path.clone(),
+                    moved,
+                });
+            }
+            if !skipped.is_empty() {
+                notices.push(Notice::SkippedMisread {
+                    pattern: name.clone(),
+                    path: path.clone(),
+                    functions: skipped,
+                });
+            }
+            Ok(Resolution { targets, notices })
         }
+    }
+}
+
+/// The implementations to probe for IFUNC `resolver` (named `display`), with names,
+/// and the notice that says which: the one ld.so selected in `pid` when it can be read,
+/// else every function the resolver refers to, else the resolver itself.
+fn ifunc_implementations(
+    info: &ElfInfo,
+    resolver: &Function,
+    display: &str,
+    pid: Option<u32>,
+) -> (Vec<(u64, String)>, Notice) {
+    let notice = |implementations: &[(u64, String)], selected_in: Option<u32>| Notice::Ifunc {
+        symbol: display.to_string(),
+        path: info.path.clone(),
+        implementations: implementations.iter().map(|(_, n)| n.clone()).collect(),
+        selected_in,
+    };
+    if let Some(pid) = pid {
+        if let Some(address) = selected_implementation(info, resolver, pid) {
+            let chosen = vec![(address, implementation_name(info, address, display))];
+            let notice = notice(&chosen, Some(pid));
+            return (chosen, notice);
+        }
+    }
+    let code = info.code_from(resolver.address).unwrap_or_default();
+    let code = &code[..code.len().min(resolver.size as usize)];
+    let candidates: Vec<(u64, String)> = rip_relative_targets(code, resolver.address)
+        .into_iter()
+        .filter(|&address| {
+            address != resolver.address
+                && info
+                    .functions
+                    .iter()
+                    .any(|f| f.address == address && !f.resolver)
+        })
+        .map(|address| (address, implementation_name(info, address, display)))
+        .collect();
+    if candidates.is_empty() {
+        let resolver_only = vec![(resolver.address, display.to_string())];
+        return (resolver_only, notice(&[], None));
+    }
+    let notice = notice(&candidates, None);
+    (candidates, notice)
+}
+
+/// The implementation of IFUNC `resolver` that process `pid` calls: what ld.so wrote in
+/// the slot of the file's own IRELATIVE relocation for it, as a virtual address of the
+/// file. `None` when the file has no such slot or the process does not map it.
+fn selected_implementation(info: &ElfInfo, resolver: &Function, pid: u32) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let slot = info
+        .irelative
+        .iter()
+        .find(|(target, _)| *target == resolver.address)?
+        .1;
+    let mapped = crate::maps::MappedFiles::of(pid)?;
+    let bias = mapped.load_bias(&info.path, &info.segments)?;
+    let memory = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut word = [0u8; 8];
+    memory
+        .read_exact_at(&mut word, slot.wrapping_add(bias))
+        .ok()?;
+    let address = u64::from_le_bytes(word).wrapping_sub(bias);
+    info.file_offset(address, true)?;
+    Some(address)
+}
+
+/// The name of the function at `address`: of several aliases, preferably one that
+/// names the IFUNC (`__memcpy_evex_unaligned_erms` rather than `__memmove_...` for
+/// `memcpy`).
+fn implementation_name(info: &ElfInfo, address: u64, ifunc: &str) -> String {
+    let mut names: Vec<&Function> = info
+        .functions
+        .iter()
+        .filter(|f| f.address == address && !f.resolver)
+        .collect();
+    // An old symbol version of the IFUNC's own name (`memcpy@GLIBC_2.2.5`) says less
+    // than the implementation's own name.
+    names.sort_by_key(|f| {
+        let name = f.name.as_str();
+        let versioned = f.hidden_version || name.contains('@') || name == ifunc;
+        (
+            versioned,
+            !name.contains(ifunc),
+            f.dynamic,
+            name.len(),
+            name,
+        )
+    });
+    names
+        .first()
+        .map(|f| display_name(&f.name))
+        .unwrap_or_else(|| format!("{address:#x}"))
+}
+
+/// The instruction at `address` if Linux's uprobes would misread it (see [`Misread`]).
+fn misread_at(info: &ElfInfo, address: u64) -> Option<Misread> {
+    misread_by_uprobes(info.code_from(address)?, address)
+}
+
+/// Where to probe the entry of function `symbol` at `address`: there, unless Linux's
+/// uprobes would misread its first instruction (an AVX instruction they would skip
+/// instead of running, corrupting every process that calls the function); then at the
+/// next instruction, which every call reaches once when nothing jumps to it, with the
+/// stack of the entry (AVX instructions leave rsp alone). What moved is added to
+/// `moved` (name, instruction, offset).
+fn entry_site(
+    info: &ElfInfo,
+    address: u64,
+    symbol: String,
+    moved: &mut Vec<(String, String, u64)>,
+) -> Result<(u64, String), ResolveError> {
+    let Some(misread) = misread_at(info, address) else {
+        return Ok((address, symbol));
+    };
+    let next = address + misread.length;
+    let refuse = |reason: &str| ResolveError::MisreadEntry {
+        function: symbol.clone(),
+        mnemonic: misread.mnemonic.clone(),
+        path: info.path.clone(),
+        reason: reason.to_string(),
+    };
+    let function = info
+        .functions
+        .iter()
+        .filter(|f| f.address == address && f.size > 0)
+        .max_by_key(|f| f.size)
+        .ok_or_else(|| refuse("cannot be checked (the function's size is unknown)"))?;
+    if misread.length >= function.size {
+        return Err(refuse("is past its end"));
+    }
+    let code = info.code_from(address).unwrap_or_default();
+    let code = &code[..code.len().min(function.size as usize)];
+    if branch_targets(code, address).contains(&next) {
+        return Err(refuse(
+            "is a branch target, reached more than once per call",
+        ));
+    }
+    if misread_at(info, next).is_some() {
+        return Err(refuse("is another one"));
+    }
+    moved.push((symbol.clone(), misread.mnemonic, misread.length));
+    Ok((next, format!("{symbol}+{:#x}", misread.length)))
+}
+
+/// Refuses `address`, past the start of `function`, unless an instruction starts
+/// there. `location` names the address in errors, `shown` a boundary.
+fn check_boundary(
+    info: &ElfInfo,
+    function: &Function,
+    address: u64,
+    options: &ResolveOptions,
+    location: String,
+    shown: impl Fn(u64) -> String,
+) -> Result<(), ResolveError> {
+    let mut code = info.code_from(function.address).unwrap_or_default();
+    if function.size > 0 {
+        code = &code[..code.len().min(function.size as usize)];
+    }
+    match placement(code, function.address, address) {
+        Placement::Boundary => Ok(()),
+        Placement::Inside { before, after } => Err(ResolveError::InsideInstruction {
+            location,
+            function: display_name(&function.name),
+            path: info.path.clone(),
+            before: shown(before),
+            after: shown(after),
+        }),
+        Placement::Undecodable { .. } if options.unsafe_addresses => Ok(()),
+        Placement::Undecodable { at } => Err(ResolveError::Undecodable {
+            location,
+            function: display_name(&function.name),
+            path: info.path.clone(),
+            at,
+        }),
     }
 }
 

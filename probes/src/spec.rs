@@ -312,6 +312,19 @@ pub enum ParseError {
         spec: String,
         hint: &'static str,
     },
+    #[error(
+        "filters are not supported ('{filter}' in '{spec}'): cargo-trace traces only the \
+         process given with -c or -p and its children (--no-follow-forks for that process \
+         alone); drop the filter"
+    )]
+    Filter { filter: String, spec: String },
+    #[error(
+        "actions are not supported ('{action}' in '{spec}'): cargo-trace counts each probe's \
+         events by stack; drop the action"
+    )]
+    Action { action: String, spec: String },
+    #[error("'{spec}' is a list of {count} probes: split it with split_list")]
+    List { spec: String, count: usize },
     /// Anything else: a wrong field count, an empty field, a bad number, an unknown
     /// unit or event.
     #[error("{problem} in '{spec}' (expected {expected})")]
@@ -746,6 +759,13 @@ pub fn parse(spec: &str) -> Result<ProbeSpec, ParseError> {
     if spec.is_empty() {
         return Err(ParseError::Empty);
     }
+    let list = split_list(spec)?;
+    if list.len() > 1 {
+        return Err(ParseError::List {
+            spec: spec.to_string(),
+            count: list.len(),
+        });
+    }
     let (ty_name, args) = match spec.split_once(':') {
         Some((ty, args)) => (ty, Some(args)),
         None => (spec, None),
@@ -777,6 +797,69 @@ pub fn parse(spec: &str) -> Result<ProbeSpec, ParseError> {
     };
     let fields = split_fields(args, spec)?;
     parser.parse(fields)
+}
+
+/// Splits one argument into the probe specs it lists, as bpftrace's comma lists
+/// (`uprobe:./p:f,uprobe:./p:g`), each trimmed, for [`parse`].
+///
+/// A comma separates probes only outside quotes and brackets and when a probe type and
+/// its colon follow it, so C++ argument lists (`ns::f(int, char)`) stay whole. A
+/// bpftrace filter (`uprobe:./p:f /pid == 1/`) or action block (`{ ... }`) is an
+/// error saying what to do instead.
+pub fn split_list(text: &str) -> Result<Vec<&str>, ParseError> {
+    let spec = text.trim();
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut in_quotes = false;
+    let mut depth = 0usize;
+    let mut previous_is_space = false;
+    let mut chars = spec.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if in_quotes {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => in_quotes = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_quotes = true,
+            '(' | '[' | '<' => depth += 1,
+            ')' | ']' | '>' => depth = depth.saturating_sub(1),
+            '/' | '{' if previous_is_space => {
+                let rest = spec[i..].to_string();
+                return Err(if c == '/' {
+                    ParseError::Filter {
+                        filter: rest,
+                        spec: spec.to_string(),
+                    }
+                } else {
+                    ParseError::Action {
+                        action: rest,
+                        spec: spec.to_string(),
+                    }
+                });
+            }
+            ',' if depth == 0 && starts_with_probe_type(&spec[i + 1..]) => {
+                pieces.push(spec[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+        previous_is_space = c.is_whitespace();
+    }
+    pieces.push(spec[start..].trim());
+    Ok(pieces)
+}
+
+/// Whether `text` starts with a probe type (known or not attached) and its colon.
+fn starts_with_probe_type(text: &str) -> bool {
+    text.trim_start()
+        .split_once(':')
+        .is_some_and(|(ty, _)| probe_type(ty).is_some() || unsupported_type(ty).is_some())
 }
 
 impl FromStr for ProbeSpec {

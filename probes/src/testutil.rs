@@ -4,32 +4,21 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A directory removed when dropped.
-pub(crate) struct TempDir(PathBuf);
+/// A private directory with an unpredictable name, removed when dropped.
+pub(crate) struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "probes-test-{tag}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&path);
-        fs::create_dir_all(&path).unwrap();
-        TempDir(path)
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("probes-test-{tag}-"))
+            .tempdir()
+            .unwrap();
+        TempDir(dir)
     }
 
     pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 

@@ -3,7 +3,6 @@
 //! says why on stderr.
 
 use std::fs;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -51,25 +50,17 @@ const KINDS: [&str; 6] = [
 
 struct Loaded {
     object: Object,
-    _dir: TempDir,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+    _dir: tempfile::TempDir,
 }
 
 /// Builds and loads the program object, or says why it cannot and returns `None`.
 fn load(test: &str) -> Option<Loaded> {
-    let dir = std::env::temp_dir().join(format!("probes-attach-{test}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    let dir = TempDir(dir);
-    let source = dir.0.join("prog.bpf.c");
-    let object = dir.0.join("prog.bpf.o");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("probes-attach-{test}-"))
+        .tempdir()
+        .unwrap();
+    let source = dir.path().join("prog.bpf.c");
+    let object = dir.path().join("prog.bpf.o");
     fs::write(&source, PROGRAM).unwrap();
     // The compilers bpf-prog's build looks for, in its order.
     let compilers = std::env::var("BPF_CLANG")
@@ -402,4 +393,28 @@ fn interval_fires_on_one_cpu() {
         "{hits} events in {elapsed:?} at 100 Hz"
     );
     assert_eq!(cookie, 4);
+}
+
+#[test]
+fn detach_closes_every_link_of_a_pattern() {
+    let Some(loaded) = load("detach") else { return };
+    let prog = loaded.prog("on_tracepoint");
+    let spec = parse("t:syscalls:sys_enter_*stat*").unwrap();
+    let links = attach_probe(&prog, &spec, None, 4).unwrap();
+    // Enough links for the threads to share them.
+    assert!(links.len() >= 8, "{}", links.len());
+    for _ in 0..10 {
+        let _ = fs::metadata("/");
+    }
+    assert!(loaded.counter("tracepoint").0 >= 10);
+    probes::detach(links, |_| {});
+    let (before, _) = loaded.counter("tracepoint");
+    for _ in 0..100 {
+        let _ = fs::metadata("/");
+    }
+    assert_eq!(
+        loaded.counter("tracepoint").0,
+        before,
+        "a link is still attached"
+    );
 }

@@ -34,6 +34,13 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
         ],
     ),
     (Lang::C, "storm", &["storm_", "main"]),
+    (Lang::C, "levels", &["level1", "level2", "level3", "main"]),
+    (Lang::C, "ifuncs", &["strlen_", "memcpy_", "main"]),
+    (
+        Lang::C,
+        "avx_entry",
+        &["avx_first", "call_avx_first", "main"],
+    ),
     (Lang::Rust, "alloc_sites", &["alloc_sites::"]),
     (Lang::C, "alloc_c", &["site_", "report", "main"]),
     (
@@ -41,6 +48,7 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
         "heap_storm",
         &["storm", "descend", "number", "main"],
     ),
+    (Lang::C, "leak_rate", &["site_", "main"]),
     (
         Lang::Cpp,
         "cxx_exceptions",

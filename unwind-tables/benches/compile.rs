@@ -179,8 +179,8 @@ fn main() {
     // `cargo bench` passes --bench; anything else (`cargo test --benches`, a debug build)
     // gets one quick pass so the bench is exercised without taking minutes.
     let quick = !std::env::args().any(|arg| arg == "--bench");
-    let cache_root =
-        std::env::temp_dir().join(format!("unwind-tables-bench-{}", std::process::id()));
+    let cache_root = tempfile::tempdir().expect("a temporary directory");
+    let cache_root = cache_root.path();
     let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
     if libc.exists() {
         bench_file(libc, if quick { 1 } else { 50 }, &cache_root.join("libc"));
@@ -195,5 +195,4 @@ fn main() {
         ),
         None => println!("SKIP largest binary: none found"),
     }
-    let _ = std::fs::remove_dir_all(&cache_root);
 }

@@ -18,12 +18,27 @@
 //!
 //! An entry records what the compiler produced when it was written: a separate debug file
 //! installed later does not refresh it (clear the directory to force that).
+//!
+//! The cache may be used by a privileged process on behalf of a user (root under sudo, in
+//! the user's home), so nothing in it is trusted to be where its path says: the directory
+//! is opened one component at a time without following symbolic links, every directory on
+//! the way must belong to root or to the cache's [`Owner`] and be writable by nobody else
+//! (a sticky directory such as `/tmp` excepted), directories are created only inside one
+//! the owner owns, and the cache directory itself must be the owner's. Entries are read
+//! without following links and only when they are regular files; new entries are created
+//! exclusively under a random name in the opened directory, given to the owner, and renamed
+//! into place (a link planted under an entry's name is replaced, never followed). Anything
+//! else makes the cache unusable for the run, never a write elsewhere.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstat, mkdirat, Mode};
 
 use crate::compile::{compile_mapped, map_file, CompiledObject};
 use crate::elf::{self, hex, DebugSearch};
@@ -46,6 +61,25 @@ const ENTRY_EXTENSION: &str = "ctu";
 pub struct Cache {
     dir: PathBuf,
     search: DebugSearch,
+    owner: Owner,
+}
+
+/// Who the cache directory and its entries belong to: what the cache creates is given to
+/// them, and a directory on the way that belongs to anyone else but root is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Owner {
+    /// The process's effective user and group.
+    pub fn current() -> Owner {
+        Owner {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        }
+    }
 }
 
 /// A compiled object and where it came from.
@@ -140,12 +174,21 @@ impl Key {
 }
 
 impl Cache {
-    /// A cache in `dir`, created on first store.
+    /// A cache in `dir` (an absolute path), created on first store, owned by the process's
+    /// effective user.
     pub fn new(dir: impl Into<PathBuf>) -> Cache {
         Cache {
             dir: dir.into(),
             search: DebugSearch::default(),
+            owner: Owner::current(),
         }
+    }
+
+    /// The same cache, owned by `owner`: directories and entries it creates are given to
+    /// them, and the cache directory must be theirs.
+    pub fn with_owner(mut self, owner: Owner) -> Cache {
+        self.owner = owner;
+        self
     }
 
     /// The same cache, compiling with `search` for separate debug files.
@@ -197,10 +240,11 @@ impl Cache {
                 }
             }
         };
-        let entry = self.dir.join(key.file_name());
+        let name = key.file_name();
 
-        let invalid_entry = match fs::read(&entry) {
-            Ok(bytes) => match decode(&bytes, &key) {
+        let invalid_entry = match self.read_entry(&name) {
+            Ok(None) => None,
+            Ok(Some(bytes)) => match decode(&bytes, &key) {
                 Ok(object) => {
                     return Ok(Loaded {
                         object,
@@ -209,12 +253,11 @@ impl Cache {
                 }
                 Err(invalid) => Some(invalid),
             },
-            Err(error) if error.kind() == io::ErrorKind::NotFound => None,
             Err(error) => Some(InvalidEntry::Unreadable(error)),
         };
 
         let object = compile_mapped(path, &map, &self.search)?;
-        let store_error = self.store(&entry, &encode(&key, &object)).err();
+        let store_error = self.store(&name, &encode(&key, &object)).err();
         Ok(Loaded {
             object,
             outcome: Outcome::Compiled {
@@ -224,28 +267,132 @@ impl Cache {
         })
     }
 
-    /// Writes `bytes` to `entry` atomically: a temporary file in the same directory (so the
-    /// rename stays on one filesystem), then a rename over the old entry.
-    fn store(&self, entry: &Path, bytes: &[u8]) -> io::Result<()> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        fs::create_dir_all(&self.dir)?;
-        let name = entry
-            .file_name()
-            .and_then(|name| name.to_str())
-            .unwrap_or("entry");
-        let temp = self.dir.join(format!(
-            ".{name}.{}.{}.tmp",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let written = File::create(&temp)
-            .and_then(|mut file| file.write_all(bytes))
-            .and_then(|()| fs::rename(&temp, entry));
-        if written.is_err() {
-            let _ = fs::remove_file(&temp);
+    /// The bytes of entry `name`; `None` when there is no cache directory or no such entry.
+    fn read_entry(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        let dir = match self.open_dir(false) {
+            Ok(dir) => dir,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        // Non-blocking: a FIFO planted under the name must not hang the open.
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let file = match openat(&dir, name, flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP) => return Err(refused(&self.dir.join(name), "a symbolic link")),
+            Err(errno) => return Err(errno.into()),
+        };
+        if !file.metadata()?.is_file() {
+            return Err(refused(&self.dir.join(name), "not a regular file"));
         }
-        written
+        let mut bytes = Vec::new();
+        (&file).read_to_end(&mut bytes)?;
+        Ok(Some(bytes))
     }
+
+    /// Writes `bytes` to entry `name` atomically: a file created exclusively under a random
+    /// name in the opened directory (so the rename stays on one filesystem, and nothing
+    /// planted under a predictable name is followed), given to the owner, then renamed over
+    /// the old entry.
+    fn store(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let dir = self.open_dir(true)?;
+        // The opened directory by its descriptor: whatever its path names by now.
+        let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        let mut temp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".tmp")
+            .tempfile_in(&at)?;
+        temp.write_all(bytes)?;
+        if self.owner != Owner::current() {
+            std::os::unix::fs::fchown(temp.as_file(), Some(self.owner.uid), Some(self.owner.gid))?;
+        }
+        temp.persist(at.join(name)).map_err(|error| error.error)?;
+        Ok(())
+    }
+
+    /// Opens the cache directory one component at a time, following no link; checks every
+    /// directory on the way (see the module's docs) and, with `create`, creates the missing
+    /// ones for the owner.
+    fn open_dir(&self, create: bool) -> io::Result<OwnedFd> {
+        let mut components = self.dir.components();
+        if components.next() != Some(Component::RootDir) {
+            return Err(refused(&self.dir, "not an absolute path"));
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let mut dir: OwnedFd = nix::fcntl::open("/", flags, Mode::empty())?;
+        let mut path = PathBuf::from("/");
+        let mut owned_by_owner = self.check_dir(&dir, &path)?;
+        for component in components {
+            let Component::Normal(name) = component else {
+                return Err(refused(&self.dir, "not a normalized path"));
+            };
+            path.push(name);
+            let opened = match openat(&dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty()) {
+                Err(Errno::ENOENT) if create => {
+                    if !owned_by_owner {
+                        return Err(refused(
+                            &path,
+                            "missing, in a directory that is not the cache owner's",
+                        ));
+                    }
+                    match mkdirat(&dir, name, Mode::S_IRWXU) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(errno) => return Err(errno.into()),
+                    }
+                    let created = openat(&dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty());
+                    if let Ok(created) = &created {
+                        if self.owner != Owner::current()
+                            && fstat(created)?.st_uid != self.owner.uid
+                        {
+                            std::os::unix::fs::fchown(
+                                created,
+                                Some(self.owner.uid),
+                                Some(self.owner.gid),
+                            )?;
+                        }
+                    }
+                    created
+                }
+                other => other,
+            };
+            dir = match opened {
+                Ok(opened) => opened,
+                // O_NOFOLLOW on a link: ELOOP; a link or file where a directory should be
+                // with O_DIRECTORY: ENOTDIR.
+                Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                    return Err(refused(&path, "a symbolic link or not a directory"))
+                }
+                Err(errno) => return Err(errno.into()),
+            };
+            owned_by_owner = self.check_dir(&dir, &path)?;
+        }
+        if !owned_by_owner {
+            return Err(refused(&self.dir, "not owned by the cache's owner"));
+        }
+        Ok(dir)
+    }
+
+    /// Refuses a directory another user could change; `Ok(true)` when the owner owns it.
+    fn check_dir(&self, dir: &OwnedFd, path: &Path) -> io::Result<bool> {
+        let stat = fstat(dir)?;
+        if stat.st_uid != 0 && stat.st_uid != self.owner.uid {
+            return Err(refused(path, "owned by another user"));
+        }
+        let writable_by_others = stat.st_mode & 0o022 != 0;
+        let sticky = stat.st_mode & 0o1000 != 0;
+        if writable_by_others && !sticky {
+            return Err(refused(path, "writable by other users"));
+        }
+        Ok(stat.st_uid == self.owner.uid)
+    }
+}
+
+/// Why a cache path is not used.
+fn refused(path: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("unsafe cache path {}: {why}", path.display()),
+    )
 }
 
 // ---- encoding --------------------------------------------------------------------------

@@ -8,26 +8,8 @@ use std::path::{Path, PathBuf};
 use common::{standard_cie, Cfa as Cfi, EhFrame, Elf};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use unwind_tables::cache::{Cache, InvalidEntry, Outcome, FORMAT_VERSION};
+use unwind_tables::cache::{Cache, InvalidEntry, Outcome, Owner, FORMAT_VERSION};
 use unwind_tables::{compile_file, DebugSearch};
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir =
-            std::env::temp_dir().join(format!("unwind-tables-cache-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A small object with CFI, and optionally a build-id.
 fn write_object(path: &Path, build_id: Option<&[u8]>, cfa_offset: u64) {
@@ -71,9 +53,9 @@ fn invalid(outcome: &Outcome) -> Option<&InvalidEntry> {
 
 #[test]
 fn second_load_is_a_hit_with_the_same_object() {
-    let dir = TempDir::new("hit");
-    let cache = cache_in(&dir.0);
-    let object = dir.0.join("object");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_in(dir.path());
+    let object = dir.path().join("object");
     write_object(&object, Some(&[0xde, 0xad, 0xbe, 0xef]), 16);
 
     let first = cache.load_or_compile(&object).expect("compiles");
@@ -114,9 +96,9 @@ fn second_load_is_a_hit_with_the_same_object() {
 
 #[test]
 fn objects_without_build_id_are_keyed_by_file_identity() {
-    let dir = TempDir::new("identity");
-    let cache = cache_in(&dir.0);
-    let object = dir.0.join("object");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_in(dir.path());
+    let object = dir.path().join("object");
     write_object(&object, None, 16);
     cache.load_or_compile(&object).expect("compiles");
     let hit = cache.load_or_compile(&object).expect("loads");
@@ -133,7 +115,7 @@ fn objects_without_build_id_are_keyed_by_file_identity() {
         .starts_with("f-"));
 
     // Replaced by a different file (new inode, as linkers do): a miss, and the new table.
-    let replacement = dir.0.join("object.new");
+    let replacement = dir.path().join("object.new");
     write_object(&replacement, None, 32);
     std::fs::rename(&replacement, &object).unwrap();
     let reloaded = cache
@@ -145,9 +127,9 @@ fn objects_without_build_id_are_keyed_by_file_identity() {
 
 #[test]
 fn invalid_entries_are_recompiled_and_replaced() {
-    let dir = TempDir::new("invalid");
-    let cache = cache_in(&dir.0);
-    let object = dir.0.join("object");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_in(dir.path());
+    let object = dir.path().join("object");
     write_object(&object, Some(&[1, 2, 3, 4]), 16);
     let good = cache.load_or_compile(&object).expect("compiles").object;
     let entry = cache.dir().join("b-01020304.ctu");
@@ -191,7 +173,7 @@ fn invalid_entries_are_recompiled_and_replaced() {
     check(Vec::new(), &|r| matches!(r, InvalidEntry::BadMagic));
 
     // A valid entry of another object under this object's name.
-    let other = dir.0.join("other");
+    let other = dir.path().join("other");
     write_object(&other, Some(&[9, 9, 9, 9]), 24);
     cache.load_or_compile(&other).unwrap();
     let foreign = std::fs::read(cache.dir().join("b-09090909.ctu")).unwrap();
@@ -200,9 +182,9 @@ fn invalid_entries_are_recompiled_and_replaced() {
 
 #[test]
 fn mutated_entries_never_panic_or_load_wrong() {
-    let dir = TempDir::new("mutated");
-    let cache = cache_in(&dir.0);
-    let object = dir.0.join("object");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_in(dir.path());
+    let object = dir.path().join("object");
     write_object(&object, Some(&[5, 6, 7, 8]), 16);
     let good = cache.load_or_compile(&object).unwrap().object;
     let entry = cache.dir().join("b-05060708.ctu");
@@ -226,11 +208,11 @@ fn mutated_entries_never_panic_or_load_wrong() {
 
 #[test]
 fn unwritable_cache_still_returns_the_object() {
-    let dir = TempDir::new("unwritable");
-    let blocker = dir.0.join("not-a-dir");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let blocker = dir.path().join("not-a-dir");
     std::fs::write(&blocker, b"a file where the cache dir should be").unwrap();
     let cache = Cache::new(blocker.join("cache")).with_debug_search(DebugSearch::none());
-    let object = dir.0.join("object");
+    let object = dir.path().join("object");
     write_object(&object, Some(&[1, 1, 1, 1]), 16);
     let loaded = cache.load_or_compile(&object).expect("compiles");
     assert!(matches!(
@@ -248,10 +230,10 @@ fn unwritable_cache_still_returns_the_object() {
 
 #[test]
 fn missing_file_is_an_error() {
-    let dir = TempDir::new("missing");
-    let cache = cache_in(&dir.0);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_in(dir.path());
     assert!(matches!(
-        cache.load_or_compile(dir.0.join("nope")),
+        cache.load_or_compile(dir.path().join("nope")),
         Err(unwind_tables::Error::Io { .. })
     ));
 }
@@ -272,4 +254,155 @@ fn default_dir_follows_xdg() {
         }
         _ => assert_eq!(dir, None),
     }
+}
+
+/// Whether the process may give files away (root): the ownership tests need it.
+fn can_chown(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipping {test}: giving files to another user needs root");
+    }
+    root
+}
+
+#[test]
+fn a_link_planted_under_an_entry_name_is_replaced_not_followed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_in(dir.path());
+    let object = dir.path().join("object");
+    write_object(&object, Some(&[7, 7, 7, 7]), 16);
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::fs::create_dir(cache.dir()).unwrap();
+    let entry = cache.dir().join("b-07070707.ctu");
+    std::os::unix::fs::symlink(&victim, &entry).unwrap();
+    let loaded = cache.load_or_compile(&object).expect("compiles");
+    assert!(
+        matches!(
+            loaded.outcome,
+            Outcome::Compiled {
+                invalid_entry: Some(InvalidEntry::Unreadable(_)),
+                store_error: None
+            }
+        ),
+        "{:?}",
+        loaded.outcome
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&entry).unwrap().is_file());
+    assert!(matches!(
+        cache.load_or_compile(&object).unwrap().outcome,
+        Outcome::Hit
+    ));
+}
+
+#[test]
+fn a_cache_directory_that_is_a_link_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    // The link is the cache directory itself, and then a directory on its way.
+    for link in [dir.path().join("cache"), dir.path().join("parent")] {
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let cache = Cache::new(link.join(if link.ends_with("parent") {
+            "cache"
+        } else {
+            ""
+        }))
+        .with_debug_search(DebugSearch::none());
+        let object = dir.path().join("object");
+        write_object(&object, Some(&[8, 8, 8, 8]), 16);
+        let loaded = cache.load_or_compile(&object).expect("compiles");
+        let Outcome::Compiled {
+            store_error: Some(error),
+            ..
+        } = loaded.outcome
+        else {
+            panic!("stored through the link {}", link.display());
+        };
+        assert!(error.to_string().contains("symbolic link"), "{error}");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+}
+
+#[test]
+fn a_directory_writable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cache = Cache::new(shared.join("cache")).with_debug_search(DebugSearch::none());
+    let object = dir.path().join("object");
+    write_object(&object, Some(&[9, 9, 9, 9]), 16);
+    let loaded = cache.load_or_compile(&object).expect("compiles");
+    assert!(
+        matches!(loaded.outcome, Outcome::Compiled { store_error: Some(ref e), .. }
+            if e.to_string().contains("writable by other users")),
+        "{:?}",
+        loaded.outcome
+    );
+    assert!(!shared.join("cache").exists());
+}
+
+#[test]
+fn the_owner_gets_what_the_cache_creates_and_another_users_directory_is_refused() {
+    if !can_chown("cache owner") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let owner = Owner {
+        uid: 65534,
+        gid: 65534,
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(owner.uid), Some(owner.gid)).unwrap();
+    let cache = Cache::new(home.join(".cache/cargo-trace/unwind"))
+        .with_debug_search(DebugSearch::none())
+        .with_owner(owner);
+    let object = dir.path().join("object");
+    write_object(&object, Some(&[6, 6, 6, 6]), 16);
+    let loaded = cache.load_or_compile(&object).expect("compiles");
+    assert!(
+        matches!(
+            loaded.outcome,
+            Outcome::Compiled {
+                store_error: None,
+                ..
+            }
+        ),
+        "{:?}",
+        loaded.outcome
+    );
+    for path in [
+        home.join(".cache"),
+        home.join(".cache/cargo-trace"),
+        cache.dir().to_path_buf(),
+        cache.dir().join("b-06060606.ctu"),
+    ] {
+        let metadata = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(
+            (metadata.uid(), metadata.gid()),
+            (owner.uid, owner.gid),
+            "{}",
+            path.display()
+        );
+    }
+    // As another owner, the same directory is refused and left alone.
+    let other = Cache::new(cache.dir())
+        .with_debug_search(DebugSearch::none())
+        .with_owner(Owner {
+            uid: 65533,
+            gid: 65533,
+        });
+    let loaded = other.load_or_compile(&object).expect("compiles");
+    assert!(
+        matches!(loaded.outcome, Outcome::Compiled { store_error: Some(ref e), .. }
+            if e.to_string().contains("another user")),
+        "{:?}",
+        loaded.outcome
+    );
+    assert_eq!(entries(&cache).len(), 1);
 }

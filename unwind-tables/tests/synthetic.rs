@@ -435,24 +435,6 @@ fn debug_frame_fills_what_eh_frame_lacks() {
     assert!(!object.stats.separate_debug_file);
 }
 
-/// A fresh directory under the system temp dir, removed when dropped.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("unwind-tables-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn debug_file(build_id: Option<&[u8]>) -> Vec<u8> {
     let mut debug = DebugFrame::new();
     let cie = debug.cie(&standard_cie());
@@ -466,12 +448,12 @@ fn debug_file(build_id: Option<&[u8]>) -> Vec<u8> {
 
 #[test]
 fn separate_debug_file_by_build_id() {
-    let dir = TempDir::new("build-id");
+    let dir = tempfile::tempdir().expect("temp dir");
     let id = [0xab, 0xcd, 0xef, 0x01];
-    let main = dir.0.join("main");
+    let main = dir.path().join("main");
     std::fs::write(&main, Elf::new(0x1000, 0x2000).build_id(&id).build()).unwrap();
     let search = DebugSearch {
-        debug_dirs: vec![dir.0.join("debug")],
+        debug_dirs: vec![dir.path().join("debug")],
     };
     // Without the debug file: no CFI at all.
     assert!(matches!(
@@ -479,7 +461,7 @@ fn separate_debug_file_by_build_id() {
         Err(Error::NoUnwindInfo)
     ));
 
-    let by_id = dir.0.join("debug/.build-id/ab/cdef01.debug");
+    let by_id = dir.path().join("debug/.build-id/ab/cdef01.debug");
     std::fs::create_dir_all(by_id.parent().unwrap()).unwrap();
     // A debug file of another build: ignored.
     std::fs::write(&by_id, debug_file(Some(&[1, 2, 3, 4]))).unwrap();
@@ -502,12 +484,12 @@ fn separate_debug_file_by_build_id() {
 
 #[test]
 fn separate_debug_file_by_debuglink() {
-    let dir = TempDir::new("debuglink");
+    let dir = tempfile::tempdir().expect("temp dir");
     let debug = debug_file(None);
     let crc = crc32(&debug);
-    std::fs::create_dir_all(dir.0.join(".debug")).unwrap();
-    std::fs::write(dir.0.join(".debug/main.debug"), &debug).unwrap();
-    let main = dir.0.join("main");
+    std::fs::create_dir_all(dir.path().join(".debug")).unwrap();
+    std::fs::write(dir.path().join(".debug/main.debug"), &debug).unwrap();
+    let main = dir.path().join("main");
     let search = DebugSearch::none();
 
     std::fs::write(

@@ -7,7 +7,9 @@
 pub mod csv;
 pub mod folded;
 pub mod heap_report;
+pub mod json;
 pub mod pprof;
+pub mod speedscope;
 pub mod summary;
 pub mod svg;
 
@@ -25,6 +27,10 @@ pub enum Format {
     Folded,
     /// pprof's gzipped profile.proto (`--pprof`).
     Pprof,
+    /// Every sample, location and counter as JSON (`--json`; docs/json.md).
+    Json,
+    /// speedscope's file format (`--speedscope`).
+    Speedscope,
     /// The heap profile's text report (`--report-text`).
     HeapReport,
     /// One CSV row per stack with every value (`--csv`).
@@ -37,12 +43,14 @@ impl Format {
     /// What the file holds, for messages.
     pub fn describe(self) -> &'static str {
         match self {
-            Format::Svg => "the flamegraph",
+            Format::Svg => "flamegraph",
             Format::Folded => "folded stacks",
-            Format::Pprof => "the pprof profile",
-            Format::HeapReport => "the heap report",
-            Format::Csv => "the CSV table",
-            Format::Timeline => "the heap timeline",
+            Format::Pprof => "pprof profile",
+            Format::Json => "JSON profile",
+            Format::Speedscope => "speedscope profile",
+            Format::HeapReport => "heap report",
+            Format::Csv => "CSV table",
+            Format::Timeline => "heap timeline",
         }
     }
 
@@ -56,6 +64,8 @@ impl Format {
             Format::Svg => svg::write(profile, options.weighting, &options.title, out),
             Format::Folded => folded::write(profile, options.weighting, out),
             Format::Pprof => pprof::write(profile, out),
+            Format::Json => json::write(profile, out),
+            Format::Speedscope => speedscope::write(profile, options.weighting, out),
             Format::HeapReport => heap_report::write(profile, options.order_by, out),
             Format::Csv => csv::write(profile, options.weighting, out),
             Format::Timeline => csv::write_timeline(profile, out),

@@ -4,42 +4,40 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Whether the tests that load BPF programs can run; prints why not when they can't.
-/// CI runs as root, where they always run.
+/// CI runs as root, where they always run: under `CI=true` a missing root fails the test.
 pub fn bpf_available(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !root {
+        assert!(
+            std::env::var_os("CI").is_none_or(|ci| ci != "true"),
+            "{test}: loading BPF programs needs root, and CI must run as root"
+        );
         eprintln!("skipping {test}: loading BPF programs needs root");
     }
     root
 }
 
-/// A private scratch directory, removed on drop.
-pub struct Scratch(pub PathBuf);
+/// A private scratch directory (unpredictable name, mode 0700), removed on drop.
+pub struct Scratch(pub tempfile::TempDir);
 
 impl Scratch {
     pub fn new(name: &str) -> Scratch {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "cargo-trace-e2e-{}-{}-{name}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("cargo-trace-e2e-{name}-"))
+            .tempdir()
+            .expect("create scratch dir");
         Scratch(dir)
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
+        self.0.path().join(name)
     }
-}
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+    pub fn dir(&self) -> &Path {
+        self.0.path()
     }
 }
 
@@ -110,7 +108,7 @@ pub fn trace(name: &str, probes: &[&str], command: &str, extra: &[&str]) -> Run 
         .arg("--folded")
         .arg(&folded_path)
         .args(extra)
-        .current_dir(&scratch.0)
+        .current_dir(scratch.dir())
         .stdin(Stdio::null());
     let output = cmd.output().expect("run cargo-trace");
     let run = Run {
@@ -133,7 +131,7 @@ pub fn run_args(args: &[&str]) -> (ExitStatus, String) {
     let scratch = Scratch::new("args");
     let output = Command::new(binary())
         .args(args)
-        .current_dir(&scratch.0)
+        .current_dir(scratch.dir())
         .stdin(Stdio::null())
         .output()
         .expect("run cargo-trace");

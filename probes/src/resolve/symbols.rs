@@ -166,11 +166,13 @@ pub(super) fn find_functions<'a>(
         });
     }
 
-    // One function per address: prefer .symtab and default symbol versions.
+    // One function per address: prefer an IFUNC's own name to other names of its
+    // resolver, then .symtab and default symbol versions.
     let mut by_address: BTreeMap<u64, &Function> = BTreeMap::new();
+    let rank = |f: &Function| (!f.ifunc, f.dynamic, f.hidden_version);
     for f in found {
         let entry = by_address.entry(f.address).or_insert(f);
-        if (f.dynamic, f.hidden_version) < (entry.dynamic, entry.hidden_version) {
+        if rank(f) < rank(entry) {
             *entry = f;
         }
     }

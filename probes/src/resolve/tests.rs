@@ -5,7 +5,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::binary::{is_elf, library_matches, library_rank};
+use super::binary::{find_library, is_elf, library_matches, library_rank};
 use super::symbols::{strip_generic_arguments, suggestions, Names};
 use super::*;
 use crate::elf::Function;
@@ -225,13 +225,128 @@ fn c_symbols_resolve_to_the_offsets_the_kernel_maps() {
         ));
         assert_eq!(by_address.file_offset, target.file_offset);
         assert_eq!(by_address.symbol, "probes_fixture_add");
-        let inside = resolve_one(&format!(
+        let at_4 = resolve_one(&format!(
             "uprobe:{}:{:#x}",
             binary.display(),
-            target.address + 1
+            target.address + 4
         ));
-        assert_eq!(inside.symbol, "probes_fixture_add+0x1");
+        assert_eq!(at_4.symbol, "probes_fixture_add+0x4");
     }
+}
+
+/// Where objdump says the instructions of `function` start, as offsets into it.
+fn objdump_boundaries(binary: &Path, function: &str) -> Vec<u64> {
+    let output = Command::new("objdump")
+        .args([
+            "-d",
+            "--no-show-raw-insn",
+            &format!("--disassemble={function}"),
+        ])
+        .arg(binary)
+        .output()
+        .expect("objdump runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut addresses = text.lines().filter_map(|line| {
+        let (address, _) = line.trim_start().split_once(":\t")?;
+        u64::from_str_radix(address, 16).ok()
+    });
+    let start = addresses.next().expect("objdump lists the function");
+    std::iter::once(0)
+        .chain(addresses.map(|a| a - start))
+        .collect()
+}
+
+#[test]
+fn offsets_and_addresses_inside_instructions_are_refused_with_the_nearest_boundaries() {
+    let dir = TempDir::new("boundaries");
+    for binary in c_fixtures(&dir) {
+        let name = "probes_fixture_add";
+        let start = resolve_one(&format!("uprobe:{}:{name}", binary.display())).address;
+        let boundaries = objdump_boundaries(&binary, name);
+        assert!(boundaries.len() > 2, "{boundaries:?}");
+        let end = *boundaries.last().unwrap();
+        for offset in 1..end {
+            let by_offset = resolve(&format!("uprobe:{}:{name}+{offset}", binary.display()));
+            let by_address = resolve(&format!(
+                "uprobe:{}:{:#x}",
+                binary.display(),
+                start + offset
+            ));
+            if boundaries.contains(&offset) {
+                assert_eq!(by_offset.unwrap()[0].address, start + offset);
+                assert_eq!(by_address.unwrap()[0].address, start + offset);
+                continue;
+            }
+            let before = *boundaries.iter().rev().find(|&&b| b < offset).unwrap();
+            let after = *boundaries.iter().find(|&&b| b > offset).unwrap();
+            let err = by_offset.unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "offset {offset:#x} is inside an instruction of {name} in "
+                )),
+                "{err}"
+            );
+            assert!(
+                err.ends_with(&format!(
+                    "the nearest instruction boundaries are {name}+{before:#x} and {name}+{after:#x}"
+                )),
+                "{err}"
+            );
+            let err = by_address.unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "address {:#x} ({name}+{offset:#x}) is inside an instruction",
+                    start + offset
+                )),
+                "{err}"
+            );
+            assert!(
+                err.ends_with(&format!(
+                    "boundaries are {:#x} ({name}+{before:#x}) and {:#x} ({name}+{after:#x})",
+                    start + before,
+                    start + after
+                )),
+                "{err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn addresses_in_no_known_function_are_refused_unless_forced() {
+    use object::{Object, ObjectSection};
+    let dir = TempDir::new("outside");
+    let binary = &c_fixtures(&dir)[0];
+    let data = fs::read(binary).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    // The PLT is code without symbols.
+    let plt = file.section_by_name(".plt").expect("a .plt").address();
+    let spec = uprobe(&format!("uprobe:{}:{plt:#x}", binary.display()));
+    let err = resolve_uprobe(&spec, None).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!("address {plt:#x} is in no known function of ")),
+        "{err}"
+    );
+    assert!(err.contains("--unsafe"), "{err}");
+    let forced = ResolveOptions {
+        pid: None,
+        unsafe_addresses: true,
+    };
+    let targets = resolve_uprobe_with(&spec, &forced).unwrap().targets;
+    assert_eq!(targets[0].address, plt);
+    assert_eq!(targets[0].symbol, format!("{plt:#x}"));
+    // Forcing never lets a probe land inside a known instruction.
+    let add = resolve_one(&format!("uprobe:{}:probes_fixture_add", binary.display()));
+    let spec = uprobe(&format!(
+        "uprobe:{}:{:#x}",
+        binary.display(),
+        add.address + 1
+    ));
+    let err = resolve_uprobe_with(&spec, &forced).unwrap_err();
+    assert!(
+        matches!(err, ResolveError::InsideInstruction { .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -704,4 +819,201 @@ fn suggestions_rank_same_suffix_first() {
     assert_eq!(found[0], "a::parse");
     assert!(found.contains(&"c::prase".to_string()), "{found:?}");
     assert!(!found.contains(&"unrelated".to_string()), "{found:?}");
+}
+
+/// Whether this machine has libc's separate debug file (libc6-dbg, which CI installs).
+fn libc_debug_file() -> bool {
+    let libc = find_library("libc", None).unwrap();
+    let found = unwind_tables::find_debug_file_path(&libc, &unwind_tables::DebugSearch::default())
+        .is_some();
+    if !found {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI has no debug file for {}: .ci/setup.sh installs libc6-dbg",
+            libc.display()
+        );
+        eprintln!("skipping: no debug file for {} (libc6-dbg)", libc.display());
+    }
+    found
+}
+
+#[test]
+fn ifunc_symbols_resolve_to_the_implementation_this_process_calls() {
+    let pid = std::process::id();
+    // Taking a function's address goes through the GOT, which ld.so filled with what
+    // the IFUNC's resolver returned: the implementation this process calls.
+    let called: [(&str, usize); 2] = [
+        ("strlen", libc::strlen as *const () as usize),
+        ("memcpy", libc::memcpy as *const () as usize),
+    ];
+    for (name, address) in called {
+        let (path, file_offset) = mapped_file_offset(pid, address as u64);
+        let spec = uprobe(&format!("uprobe:libc:{name}"));
+        let options = ResolveOptions {
+            pid: Some(pid),
+            unsafe_addresses: false,
+        };
+        let resolution = resolve_uprobe_with(&spec, &options).unwrap();
+        assert_eq!(resolution.targets.len(), 1, "{resolution:?}");
+        let target = &resolution.targets[0];
+        assert_eq!(
+            fs::metadata(&target.path).unwrap().ino(),
+            fs::metadata(&path).unwrap().ino()
+        );
+        assert_eq!(target.file_offset, file_offset, "{name}: {resolution:?}");
+        let [Notice::Ifunc {
+            implementations,
+            selected_in,
+            ..
+        }] = resolution.notices.as_slice()
+        else {
+            panic!("{name}: {resolution:?}");
+        };
+        assert_eq!(*selected_in, Some(pid));
+        assert_eq!(implementations, std::slice::from_ref(&target.symbol));
+        let line = resolution.notices[0].to_string();
+        assert!(
+            line.starts_with(&format!("{name} in ")) && line.contains(" is an IFUNC: probing "),
+            "{line}"
+        );
+
+        // Without a process: every implementation the resolver can select, that one
+        // among them.
+        let all = resolve_uprobe(&spec, None).unwrap();
+        assert!(all.len() > 1, "{name}: {all:?}");
+        assert!(
+            all.iter().any(|t| t.file_offset == file_offset),
+            "{name}: {all:?}"
+        );
+        if libc_debug_file() {
+            assert!(
+                all.iter().all(|t| t.symbol.starts_with("__")),
+                "implementations are named: {all:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn names_from_the_separate_debug_file_are_probes() {
+    if !libc_debug_file() {
+        return;
+    }
+    let getppid = resolve_one("uprobe:libc:getppid");
+    let internal = resolve_one("uprobe:libc:__GI_getppid");
+    assert_eq!(internal.address, getppid.address);
+    // A static function only the debug file names, and a pattern over such names.
+    let evex = resolve_one("uprobe:libc:__strlen_evex");
+    assert_eq!(evex.symbol, "__strlen_evex");
+    let all = resolve("uprobe:libc:__strlen_*").unwrap();
+    assert!(all.len() > 2, "{all:?}");
+    assert!(all.iter().any(|t| t.address == evex.address), "{all:?}");
+}
+
+#[test]
+fn a_pattern_probes_ifuncs_at_their_implementations_in_one_notice() {
+    if !libc_debug_file() {
+        return;
+    }
+    let pid = std::process::id();
+    let options = ResolveOptions {
+        pid: Some(pid),
+        unsafe_addresses: false,
+    };
+    let resolution = resolve_uprobe_with(&uprobe("uprobe:libc:str*len*"), &options).unwrap();
+    let strlen = resolve_uprobe_with(&uprobe("uprobe:libc:strlen"), &options).unwrap();
+    // strlen's resolver has aliases (glibc's `strlen_ifunc`): none of them is probed.
+    let libc = ElfInfo::load(&find_library("libc", None).unwrap()).unwrap();
+    let resolver = libc.functions.iter().find(|f| f.name == "strlen").unwrap();
+    assert!(
+        !resolution
+            .targets
+            .iter()
+            .any(|t| t.address == resolver.address),
+        "{resolution:?}"
+    );
+    assert!(resolution
+        .targets
+        .iter()
+        .any(|t| t.address == strlen.targets[0].address));
+    let [notice] = resolution.notices.as_slice() else {
+        panic!("{resolution:?}");
+    };
+    let line = notice.to_string();
+    assert!(line.contains("functions matching 'str*len*' in "), "{line}");
+    assert!(
+        line.contains(&format!("strlen -> {}", strlen.targets[0].symbol)),
+        "{line}"
+    );
+}
+
+/// Functions whose first instruction Linux's uprobes misread (VEX 0x74, vpcmpeqb, read
+/// as `je`): one whose second instruction can stand for its entry, one whose second
+/// instruction is a loop's head.
+const AVX_FIXTURE: &str = r#"
+__asm__(".text\n"
+        ".globl avx_first\n.type avx_first, @function\navx_first:\n"
+        "vpcmpeqb %xmm0, %xmm0, %xmm1\n"
+        "xor %eax, %eax\n"
+        "vmovd %xmm1, %eax\n"
+        "ret\n.size avx_first, .-avx_first\n"
+        ".globl avx_loop\n.type avx_loop, @function\navx_loop:\n"
+        "vpcmpeqb %xmm0, %xmm0, %xmm1\n"
+        "1: dec %edi\n"
+        "jnz 1b\n"
+        "ret\n.size avx_loop, .-avx_loop\n");
+int main(void) { return 0; }
+"#;
+
+#[test]
+fn instructions_the_kernel_would_skip_are_never_probed() {
+    let dir = TempDir::new("avx");
+    let binary = compile("gcc", dir.path(), "avx", "c", AVX_FIXTURE, &["-O2"]);
+    let path = binary.display();
+    let libc_free = |spec: &str| resolve_uprobe_with(&uprobe(spec), &ResolveOptions::default());
+    let entry = {
+        let info = ElfInfo::load(&binary).unwrap();
+        info.functions
+            .iter()
+            .find(|f| f.name == "avx_first")
+            .unwrap()
+            .address
+    };
+
+    // The entry moves past the instruction, and says so.
+    let moved = libc_free(&format!("uprobe:{path}:avx_first")).unwrap();
+    assert_eq!(moved.targets.len(), 1);
+    assert_eq!(moved.targets[0].address, entry + 4);
+    assert_eq!(moved.targets[0].symbol, "avx_first+0x4");
+    let [Notice::PastMisreadInstruction { moved: list, .. }] = moved.notices.as_slice() else {
+        panic!("{moved:?}");
+    };
+    assert_eq!(
+        list,
+        &[("avx_first".to_string(), "vpcmpeqb".to_string(), 4)]
+    );
+
+    // Asked for by offset or address: refused, naming the next instruction.
+    let err = libc_free(&format!("uprobe:{path}:{entry:#x}")).unwrap_err();
+    assert!(
+        matches!(&err, ResolveError::Misread { mnemonic, next, .. }
+            if mnemonic == "vpcmpeqb" && *next == format!("{:#x}", entry + 4)),
+        "{err}"
+    );
+    let at_second = libc_free(&format!("uprobe:{path}:avx_first+4")).unwrap();
+    assert_eq!(at_second.targets[0].address, entry + 4);
+    assert!(at_second.notices.is_empty());
+
+    // A loop's head is no entry: refused alone, left out of a pattern.
+    let err = libc_free(&format!("uprobe:{path}:avx_loop")).unwrap_err();
+    assert!(err.to_string().contains("is a branch target"), "{err}");
+    let pattern = libc_free(&format!("uprobe:{path}:avx_*")).unwrap();
+    assert_eq!(pattern.targets.len(), 1, "{pattern:?}");
+    assert!(
+        pattern.notices.iter().any(
+            |n| matches!(n, Notice::SkippedMisread { functions, .. } if functions == &["avx_loop"])
+        ),
+        "{pattern:?}"
+    );
 }

@@ -627,3 +627,46 @@ fn display_round_trips_odd_fields() {
         assert_eq!(parse(&spec.to_string()), Ok(spec));
     }
 }
+
+#[test]
+fn comma_lists_split_between_probes_only() {
+    assert_eq!(
+        split_list(" uprobe:./p:f,uprobe:./p:g , t:sched:sched_switch").unwrap(),
+        ["uprobe:./p:f", "uprobe:./p:g", "t:sched:sched_switch"]
+    );
+    // Commas inside C++ names, quotes, and before no probe type stay.
+    for whole in [
+        "uprobe:./p:cpp:ns::f(int, char)",
+        "uprobe:./p:\"ns::f(int,uprobe:x)\"",
+        "uprobe:./p:f<a,b>",
+        "uprobe:./p,q:f",
+    ] {
+        assert_eq!(split_list(whole).unwrap(), [whole]);
+    }
+    let e = err("uprobe:./p:f,uprobe:./p:g");
+    assert!(e.contains("a list of 2 probes"), "{e}");
+}
+
+#[test]
+fn filters_and_actions_say_they_are_not_supported() {
+    let e = err("uprobe:./p:f /pid == 1/");
+    assert!(
+        e.starts_with("filters are not supported ('/pid == 1/' in 'uprobe:./p:f /pid == 1/'): "),
+        "{e}"
+    );
+    assert!(e.contains("-p"), "{e}");
+    let e = split_list("uprobe:./p:f,uprobe:./p:g /comm == \"x\"/")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("filters are not supported"), "{e}");
+    let e = err("profile:hz:99 { @[ustack] = count(); }");
+    assert!(
+        e.starts_with("actions are not supported ('{ @[ustack] = count(); }'"),
+        "{e}"
+    );
+    // A path is no filter.
+    assert!(parse("uprobe:/bin/bash:readline").is_ok());
+    for spec in ["uprobe:./p:f /pid == 1/", "profile:hz:99 {x}"] {
+        assert!(!err(spec).contains('\n'));
+    }
+}
