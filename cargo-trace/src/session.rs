@@ -9,6 +9,7 @@
 //!   (by `Drop`, whatever path leaves the phase). What the kernel counted becomes a
 //!   [`Profile`], which the writers turn into files.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -28,7 +29,7 @@ use crate::profile::{
     HeapTotals, Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint, ValueType,
 };
 use crate::signals;
-use crate::symbolize::Symbolizer;
+use crate::symbolize::{SymbolMapping, Symbolizer};
 use crate::tables::ProcessTables;
 use crate::writers::{self, Format, Weighting};
 
@@ -43,7 +44,17 @@ pub fn run(cli: &Cli) -> Result<i32> {
     // Checked before anything runs: a bad path must not cost the run.
     let outputs = open_outputs(cli)?;
     let running = Prepared::new(cli, probes)?.start(cli.bpf_stats)?;
-    let mut finished = running.wait(cli.duration)?;
+    let mut finished = running.wait(cli.duration, &cli.alloc, &mut |profile| {
+        // SIGUSR1: every output as of now; the session carries on.
+        let argv = profile.metadata.command.as_deref();
+        let written = write_outputs(cli, &outputs, profile, argv);
+        if let Some(line) = written.summary() {
+            eprintln!(
+                "{line} (as of {:.1} s, on SIGUSR1)",
+                profile.metadata.duration.as_secs_f64()
+            );
+        }
+    })?;
     let profile = finished.profile(&cli.alloc)?;
     let written = write_outputs(cli, &outputs, &profile, finished.argv.as_deref());
     if profile.heap.is_some() && cli.alloc.report_text.is_none() {
@@ -242,9 +253,15 @@ struct Running {
 impl Running {
     /// Runs until the target exits (launch mode) or disappears or a stop is asked for
     /// (attach mode), or `duration` passes, registering new mappings as they appear.
-    pub fn wait(mut self, duration: Option<Duration>) -> Result<Finished> {
+    /// On SIGUSR1, `on_snapshot` gets the profile as of then.
+    pub fn wait(
+        mut self,
+        duration: Option<Duration>,
+        alloc: &AllocArgs,
+        on_snapshot: &mut dyn FnMut(&Profile),
+    ) -> Result<Finished> {
         let deadline = duration.map(|duration| self.started + duration);
-        let exit = self.wait_for_end(deadline)?;
+        let exit = self.wait_for_end(deadline, alloc, on_snapshot)?;
         let elapsed = self.started.elapsed();
         let untraced = process::still_running(self.traced.tracer.filtered_pids(), self.traced.pid);
         let Running {
@@ -296,7 +313,12 @@ impl Running {
     }
 
     /// `None`: the target is still running.
-    fn wait_for_end(&mut self, deadline: Option<Instant>) -> Result<Option<Exit>> {
+    fn wait_for_end(
+        &mut self,
+        deadline: Option<Instant>,
+        alloc: &AllocArgs,
+        on_snapshot: &mut dyn FnMut(&Profile),
+    ) -> Result<Option<Exit>> {
         let traced = &mut self.traced;
         let mut last_refresh = Instant::now();
         let mut waiting_notice = signals::WaitingNotice::default();
@@ -338,6 +360,29 @@ impl Running {
             if let Some(heap) = &mut self.heap {
                 heap.tick(&traced.tracer, &traced.tables);
             }
+            if signals::snapshot_requested() {
+                let source = ProfileSource {
+                    tracer: &traced.tracer,
+                    probes: &traced.probes,
+                    symbol_mappings: traced.tables.symbol_mappings().clone(),
+                    without_table: traced.tables.coverage.without_table.clone(),
+                    pid: traced.pid,
+                    entry: traced.entry,
+                    argv: traced.argv.clone(),
+                    executable: traced.executable.clone(),
+                    started_at: self.started_at,
+                    elapsed: self.started.elapsed(),
+                    timeline: self
+                        .heap
+                        .as_ref()
+                        .map(|heap| heap.timeline().to_vec())
+                        .unwrap_or_default(),
+                };
+                match build_profile(source, alloc) {
+                    Ok(profile) => on_snapshot(&profile),
+                    Err(error) => eprintln!("cargo-trace: error: on SIGUSR1: {error:#}"),
+                }
+            }
         }
     }
 }
@@ -366,86 +411,22 @@ struct Finished {
 impl Finished {
     /// The kernel's counts, symbolized.
     pub fn profile(&mut self, alloc: &AllocArgs) -> Result<Profile> {
-        let (mut value_types, period) = value_types(&self.probes);
-        let mut raw = raw_samples(&self.tracer, &self.probes)?;
-        let heap = if self.probes.iter().any(|p| p.event_spec().is_none()) {
-            Some(crate::alloc::add_samples(
-                &self.tracer,
-                &mut value_types,
-                &mut raw,
-                &alloc.options(),
-                self.started_at + self.elapsed,
-            )?)
-        } else {
-            None
-        };
-        let mut symbolizer = Symbolizer::new();
-        // A child that exited before its mappings were read ran with its parent's (fork
-        // copies them): the target's are the best guess for it.
-        symbolizer.set_fallback(self.pid);
-        symbolizer.set_parents(self.tracer.parents());
-        for (pid, mappings) in self.tables.take_symbol_mappings() {
-            symbolizer.add_process(pid, mappings);
-        }
-        let mut not_the_targets = 0;
-        let held_at_entry = |sample: &RawSample, symbolizer: &mut Symbolizer| {
-            self.entry.is_some_and(|entry| {
-                sample.pid == self.pid
-                    && sample.user == [entry]
-                    && sample
-                        .kernel
-                        .iter()
-                        .any(|&pc| symbolizer.kernel(pc).function.ends_with("exc_int3"))
-            })
-        };
-        let raw: Vec<RawSample> = raw
-            .into_iter()
-            .filter(|sample| {
-                let own = held_at_entry(sample, &mut symbolizer);
-                if own {
-                    not_the_targets += sample.values[0];
-                }
-                !own
-            })
-            .collect();
-        let mut builder = ProfileBuilder::new(&mut symbolizer, value_types);
-        for sample in &raw {
-            builder.add(sample);
-        }
-        let walk_ends = self
-            .tracer
-            .walk_ends()
-            .context("reading the walk counters")?;
-        let losses = self.tracer.losses().context("reading the loss counters")?;
-        let lost = Loss::ALL
-            .iter()
-            .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
-            .map(|loss| (loss.name(), losses[*loss as usize]));
-        let summary = Summary {
-            failures: walk_ends
-                .failures()
-                .chain(lost)
-                .map(|(name, count)| (name.to_string(), count))
-                .collect(),
-            in_exec: losses[Loss::InExec as usize],
-            without_table: self.tables.coverage.without_table.clone(),
-            not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
-        };
-        let metadata = Metadata {
-            command: self.argv.clone(),
-            pid: self.pid,
-            executable: self.executable.clone(),
-            started: Some(self.started_at),
-            duration: self.elapsed,
-            period,
-        };
-        let probes = self.probes.iter().map(|p| p.text.clone()).collect();
-        let mut profile = builder.finish(probes, summary, metadata);
-        profile.heap = heap.map(|heap| HeapTotals {
-            timeline: std::mem::take(&mut self.timeline),
-            ..heap
-        });
-        Ok(profile)
+        build_profile(
+            ProfileSource {
+                tracer: &self.tracer,
+                probes: &self.probes,
+                symbol_mappings: self.tables.take_symbol_mappings(),
+                without_table: self.tables.coverage.without_table.clone(),
+                pid: self.pid,
+                entry: self.entry,
+                argv: self.argv.clone(),
+                executable: self.executable.clone(),
+                started_at: self.started_at,
+                elapsed: self.elapsed,
+                timeline: std::mem::take(&mut self.timeline),
+            },
+            alloc,
+        )
     }
 
     /// With `--bpf-stats`: each program's runs and nanoseconds per run.
@@ -502,6 +483,109 @@ impl Finished {
             },
         }
     }
+}
+
+/// What a profile is made of: the kernel's counts and what the session knows of the
+/// processes, at the end or (SIGUSR1) while the target runs.
+struct ProfileSource<'a> {
+    tracer: &'a Tracer,
+    probes: &'a [Probe],
+    symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
+    without_table: Vec<(String, String)>,
+    pid: u32,
+    entry: Option<u64>,
+    argv: Option<Vec<String>>,
+    executable: Option<String>,
+    started_at: SystemTime,
+    elapsed: Duration,
+    timeline: Vec<TimelinePoint>,
+}
+
+/// The kernel's counts, symbolized.
+fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile> {
+    let (mut value_types, period) = value_types(source.probes);
+    let mut raw = raw_samples(source.tracer, source.probes)?;
+    let heap = if source.probes.iter().any(|p| p.event_spec().is_none()) {
+        Some(crate::alloc::add_samples(
+            source.tracer,
+            &mut value_types,
+            &mut raw,
+            &alloc.options(),
+            source.started_at + source.elapsed,
+        )?)
+    } else {
+        None
+    };
+    let mut symbolizer = Symbolizer::new();
+    // A child that exited before its mappings were read ran with its parent's (fork
+    // copies them): the target's are the best guess for it.
+    symbolizer.set_fallback(source.pid);
+    symbolizer.set_parents(source.tracer.parents());
+    for (pid, mappings) in source.symbol_mappings {
+        symbolizer.add_process(pid, mappings);
+    }
+    let mut not_the_targets = 0;
+    let held_at_entry = |sample: &RawSample, symbolizer: &mut Symbolizer| {
+        source.entry.is_some_and(|entry| {
+            sample.pid == source.pid
+                && sample.user == [entry]
+                && sample
+                    .kernel
+                    .iter()
+                    .any(|&pc| symbolizer.kernel(pc).function.ends_with("exc_int3"))
+        })
+    };
+    let raw: Vec<RawSample> = raw
+        .into_iter()
+        .filter(|sample| {
+            let own = held_at_entry(sample, &mut symbolizer);
+            if own {
+                not_the_targets += sample.values[0];
+            }
+            !own
+        })
+        .collect();
+    let mut builder = ProfileBuilder::new(&mut symbolizer, value_types);
+    for sample in &raw {
+        builder.add(sample);
+    }
+    let walk_ends = source
+        .tracer
+        .walk_ends()
+        .context("reading the walk counters")?;
+    let losses = source
+        .tracer
+        .losses()
+        .context("reading the loss counters")?;
+    let lost = Loss::ALL
+        .iter()
+        .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
+        .map(|loss| (loss.name(), losses[*loss as usize]));
+    let summary = Summary {
+        failures: walk_ends
+            .failures()
+            .chain(lost)
+            .map(|(name, count)| (name.to_string(), count))
+            .collect(),
+        in_exec: losses[Loss::InExec as usize],
+        without_table: source.without_table,
+        not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
+    };
+    let metadata = Metadata {
+        command: source.argv,
+        pid: source.pid,
+        executable: source.executable,
+        started: Some(source.started_at),
+        duration: source.elapsed,
+        period,
+    };
+    let probes = source.probes.iter().map(|p| p.text.clone()).collect();
+    let mut profile = builder.finish(probes, summary, metadata);
+    profile.heap = heap.map(|heap| HeapTotals {
+        timeline: source.timeline,
+        ..heap
+    });
+    Ok(profile)
 }
 
 /// The outputs the command line asks for, checked and opened: each with its format.

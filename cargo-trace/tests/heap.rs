@@ -658,3 +658,79 @@ fn a_size_range_counts_its_sites_only() {
         "{report}"
     );
 }
+
+/// SIGUSR1 writes every output as of then and tracing goes on: the leak counted in the
+/// snapshot grows by the end.
+#[test]
+fn sigusr1_writes_the_outputs_as_of_now() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    if !bpf_available("sigusr1_writes_the_outputs_as_of_now") {
+        return;
+    }
+    let path = fixtures::c_fixture("leak_rate");
+    let scratch = common::Scratch::new("alloc-sigusr1");
+    let mut session = Command::new(common::binary())
+        .args([
+            "alloc",
+            "-c",
+            &quoted(&path),
+            "--no-svg",
+            "--csv",
+            "heap.csv",
+        ])
+        .current_dir(&scratch.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cargo-trace");
+    let mut stdout = std::io::BufReader::new(session.stdout.take().unwrap());
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).unwrap();
+    assert_eq!(ready, "ready\n");
+    let csv = scratch.path("heap.csv");
+    assert!(!csv.exists());
+
+    let pid = session.id() as i32;
+    let leaked_in = |text: &str| -> i64 {
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let column = header.iter().position(|h| *h == "leaked_blocks").unwrap();
+        lines
+            .filter(|line| line.contains("site_leak_tick"))
+            .map(|line| line.split(',').nth(column).unwrap().parse::<i64>().unwrap())
+            .sum()
+    };
+    // SIGUSR1 until a snapshot (written whole, then renamed into place) counts more than
+    // `floor` leaked blocks: the target leaks one every 10 ms while it is traced.
+    let snapshot_above = |floor: i64| -> i64 {
+        for _ in 0..300 {
+            // SAFETY: kill(2) on our own child.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if let Ok(text) = std::fs::read_to_string(&csv) {
+                let leaked = leaked_in(&text);
+                if leaked > floor {
+                    return leaked;
+                }
+            }
+        }
+        panic!("no snapshot counted more than {floor} leaked blocks");
+    };
+    let early = snapshot_above(0);
+    // Tracing went on after the snapshot.
+    let later = snapshot_above(early);
+
+    // SAFETY: as above; the session forwards it to the target, which ends.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let output = session.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("on SIGUSR1"), "{stderr}");
+    let last = leaked_in(&std::fs::read_to_string(&csv).unwrap());
+    assert!(
+        last >= later,
+        "{last} blocks at the end, {later} in a snapshot"
+    );
+}

@@ -48,6 +48,11 @@ impl HeapWatch {
         }
     }
 
+    /// The timeline so far.
+    pub fn timeline(&self) -> &[TimelinePoint] {
+        &self.timeline
+    }
+
     /// The timeline so far, with a last point as of now.
     pub fn finish(mut self, tracer: &Tracer) -> Vec<TimelinePoint> {
         if let Ok(point) = self.point(tracer) {
