@@ -87,6 +87,30 @@ fn sum(rows: &[&Row], column: &str) -> i64 {
     rows.iter().map(|row| row.value(column)).sum()
 }
 
+/// A child ended with `signal` (twice: a session kills a target that ignores the first)
+/// and reaped should the test end first, by a panic: a session left running keeps its
+/// probes in every process, and changes what other sessions see.
+struct EndOnDrop(Option<std::process::Child>, i32);
+
+impl EndOnDrop {
+    fn take(&mut self) -> std::process::Child {
+        self.0.take().expect("the child")
+    }
+}
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            for _ in 0..2 {
+                // SAFETY: kill(2) on our own unreaped child.
+                unsafe { libc::kill(child.id() as i32, self.1) };
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Every site's allocations, bytes, frees and leaks exactly as the fixture counted them,
 /// each in its size's histogram bucket, and every walk complete.
 fn check_sites(run: &Run, rows: &[Row]) -> Vec<HeapSite> {
@@ -335,12 +359,18 @@ fn attached_to_a_leaking_server() {
         return;
     }
     let path = fixtures::c_fixture("leak_rate");
-    let mut server = Command::new(&path)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start leak_rate");
+    let mut server = EndOnDrop(
+        Some(
+            Command::new(&path)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start leak_rate"),
+        ),
+        libc::SIGKILL,
+    );
+    let server_pid = server.0.as_ref().unwrap().id();
     let mut ready = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap())
+    std::io::BufReader::new(server.0.as_mut().unwrap().stdout.take().unwrap())
         .read_line(&mut ready)
         .unwrap();
     assert_eq!(ready, "ready\n");
@@ -351,7 +381,7 @@ fn attached_to_a_leaking_server() {
         .args([
             "alloc",
             "-p",
-            &server.id().to_string(),
+            &server_pid.to_string(),
             "-d",
             &seconds.to_string(),
         ])
@@ -360,8 +390,7 @@ fn attached_to_a_leaking_server() {
         .current_dir(&scratch.0)
         .output()
         .expect("run cargo-trace");
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{stderr}");
     assert!(output.status.success(), "cargo-trace failed: {stderr}");
@@ -671,7 +700,7 @@ fn sigusr1_writes_the_outputs_as_of_now() {
     }
     let path = fixtures::c_fixture("leak_rate");
     let scratch = common::Scratch::new("alloc-sigusr1");
-    let mut session = Command::new(common::binary())
+    let session = Command::new(common::binary())
         .args([
             "alloc",
             "-c",
@@ -686,14 +715,15 @@ fn sigusr1_writes_the_outputs_as_of_now() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run cargo-trace");
-    let mut stdout = std::io::BufReader::new(session.stdout.take().unwrap());
+    let mut session = EndOnDrop(Some(session), libc::SIGINT);
+    let pid = session.0.as_ref().unwrap().id() as i32;
+    let mut stdout = std::io::BufReader::new(session.0.as_mut().unwrap().stdout.take().unwrap());
     let mut ready = String::new();
     stdout.read_line(&mut ready).unwrap();
     assert_eq!(ready, "ready\n");
     let csv = scratch.path("heap.csv");
     assert!(!csv.exists());
 
-    let pid = session.id() as i32;
     let leaked_in = |text: &str| -> i64 {
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next().unwrap().split(',').collect();
@@ -725,7 +755,7 @@ fn sigusr1_writes_the_outputs_as_of_now() {
 
     // SAFETY: as above; the session forwards it to the target, which ends.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let output = session.wait_with_output().unwrap();
+    let output = session.take().wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("on SIGUSR1"), "{stderr}");
     let last = leaked_in(&std::fs::read_to_string(&csv).unwrap());
