@@ -8,6 +8,7 @@
 #   libelf-dev  libbpf-sys builds the vendored libbpf against libelf
 #   bpftool     regenerates bpf-prog/src/bpf/vmlinux.h (not needed to build)
 #   golang-go   `go tool pprof`, which the tests use to read the pprof output
+#   chromium    the tests open the HTML report in it, headless
 # and what the security tests use, present on Debian but not on every minimal image:
 #   passwd (useradd), util-linux (setpriv), perl-base (perl)
 # apt-get update runs only when a package is missing, so a prepared machine
@@ -34,9 +35,14 @@ declare -A wanted=(
     [libc6-dbg]=/usr/share/doc/libc6-dbg/copyright
     # go tool pprof: the tests read the pprof output with the real client
     [golang-go]=/usr/bin/go
+    # headless chromium opens the HTML report in the tests, with a font to draw it
+    [chromium]=/usr/bin/chromium
+    [fonts-dejavu-core]=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
     # the security tests create an unprivileged user (useradd) and act as it (setpriv)
     [passwd]=/usr/sbin/useradd
     [util-linux]=/usr/bin/setpriv
+    # script(1) gives the progress-line test a terminal
+    [bsdutils]=/usr/bin/script
     [perl-base]=/usr/bin/perl
     # the heap profiler's fixtures: jemalloc (linked statically, as tikv-jemallocator
     # links it) and mimalloc

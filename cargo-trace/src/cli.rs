@@ -82,6 +82,11 @@ pub struct Cli {
     #[arg(long = "speedscope", value_name = "PATH")]
     pub speedscope: Option<PathBuf>,
 
+    /// Also write one self-contained HTML report: the run, every counter, events over
+    /// time, a flamegraph per value, the functions with a search box.
+    #[arg(long = "report", value_name = "PATH")]
+    pub report: Option<PathBuf>,
+
     /// Name frames `function (file:line)`: each source line of a function is its own frame.
     #[arg(long = "line-numbers")]
     pub line_numbers: bool,
@@ -90,6 +95,11 @@ pub struct Cli {
     /// kernel's BPF statistics (enabled for the session).
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
+
+    /// No progress line while the target runs (it is drawn only when stderr is a
+    /// terminal anyway).
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
 
     /// Show libbpf's own log (-v: warnings and information, -vv: debug too).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
@@ -175,6 +185,7 @@ impl Cli {
             (Format::Pprof, &self.pprof),
             (Format::Json, &self.json),
             (Format::Speedscope, &self.speedscope),
+            (Format::Html, &self.report),
             (Format::HeapReport, &self.alloc.report_text),
             (Format::Csv, &self.alloc.csv),
             (Format::Timeline, &self.alloc.timeline),

@@ -20,6 +20,7 @@ mod launch;
 mod output;
 mod process;
 mod profile;
+mod progress;
 mod session;
 mod signals;
 mod symbolize;

@@ -115,6 +115,17 @@ pub struct Metadata {
     /// For sampling profiles: the value type and amount one sample stands for
     /// (e.g. `cpu`/`nanoseconds`, 10,101,010 at 99 Hz).
     pub period: Option<(ValueType, i64)>,
+    /// Stack walks counted so far, at moments of the run (every 200 ms or so): the
+    /// events over time.
+    pub timeline: Vec<TimelinePoint>,
+}
+
+/// The run's count of stack walks at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimelinePoint {
+    /// Since tracing started.
+    pub at: Duration,
+    pub walks: u64,
 }
 
 /// A symbolized profile: the one input of every writer.
@@ -150,12 +161,12 @@ pub struct HeapTotals {
     /// are then not counted as unknown).
     pub size_filter: Option<String>,
     /// Memory over time, while the target ran, from the start of tracing.
-    pub timeline: Vec<TimelinePoint>,
+    pub timeline: Vec<HeapPoint>,
 }
 
 /// The heap of the traced processes at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TimelinePoint {
+pub struct HeapPoint {
     /// Since tracing started.
     pub at: Duration,
     /// Bytes of tracked blocks live.

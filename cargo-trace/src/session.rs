@@ -26,8 +26,10 @@ use crate::launch::{self, Exit};
 use crate::output::{self, Destination};
 use crate::process;
 use crate::profile::{
-    HeapTotals, Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint, ValueType,
+    HeapPoint, HeapTotals, Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint,
+    ValueType,
 };
+use crate::progress::{self, Progress};
 use crate::signals;
 use crate::symbolize::{SymbolMapping, Symbolizer};
 use crate::tables::ProcessTables;
@@ -43,7 +45,7 @@ pub fn run(cli: &Cli) -> Result<i32> {
     let probes = parse_probes(&cli.probes)?;
     // Checked before anything runs: a bad path must not cost the run.
     let outputs = open_outputs(cli)?;
-    let running = Prepared::new(cli, probes)?.start(cli.bpf_stats)?;
+    let running = Prepared::new(cli, probes)?.start(cli.bpf_stats, cli.quiet)?;
     let mut finished = running.wait(cli.duration, &cli.alloc, &mut |profile| {
         // SIGUSR1: every output as of now; the session carries on.
         let argv = profile.metadata.command.as_deref();
@@ -129,7 +131,7 @@ struct Traced {
 /// Phase 1: everything attached, the target held at its entry point.
 struct Prepared {
     traced: Traced,
-    /// With `alloc`: the timeline, and the top outstanding stacks with `--interval`.
+    /// With `alloc`: the heap timeline, and the top outstanding stacks with `--interval`.
     heap: Option<HeapWatch>,
     /// The launched target, stopped under ptrace; `None` with `-p`.
     stopped: Option<launch::Stopped>,
@@ -218,8 +220,8 @@ impl Prepared {
     }
 
     /// Lets the target run. `bpf_stats`: count the programs' run time (a clock read per
-    /// run, so only when asked for).
-    pub fn start(self, bpf_stats: bool) -> Result<Running> {
+    /// run, so only when asked for). `quiet`: no progress line.
+    pub fn start(self, bpf_stats: bool, quiet: bool) -> Result<Running> {
         let stats = if bpf_stats {
             Some(bpf_prog::enable_run_time_stats().context("enabling BPF run-time statistics")?)
         } else {
@@ -233,6 +235,9 @@ impl Prepared {
             traced: self.traced,
             heap: self.heap,
             target,
+            progress: Progress::start(quiet),
+            processes: 1,
+            timeline: Vec::new(),
             started: Instant::now(),
             started_at: SystemTime::now(),
             stats,
@@ -245,6 +250,11 @@ struct Running {
     traced: Traced,
     heap: Option<HeapWatch>,
     target: Target,
+    /// Stack walks so far, read at every refresh.
+    timeline: Vec<TimelinePoint>,
+    progress: Progress,
+    /// Processes traced at the last refresh.
+    processes: usize,
     started: Instant,
     started_at: SystemTime,
     stats: Option<std::os::fd::OwnedFd>,
@@ -263,18 +273,23 @@ impl Running {
         let deadline = duration.map(|duration| self.started + duration);
         let exit = self.wait_for_end(deadline, alloc, on_snapshot)?;
         let elapsed = self.started.elapsed();
+        self.note_walks();
         let untraced = process::still_running(self.traced.tracer.filtered_pids(), self.traced.pid);
         let Running {
             traced,
             target,
             stats,
             started_at,
+            timeline,
+            progress,
             heap,
             ..
         } = self;
-        let timeline = heap
+        let heap_timeline = heap
             .map(|heap| heap.finish(&traced.tracer))
             .unwrap_or_default();
+        // Cleared before anything else is printed.
+        drop(progress);
         let Traced {
             probes,
             argv,
@@ -305,11 +320,30 @@ impl Running {
             target,
             exit,
             started_at,
+            timeline,
             elapsed,
             stats,
             untraced,
-            timeline,
+            heap_timeline,
         })
+    }
+
+    /// Adds the stack walks counted so far to the timeline and the progress line.
+    fn note_walks(&mut self) {
+        if let Ok(walks) = self.traced.tracer.walk_ends() {
+            let at = self.started.elapsed();
+            let point = TimelinePoint {
+                at,
+                walks: walks.total(),
+            };
+            self.timeline.push(point);
+            self.progress.update(progress::Status {
+                elapsed: at,
+                events: point.walks,
+                failed: walks.failures().map(|(_, count)| count).sum(),
+                processes: self.processes,
+            });
+        }
     }
 
     /// `None`: the target is still running.
@@ -319,7 +353,6 @@ impl Running {
         alloc: &AllocArgs,
         on_snapshot: &mut dyn FnMut(&Profile),
     ) -> Result<Option<Exit>> {
-        let traced = &mut self.traced;
         let mut last_refresh = Instant::now();
         let mut waiting_notice = signals::WaitingNotice::default();
         loop {
@@ -331,7 +364,9 @@ impl Running {
                     if let Some(exit) = running.try_wait()? {
                         return Ok(Some(exit));
                     }
-                    waiting_notice.tell_if_waiting(running.pid());
+                    if let Some(line) = waiting_notice.tell_if_waiting(running.pid()) {
+                        self.progress.say(&line);
+                    }
                 }
                 Target::Attached(pid) => {
                     if signals::stop_requested() || !process::alive(*pid) {
@@ -339,6 +374,7 @@ impl Running {
                     }
                 }
             }
+            let traced = &mut self.traced;
             match &traced.children {
                 // Wakes up as soon as a child stops at its start.
                 Some(children) => {
@@ -355,34 +391,42 @@ impl Running {
                 // Frees the spill for the next bursts of new stacks; lookups read both
                 // maps, so a failure here loses nothing.
                 let _ = traced.tracer.drain_spilled_stacks();
-                track_processes(&mut traced.tracer, &mut traced.tables);
+                self.processes = track_processes(&mut traced.tracer, &mut traced.tables);
+                self.note_walks();
             }
+            let traced = &self.traced;
             if let Some(heap) = &mut self.heap {
                 heap.tick(&traced.tracer, &traced.tables);
             }
             if signals::snapshot_requested() {
-                let source = ProfileSource {
-                    tracer: &traced.tracer,
-                    probes: &traced.probes,
-                    symbol_mappings: traced.tables.symbol_mappings().clone(),
-                    without_table: traced.tables.coverage.without_table.clone(),
-                    pid: traced.pid,
-                    entry: traced.entry,
-                    argv: traced.argv.clone(),
-                    executable: traced.executable.clone(),
-                    started_at: self.started_at,
-                    elapsed: self.started.elapsed(),
-                    timeline: self
-                        .heap
-                        .as_ref()
-                        .map(|heap| heap.timeline().to_vec())
-                        .unwrap_or_default(),
-                };
-                match build_profile(source, alloc) {
+                match build_profile(self.snapshot_source(), alloc) {
                     Ok(profile) => on_snapshot(&profile),
                     Err(error) => eprintln!("cargo-trace: error: on SIGUSR1: {error:#}"),
                 }
             }
+        }
+    }
+
+    /// What the profile is made of as of now, for SIGUSR1.
+    fn snapshot_source(&self) -> ProfileSource<'_> {
+        let traced = &self.traced;
+        ProfileSource {
+            tracer: &traced.tracer,
+            probes: &traced.probes,
+            symbol_mappings: traced.tables.symbol_mappings().clone(),
+            without_table: traced.tables.coverage.without_table.clone(),
+            pid: traced.pid,
+            entry: traced.entry,
+            argv: traced.argv.clone(),
+            executable: traced.executable.clone(),
+            started_at: self.started_at,
+            elapsed: self.started.elapsed(),
+            timeline: self.timeline.clone(),
+            heap_timeline: self
+                .heap
+                .as_ref()
+                .map(|heap| heap.timeline().to_vec())
+                .unwrap_or_default(),
         }
     }
 }
@@ -400,12 +444,13 @@ struct Finished {
     /// `None`: the target still runs (attached, or stopped after a duration).
     exit: Option<Exit>,
     started_at: SystemTime,
+    timeline: Vec<TimelinePoint>,
     elapsed: Duration,
     stats: Option<std::os::fd::OwnedFd>,
     /// Traced processes other than the target still running at the end (daemons).
     untraced: Vec<u32>,
     /// With `alloc`: memory over time.
-    timeline: Vec<TimelinePoint>,
+    heap_timeline: Vec<HeapPoint>,
 }
 
 impl Finished {
@@ -423,7 +468,8 @@ impl Finished {
                 executable: self.executable.clone(),
                 started_at: self.started_at,
                 elapsed: self.elapsed,
-                timeline: std::mem::take(&mut self.timeline),
+                timeline: self.timeline.clone(),
+                heap_timeline: std::mem::take(&mut self.heap_timeline),
             },
             alloc,
         )
@@ -499,6 +545,7 @@ struct ProfileSource<'a> {
     started_at: SystemTime,
     elapsed: Duration,
     timeline: Vec<TimelinePoint>,
+    heap_timeline: Vec<HeapPoint>,
 }
 
 /// The kernel's counts, symbolized.
@@ -576,13 +623,14 @@ fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile
         pid: source.pid,
         executable: source.executable,
         started: Some(source.started_at),
+        timeline: source.timeline,
         duration: source.elapsed,
         period,
     };
     let probes = source.probes.iter().map(|p| p.text.clone()).collect();
     let mut profile = builder.finish(probes, summary, metadata);
     profile.heap = heap.map(|heap| HeapTotals {
-        timeline: source.timeline,
+        timeline: source.heap_timeline,
         ..heap
     });
     Ok(profile)
@@ -751,8 +799,9 @@ fn attach_all(
 
 /// Registers the mappings of processes that joined the filter (children the
 /// program followed) or exec'd since, re-reads every traced process's mappings
-/// (dlopen) and forgets those that exited.
-fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
+/// (dlopen) and forgets those that exited. Returns how many are traced.
+fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
+    let mut traced = 0;
     for pid in tracer.filtered_pids() {
         let known = tables.knows(pid);
         if !process::alive(pid) {
@@ -761,6 +810,7 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
             let _ = tracer.remove_process(pid);
             continue;
         }
+        traced += 1;
         if known && !tracer.has_mappings(pid) {
             // It exec'd: the program dropped the old image's mappings.
             tables.forget(pid);
@@ -768,6 +818,7 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) {
         // The process may be exiting: a failed read is not an error.
         let _ = tables.sync(tracer, pid);
     }
+    traced
 }
 
 /// What the samples of a session weigh: probes that sample on a clock count samples and

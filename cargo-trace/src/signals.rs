@@ -112,15 +112,19 @@ pub struct WaitingNotice {
 }
 
 impl WaitingNotice {
-    /// Called while waiting for launched target `pid`.
-    pub fn tell_if_waiting(&mut self, pid: u32) {
+    /// Called while waiting for launched target `pid`: the line to print, once, when
+    /// it is time.
+    pub fn tell_if_waiting(&mut self, pid: u32) -> Option<String> {
         if self.told || !stop_requested() {
-            return;
+            return None;
         }
         let first_seen = *self.first_seen.get_or_insert_with(Instant::now);
         if first_seen.elapsed() >= WAITING_NOTICE_DELAY && STOPS.load(Ordering::SeqCst) == 1 {
             self.told = true;
-            eprintln!("cargo-trace: waiting for process {pid} to exit; a second Ctrl-C kills it");
+            return Some(format!(
+                "cargo-trace: waiting for process {pid} to exit; a second Ctrl-C kills it"
+            ));
         }
+        None
     }
 }

@@ -270,3 +270,147 @@ fn a_diff_of_something_that_is_not_a_profile_is_one_line() {
         "{stderr}"
     );
 }
+
+/// The headless browser the report test opens it in; .ci/setup.sh installs Debian's
+/// chromium, so under CI its absence is a failure.
+fn chromium() -> Option<&'static str> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|name| Command::new(name).arg("--version").output().is_ok());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is missing: .ci/setup.sh installs it"
+        );
+        eprintln!("skipping the browser checks: no chromium (bash .ci/setup.sh installs it)");
+    }
+    found
+}
+
+/// Runs headless `browser` on `page` with `args`: (stdout, stderr).
+fn headless(browser: &str, page: &std::path::Path, args: &[&str]) -> (String, String) {
+    let output = Command::new(browser)
+        .args([
+            "--headless",
+            // As root, chromium refuses to start inside its sandbox.
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            // Any host name fails at once: a page that reached for the network would
+            // log the failure.
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+        ])
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("run chromium");
+    assert!(
+        output.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_html_report_opens_in_a_browser() {
+    if !bpf_available("html report") {
+        return;
+    }
+    let path = fixtures::rust_fixture("cpu_split");
+    let run = trace(
+        "report",
+        &["profile:hz:99"],
+        &format!("{} 1", quoted(&path)),
+        &["--report", "report.html"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let report = run.scratch.path("report.html");
+    let html = std::fs::read_to_string(&report).unwrap();
+    // Self-contained: no URL outside the embedded (base64) flamegraphs.
+    assert!(!html.contains("http:") && !html.contains("https:"));
+    assert!(html.contains("cpu_split::hot") && html.contains("<svg id=\"timeline\""));
+
+    let Some(browser) = chromium() else {
+        return;
+    };
+    // The page as the browser built it: the fixture's functions, the timeline's bars,
+    // both flamegraphs.
+    let (dom, log) = headless(browser, &report, &["--dump-dom"]);
+    assert!(dom.contains("cpu_split::xorshift_rounds"), "{dom}");
+    assert!(dom.contains("<rect "), "no timeline bars");
+    assert_eq!(dom.matches("class=\"flamegraph\"").count(), 2);
+    let console: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("CONSOLE"))
+        .collect();
+    assert!(console.is_empty(), "console messages: {console:?}");
+    assert!(!log.contains("net::ERR"), "a network request: {log}");
+    // A screenshot, kept for people to look at.
+    let artifacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let screenshot = artifacts.join("report.png");
+    let _ = std::fs::remove_file(&screenshot);
+    let (_, log) = headless(
+        browser,
+        &report,
+        &[
+            "--window-size=1280,2400",
+            &format!("--screenshot={}", screenshot.display()),
+        ],
+    );
+    let png = std::fs::read(&screenshot).unwrap_or_else(|e| panic!("no screenshot ({e}): {log}"));
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{log}");
+    eprintln!("report screenshot: {}", screenshot.display());
+}
+
+/// Runs cargo-trace on `cpu_split` with `extra` arguments inside `script(1)`, so that its
+/// stderr is a terminal; returns everything the terminal received.
+fn on_a_terminal(extra: &str) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let command = format!(
+        "{} profile:hz:99 -c '{} 1' -o {} {extra}",
+        common::binary(),
+        fixtures::rust_fixture("cpu_split").display(),
+        scratch.path().join("out.svg").display()
+    );
+    let output = Command::new("script")
+        .args(["-q", "-e", "-c", &command, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run script(1)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{text}");
+    text
+}
+
+#[test]
+fn a_progress_line_on_a_terminal_only() {
+    if !bpf_available("progress line") {
+        return;
+    }
+    // On a terminal: elapsed time and events as they come, cleared before the summary.
+    let terminal = on_a_terminal("");
+    assert!(terminal.contains("cargo-trace: tracing "), "{terminal}");
+    assert!(terminal.contains(" events"), "{terminal}");
+    assert!(terminal.contains(" distinct stacks in "), "{terminal}");
+    // Not with -q.
+    let quiet = on_a_terminal("-q");
+    assert!(!quiet.contains("cargo-trace: tracing "), "{quiet}");
+    // Not when stderr is a file or a pipe (every other test's case).
+    let run = trace(
+        "progress-pipe",
+        &["profile:hz:99"],
+        &format!("{} 0.3", quoted(&fixtures::rust_fixture("cpu_split"))),
+        &[],
+    );
+    assert!(
+        !run.stderr.contains("cargo-trace: tracing "),
+        "{}",
+        run.stderr
+    );
+}

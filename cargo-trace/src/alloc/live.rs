@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use bpf_prog::Tracer;
 
-use crate::profile::TimelinePoint;
+use crate::profile::HeapPoint;
 use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
 
@@ -20,7 +20,7 @@ pub const TIMELINE_STEP: Duration = Duration::from_millis(100);
 pub struct HeapWatch {
     started: Instant,
     next_point: Instant,
-    timeline: Vec<TimelinePoint>,
+    timeline: Vec<HeapPoint>,
     view: Option<LiveView>,
 }
 
@@ -49,12 +49,12 @@ impl HeapWatch {
     }
 
     /// The timeline so far.
-    pub fn timeline(&self) -> &[TimelinePoint] {
+    pub fn timeline(&self) -> &[HeapPoint] {
         &self.timeline
     }
 
     /// The timeline so far, with a last point as of now.
-    pub fn finish(mut self, tracer: &Tracer) -> Vec<TimelinePoint> {
+    pub fn finish(mut self, tracer: &Tracer) -> Vec<HeapPoint> {
         if let Ok(point) = self.point(tracer) {
             self.timeline.push(point);
         }
@@ -62,11 +62,11 @@ impl HeapWatch {
     }
 
     /// Every traced process's live bytes and calls so far, and their resident memory.
-    fn point(&self, tracer: &Tracer) -> Result<TimelinePoint> {
+    fn point(&self, tracer: &Tracer) -> Result<HeapPoint> {
         let processes = tracer.alloc_processes()?;
         let mut pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
         pids.dedup();
-        Ok(TimelinePoint {
+        Ok(HeapPoint {
             at: self.started.elapsed(),
             live_bytes: processes.iter().map(|p| p.live_bytes).sum(),
             allocs: processes.iter().map(|p| p.allocs).sum(),

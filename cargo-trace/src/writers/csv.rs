@@ -38,7 +38,7 @@ pub fn write_timeline(profile: &Profile, out: &mut dyn Write) -> io::Result<()> 
     let Some(heap) = &profile.heap else {
         return Ok(());
     };
-    let mut before: Option<&crate::profile::TimelinePoint> = None;
+    let mut before: Option<&crate::profile::HeapPoint> = None;
     for point in &heap.timeline {
         let rate = |now: u64, then: Option<u64>| match before {
             Some(b) if point.at > b.at => {
@@ -88,9 +88,9 @@ mod tests {
 
     #[test]
     fn timeline_rates_are_per_second_since_the_point_before() {
-        use crate::profile::{HeapTotals, TimelinePoint};
+        use crate::profile::{HeapPoint, HeapTotals};
         use std::time::Duration;
-        let point = |ms, live_bytes, allocs, frees| TimelinePoint {
+        let point = |ms, live_bytes, allocs, frees| HeapPoint {
             at: Duration::from_millis(ms),
             live_bytes,
             allocs,

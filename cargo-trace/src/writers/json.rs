@@ -44,6 +44,10 @@ pub fn to_json(profile: &Profile) -> Value {
             "unit": kind.unit,
             "value": value,
         })),
+        "timeline": metadata.timeline.iter().map(|p| json!({
+            "at_ns": p.at.as_nanos() as u64,
+            "walks": p.walks,
+        })).collect::<Vec<_>>(),
         "probes": profile.probes,
         "value_types": profile.value_types.iter().map(|t| json!({
             "type": t.kind,

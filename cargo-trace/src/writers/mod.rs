@@ -7,6 +7,7 @@
 pub mod csv;
 pub mod folded;
 pub mod heap_report;
+pub mod html;
 pub mod json;
 pub mod pprof;
 pub mod speedscope;
@@ -31,6 +32,8 @@ pub enum Format {
     Json,
     /// speedscope's file format (`--speedscope`).
     Speedscope,
+    /// One self-contained HTML report (`--report`).
+    Html,
     /// The heap profile's text report (`--report-text`).
     HeapReport,
     /// One CSV row per stack with every value (`--csv`).
@@ -48,6 +51,7 @@ impl Format {
             Format::Pprof => "pprof profile",
             Format::Json => "JSON profile",
             Format::Speedscope => "speedscope profile",
+            Format::Html => "HTML report",
             Format::HeapReport => "heap report",
             Format::Csv => "CSV table",
             Format::Timeline => "heap timeline",
@@ -66,6 +70,7 @@ impl Format {
             Format::Pprof => pprof::write(profile, out),
             Format::Json => json::write(profile, out),
             Format::Speedscope => speedscope::write(profile, options.weighting, out),
+            Format::Html => html::write(profile, options, out),
             Format::HeapReport => heap_report::write(profile, options.order_by, out),
             Format::Csv => csv::write(profile, options.weighting, out),
             Format::Timeline => csv::write_timeline(profile, out),
@@ -207,6 +212,20 @@ pub(crate) mod tests {
                 executable: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
                 started: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
                 duration: Duration::from_millis(1500),
+                timeline: vec![
+                    crate::profile::TimelinePoint {
+                        at: Duration::from_millis(200),
+                        walks: 4,
+                    },
+                    crate::profile::TimelinePoint {
+                        at: Duration::from_millis(400),
+                        walks: 9,
+                    },
+                    crate::profile::TimelinePoint {
+                        at: Duration::from_millis(1500),
+                        walks: 11,
+                    },
+                ],
                 period: None,
             },
             heap: None,
