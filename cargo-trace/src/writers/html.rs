@@ -323,6 +323,7 @@ mod tests {
         let options = Options {
             weighting: Weighting::default(),
             title: "example <run>".into(),
+            ..Options::default()
         };
         let mut out = Vec::new();
         write(&profile, &options, &mut out).unwrap();
