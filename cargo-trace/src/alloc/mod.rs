@@ -218,6 +218,12 @@ pub const SIZE_BUCKET: &str = "size_bucket_";
 /// `lifetime_bucket_K`: frees of blocks whose lifetime in nanoseconds has bit length K.
 pub const LIFETIME_BUCKET: &str = "lifetime_bucket_";
 
+/// Whether a value type is one bucket of a heap histogram: a value for tables and
+/// reports, not one to draw a flamegraph of.
+pub fn is_bucket(kind: &str) -> bool {
+    kind.starts_with(SIZE_BUCKET) || kind.starts_with(LIFETIME_BUCKET)
+}
+
 /// The value types of a heap sample, in order: counters, then the size histogram's
 /// buckets, then the lifetime histogram's.
 pub fn value_types() -> Vec<ValueType> {

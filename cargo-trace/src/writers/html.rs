@@ -143,6 +143,10 @@ fn summary_section(profile: &Profile, html: &mut String) {
         let _ = writeln!(html, "<tr><th>{name}</th><td class=\"n\">{value}</td></tr>");
     };
     for (index, value_type) in profile.value_types.iter().enumerate() {
+        // A heap histogram's buckets are in the CSV output, not here.
+        if crate::alloc::is_bucket(&value_type.kind) {
+            continue;
+        }
         row(
             &escape(&format!("{} ({})", value_type.kind, value_type.unit)),
             profile.total(index).to_string(),
@@ -229,6 +233,9 @@ fn timeline_section(profile: &Profile, html: &mut String) {
 
 fn flamegraph_sections(profile: &Profile, options: &Options, html: &mut String) -> io::Result<()> {
     for (index, value_type) in profile.value_types.iter().enumerate() {
+        if crate::alloc::is_bucket(&value_type.kind) {
+            continue;
+        }
         let weighting = Weighting {
             value: index,
             ..options.weighting
