@@ -387,6 +387,7 @@ fn attached_to_a_leaking_server() {
         ])
         .args(["--interval", "500ms", "--no-svg", "--csv", "heap.csv"])
         .args(["--report-text", "report.txt", "--timeline", "timeline.csv"])
+        .args(["--report", "report.html"])
         .current_dir(&scratch.0)
         .output()
         .expect("run cargo-trace");
@@ -456,6 +457,15 @@ fn attached_to_a_leaking_server() {
         "live bytes grow with the leak:\n{timeline}"
     );
     assert!(points.iter().any(|p| p[4] > 0), "{timeline}");
+    // The HTML report draws the same points.
+    let html = std::fs::read_to_string(run.scratch.path("report.html")).unwrap();
+    let chart = html
+        .split("id=\"heap-timeline\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no memory chart in the HTML report"));
+    let polyline = chart.split("points=\"").nth(1).unwrap();
+    let drawn = polyline[..polyline.find('"').unwrap()].split(' ').count();
+    assert_eq!(drawn, points.len());
 }
 
 /// The storm site's estimate under sampling, against the fixture's own count: within five
