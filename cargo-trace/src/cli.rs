@@ -93,6 +93,10 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// Open the report (or the flamegraph) in the desktop's viewer when the run ends.
+    #[arg(long = "open")]
+    pub open: bool,
+
     /// No progress line while the target runs (it is drawn only when stderr is a
     /// terminal anyway).
     #[arg(short = 'q', long = "quiet")]

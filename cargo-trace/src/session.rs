@@ -56,6 +56,19 @@ pub fn run(cli: &Cli) -> Result<i32> {
     for pid in &finished.untraced {
         eprintln!("cargo-trace: process {pid} still running, untraced");
     }
+    if cli.open {
+        // The report if there is one, else the flamegraph, if it was written.
+        let viewable = [Format::Html, Format::Svg]
+            .into_iter()
+            .filter_map(|wanted| outputs.iter().find(|(format, _)| *format == wanted))
+            .map(|(_, destination)| destination.path())
+            .find(|path| written.contains(path));
+        if let Some(path) = viewable {
+            if let Err(reason) = crate::open::open(path) {
+                eprintln!("cargo-trace: {reason}");
+            }
+        }
+    }
     let (code, fate) = finished.announce_exit();
     written.check(&fate)?;
     Ok(code)
