@@ -107,6 +107,14 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// Reading what a map holds from its fdinfo failed.
+    #[error("reading the memory use of BPF map {map}")]
+    MapInfo {
+        map: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
     /// Mapping a table map into memory failed.
     #[error("mmap of BPF map {map}")]
     Mmap {

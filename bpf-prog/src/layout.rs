@@ -43,7 +43,7 @@ pub const STACK_NONE: u64 = 0;
 /// `#define`, so not checked against the header); on ld.so's `_dl_debug_state` its cookie is
 /// `_r_debug`'s address minus `_dl_debug_state`'s.
 pub const START_MAIN_COOKIE: u64 = u64::MAX;
-/// `ct_count_key.stack_hash` of an event whose stack did not fit in the stacks map.
+/// `ct_count_key.stack_hash` of an event whose stack found its keys held by colliding stacks.
 pub const STACK_NOT_STORED: u64 = 1;
 
 /// `enum ct_rule_kind`.
@@ -98,7 +98,15 @@ pub mod walk_end {
 }
 
 /// Entries of the losses map (`CT_LOSS_COUNT`), indexed by [`Loss`](crate::Loss).
-pub const LOSS_COUNT: usize = 6;
+pub const LOSS_COUNT: usize = 12;
+
+/// `enum ct_record_kind`: the first 4 bytes of a record of the records ring buffer.
+pub mod record_kind {
+    /// A [`CtStack`](super::CtStack) cut to its frames.
+    pub const STACK: u32 = 1;
+    /// A [`CtCountRecord`](super::CtCountRecord).
+    pub const COUNT: u32 = 2;
+}
 
 macro_rules! check_constants {
     ($($rust:expr => $c:expr),* $(,)?) => {
@@ -152,12 +160,20 @@ check_constants! {
     walk_end::BAD_RA => c::ct_walk_end::CT_WALK_BAD_RA,
     walk_end::COUNT => c::ct_walk_end::CT_WALK_END_COUNT,
     LOSS_COUNT => c::ct_loss::CT_LOSS_COUNT,
-    crate::Loss::StackMapFull => c::ct_loss::CT_LOSS_STACK_MAP_FULL,
+    crate::Loss::StackNotStored => c::ct_loss::CT_LOSS_STACK_NOT_STORED,
     crate::Loss::CountMapFull => c::ct_loss::CT_LOSS_COUNT_MAP_FULL,
     crate::Loss::HashCollision => c::ct_loss::CT_LOSS_HASH_COLLISION,
     crate::Loss::KernelStackLost => c::ct_loss::CT_LOSS_KSTACK_LOST,
     crate::Loss::TooNested => c::ct_loss::CT_LOSS_TOO_NESTED,
     crate::Loss::InExec => c::ct_loss::CT_LOSS_IN_EXEC,
+    crate::Loss::StackRingFull => c::ct_loss::CT_LOSS_STACK_RING_FULL,
+    crate::Loss::KnownStacksFull => c::ct_loss::CT_LOSS_KNOWN_STACKS_FULL,
+    crate::Loss::CountLost => c::ct_loss::CT_LOSS_COUNT_LOST,
+    crate::Loss::PidFilterFull => c::ct_loss::CT_LOSS_PID_FILTER_FULL,
+    crate::Loss::ProcsFull => c::ct_loss::CT_LOSS_PROCS_FULL,
+    crate::Loss::NewImagesFull => c::ct_loss::CT_LOSS_NEW_IMAGES_FULL,
+    record_kind::STACK => c::ct_record_kind::CT_RECORD_STACK,
+    record_kind::COUNT => c::ct_record_kind::CT_RECORD_COUNT,
 }
 
 // The walk contract is shared with the userspace twin: its constants must agree.
@@ -451,25 +467,34 @@ mirror!(
     }
 );
 
-/// `struct ct_stack`: the value of the stacks map.
+/// `struct ct_stack`: a stack as the records ring buffer carries it, cut to `len` frames.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CtStack {
-    pub check: u64,
+    pub kind: u32,
     pub len: u32,
+    pub key: u64,
+    pub check: u64,
     pub error: u16,
     pub reason: u16,
+    pub pad: u32,
     pub pcs: [u64; MAX_FRAMES],
 }
 mirror!(
     CtStack = ct_stack {
-        check: u64,
+        kind: u32,
         len: u32,
+        key: u64,
+        check: u64,
         error: u16,
         reason: u16,
+        pad: u32,
         pcs: [u64; MAX_FRAMES],
     }
 );
+
+/// Bytes of a stack record before its frames.
+pub const STACK_HEADER_SIZE: usize = offset_of!(CtStack, pcs);
 
 /// `struct ct_count_key`.
 #[repr(C)]
@@ -503,6 +528,23 @@ mirror!(
     }
 );
 
+/// `struct ct_count_record`: an event the counts map had no room for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtCountRecord {
+    pub kind: u32,
+    pub pad: u32,
+    pub key: CtCountKey,
+    pub count: CtCount,
+}
+mirror!(
+    CtCountRecord = ct_count_record {
+        kind: u32,
+        pad: u32,
+        key: CtCountKey as c::ct_count_key,
+        count: CtCount as c::ct_count,
+    }
+);
 /// Heap profiling (`alloc.bpf.h`): the header's last section.
 pub mod alloc {
     use super::*;

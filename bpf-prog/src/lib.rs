@@ -24,8 +24,31 @@
 //! stack, kernel stack). An event program is two calls, `take_stacks` (walk
 //! and store the stacks, return their keys) and `count_event` (add the event
 //! and an amount under those keys), so a new one is a small function.
-//! Nothing is sent per event: userspace reads the maps when it wants
-//! ([`Tracer::counts`], [`Tracer::stack`], [`Tracer::kernel_stack`]).
+//!
+//! # Stack storage
+//!
+//! The kernel keeps only what it must: the set of stacks it has sent
+//! (`known_stacks`: key → check, 16 bytes a stack whatever its depth,
+//! allocated on use) and a per-CPU direct-mapped cache of it. A new stack is
+//! claimed in the set and sent once, its header and frames only, through the
+//! `records` ring buffer; [`Tracer::drain_records`] moves what arrived into
+//! the tracer's own store, which [`Tracer::stack`] and
+//! [`Tracer::kernel_stack`] read (the session drains about every 20 ms). The
+//! counters stay in the kernel (`counts`, allocated on use) and
+//! [`Tracer::counts`] reads them. Nothing can fill without saying so, and a
+//! full map or ring buffer loses no event:
+//! - ring buffer full for a new stack: the claim is withdrawn, so the next
+//!   event with that stack sends it again; the event is counted under the
+//!   stack's key all the same ([`Loss::StackRingFull`]), and a stack that
+//!   never arrives is missing from [`Tracer::stack`];
+//! - set of known stacks full: the stack is sent without a claim, each time
+//!   it is met ([`Loss::KnownStacksFull`]);
+//! - counts map full: the event goes through the ring buffer as a count
+//!   record that [`Tracer::counts`] adds ([`Loss::CountMapFull`]); lost only
+//!   if the ring buffer is full too ([`Loss::CountLost`]).
+//!
+//! [`Options::max_stacks`], [`Options::max_counts`] and
+//! [`Options::record_ring_bytes`] raise each.
 //!
 //! The heap profiler's programs (`src/bpf/alloc.bpf.h`, the [`alloc_cookie`] and
 //! readers in the `alloc` module): `on_alloc` at an allocating function's entry walks
@@ -42,12 +65,9 @@
 //! the frames found before the stop are stored with it ([`Stack::end`]): a
 //! partial stack is never dropped. What an event lost apart from its walk is
 //! counted in `losses` ([`Tracer::losses`], by [`Loss`]). A hash collision
-//! between distinct stacks is detected by a second, independent hash,
-//! counted, and the second stack is stored under the next key; a full map is
-//! counted too. Kernel stacks
-//! (`bpf_get_stack`) are stored the same way, in the same map. A new stack
-//! the map cannot allocate inside an interrupt goes to a small preallocated
-//! map that userspace drains ([`Tracer::drain_spilled_stacks`]).
+//! between distinct stacks is detected by a second, independent hash (the
+//! check), counted, and the second stack is stored under the next key.
+//! Kernel stacks (`bpf_get_stack`) are stored the same way, in the same set.
 //!
 //! Programs interrupt each other: a uprobe program runs preemptible with
 //! interrupts on, so a perf event program (or another task's uprobe) may
@@ -80,10 +100,13 @@
 //!
 //! link map consistent (ld.so) -> stop, new_images <- tgid
 //!
-//! event -> user regs -> walk (bpf_loop, <= 512 frames) -> stacks[hash] = frames + stop reason
-//!       -> kernel stack (kernel-mode events)           -> stacks[khash] = frames
+//! event -> user regs -> walk (bpf_loop, <= 512 frames) -> new? known_stacks[hash] = check,
+//!                                                         records <- frames + walk end
+//!       -> kernel stack (kernel-mode events)           -> new? known_stacks[khash] = check,
+//!                                                         records <- frames
 //!                                                      -> counts[{hash, khash, tgid, probe}] += 1
 //!                                                      -> walk_ends[end] += 1
+//! records --drain_records--> the tracer's store of stacks (and overflowing counts)
 //! ```
 //!
 //! Per frame: the rule for the address from a per-CPU rule cache keyed by
@@ -158,7 +181,7 @@ pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
 pub use programs::EventProgram;
 pub use records::{Count, CountKey, Loss, Stack, StackRef, WalkCounters};
 pub use sys::{enable_run_time_stats, ProgramStats};
-pub use tracer::{Mapping, Options, TableId, TableUsage, Tracer};
+pub use tracer::{Mapping, Options, StackStorage, TableId, TableUsage, Tracer};
 /// How a walk ended: the one type both walkers use.
 pub use unwind_tables::walk::WalkEnd;
 

@@ -5,7 +5,9 @@ use std::fmt;
 use unwind_tables::walk::WalkEnd;
 use unwind_tables::UnsupportedReason;
 
-use crate::layout::{self, CtCount, CtCountKey, CtStack};
+use std::mem::offset_of;
+
+use crate::layout::{self, CtCount, CtCountKey, CtCountRecord, CtStack};
 
 /// Ways an event lost something (or nearly did), apart from how its walk ended: each is
 /// a counter of the `losses` map (`enum ct_loss`), read with [`Tracer::losses`].
@@ -13,13 +15,15 @@ use crate::layout::{self, CtCount, CtCountKey, CtStack};
 /// [`Tracer::losses`]: crate::Tracer::losses
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Loss {
-    /// The stacks map was full: the event is counted without its stack.
-    StackMapFull = 0,
-    /// The counts map was full: the event was not counted.
+    /// The stack's hash and the keys after it were held by colliding stacks: the event is
+    /// counted without its stack ([`StackRef::NotStored`]).
+    StackNotStored = 0,
+    /// The counts map had no room (or no memory at that moment): the event went through
+    /// the records ring buffer instead, and is counted all the same.
     CountMapFull = 1,
-    /// Two distinct stacks had the same hash; the second went to the next slot.
+    /// Two distinct stacks had the same hash; the second went to the next key.
     HashCollision = 2,
-    /// The event has no kernel stack: `bpf_get_stack` failed, or the stacks map was full.
+    /// The event has no kernel stack: `bpf_get_stack` failed.
     KernelStackLost = 3,
     /// Walks were in progress at every nesting level of the CPU (programs interrupting
     /// each other): the event is counted without its stacks.
@@ -28,6 +32,26 @@ pub enum Loss {
     /// image that called execve was gone already, or the new one was not registered
     /// yet. Counted with its kernel stack only; not a walk failure (and not a walk).
     InExec = 5,
+    /// The records ring buffer had no room for a new stack: the event is counted under
+    /// the stack's key and a later event with the same stack sends it again; a stack
+    /// that never arrives is missing from [`Tracer::stack`](crate::Tracer::stack).
+    StackRingFull = 6,
+    /// The set of known stacks had no room: the stack is sent again each time it is met
+    /// (nothing is lost, but the ring buffer carries more).
+    KnownStacksFull = 7,
+    /// The counts map and the ring buffer were both full: the event was not counted.
+    CountLost = 8,
+    /// The pid filter was full: a child of a traced process was not followed
+    /// ([`Options::max_filtered_pids`](crate::Options::max_filtered_pids)).
+    PidFilterFull = 9,
+    /// The map of processes' mappings was full: a child could not take its parent's, and
+    /// walks end with [`WalkEnd::NoProcess`] until it is registered
+    /// ([`Options::max_procs`](crate::Options::max_procs)).
+    ProcsFull = 10,
+    /// The ring buffer of new images was full: a process that exec'd or loaded libraries
+    /// was not stopped for its mappings to be registered; it is found by polling, and its
+    /// first walks may end early.
+    NewImagesFull = 11,
 }
 
 impl Loss {
@@ -36,23 +60,35 @@ impl Loss {
 
     /// Every value, in index order.
     pub const ALL: [Loss; Loss::COUNT] = [
-        Loss::StackMapFull,
+        Loss::StackNotStored,
         Loss::CountMapFull,
         Loss::HashCollision,
         Loss::KernelStackLost,
         Loss::TooNested,
         Loss::InExec,
+        Loss::StackRingFull,
+        Loss::KnownStacksFull,
+        Loss::CountLost,
+        Loss::PidFilterFull,
+        Loss::ProcsFull,
+        Loss::NewImagesFull,
     ];
 
     /// A short lowercase name for reports.
     pub fn name(self) -> &'static str {
         match self {
-            Loss::StackMapFull => "stack map full",
+            Loss::StackNotStored => "stack not stored",
             Loss::CountMapFull => "count map full",
             Loss::HashCollision => "hash collision",
             Loss::KernelStackLost => "kernel stack lost",
             Loss::TooNested => "too nested",
             Loss::InExec => "in execve",
+            Loss::StackRingFull => "stack ring full",
+            Loss::KnownStacksFull => "known stacks full",
+            Loss::CountLost => "count lost",
+            Loss::PidFilterFull => "pid filter full",
+            Loss::ProcsFull => "process map full",
+            Loss::NewImagesFull => "new images ring full",
         }
     }
 }
@@ -150,17 +186,59 @@ pub struct Stack {
 }
 
 impl Stack {
-    pub(crate) fn from_raw(raw: &CtStack) -> Stack {
-        let len = (raw.len as usize).min(raw.pcs.len());
-        Stack {
-            pcs: raw.pcs[..len].to_vec(),
-            end: walk_end_from_raw(raw.error, raw.reason),
-        }
-    }
-
     /// Whether the walk reached the end of the stack.
     pub fn is_complete(&self) -> bool {
         self.end == WalkEnd::Complete
+    }
+}
+
+/// A record of the records ring buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// A stack sent once: its key, its check (the second hash) and the stack.
+    Stack { key: u64, check: u64, stack: Stack },
+    /// An event the counts map had no room for.
+    Count(CountKey, Count),
+}
+
+impl Record {
+    /// Reads a record as the program wrote it; `None` if it is not one (too short, an
+    /// unknown kind, a length its bytes do not hold).
+    pub(crate) fn parse(data: &[u8]) -> Option<Record> {
+        let u16_at = |at: usize| Some(u16::from_ne_bytes(data.get(at..at + 2)?.try_into().ok()?));
+        let u32_at = |at: usize| Some(u32::from_ne_bytes(data.get(at..at + 4)?.try_into().ok()?));
+        let u64_at = |at: usize| Some(u64::from_ne_bytes(data.get(at..at + 8)?.try_into().ok()?));
+        match u32_at(0)? {
+            layout::record_kind::STACK => {
+                let len = u32_at(offset_of!(CtStack, len))? as usize;
+                let frames = data.get(layout::STACK_HEADER_SIZE..)?;
+                if len > layout::MAX_FRAMES || frames.len() < len * 8 {
+                    return None;
+                }
+                let pcs = frames
+                    .chunks_exact(8)
+                    .take(len)
+                    .map(|pc| u64::from_ne_bytes(pc.try_into().expect("8 bytes")))
+                    .collect();
+                let end = walk_end_from_raw(
+                    u16_at(offset_of!(CtStack, error))?,
+                    u16_at(offset_of!(CtStack, reason))?,
+                );
+                Some(Record::Stack {
+                    key: u64_at(offset_of!(CtStack, key))?,
+                    check: u64_at(offset_of!(CtStack, check))?,
+                    stack: Stack { pcs, end },
+                })
+            }
+            layout::record_kind::COUNT => {
+                let record = layout::from_bytes::<CtCountRecord>(data)?;
+                Some(Record::Count(
+                    CountKey::from_raw(&record.key),
+                    Count::from(record.count),
+                ))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -169,10 +247,10 @@ impl Stack {
 pub enum StackRef {
     /// No user stack was walked (a kernel thread, a counting-only probe).
     None,
-    /// The stack was walked but the stacks map had no room for it
-    /// ([`Loss::StackMapFull`] counts these).
+    /// The stack was walked but colliding stacks held its keys
+    /// ([`Loss::StackNotStored`] counts these).
     NotStored,
-    /// The key of the stack in the stacks map: see [`Tracer::stack`](crate::Tracer::stack).
+    /// The key of the stack: see [`Tracer::stack`](crate::Tracer::stack).
     Hash(u64),
 }
 
@@ -195,7 +273,7 @@ pub struct CountKey {
     /// Thread group id (what userspace calls the pid).
     pub pid: u32,
     pub stack: StackRef,
-    /// Key of the kernel stack in the stacks map (see
+    /// Key of the kernel stack (see
     /// [`Tracer::kernel_stack`](crate::Tracer::kernel_stack)), for events that fired in
     /// kernel mode.
     pub kernel_stack: Option<u64>,
@@ -243,12 +321,18 @@ mod tests {
         assert_eq!(
             names,
             [
-                "stack map full",
+                "stack not stored",
                 "count map full",
                 "hash collision",
                 "kernel stack lost",
                 "too nested",
                 "in execve",
+                "stack ring full",
+                "known stacks full",
+                "count lost",
+                "pid filter full",
+                "process map full",
+                "new images ring full",
             ]
         );
     }
@@ -288,17 +372,31 @@ mod tests {
         assert_eq!(counters.failures().collect::<Vec<_>>(), [("read fault", 3)]);
     }
 
+    /// The bytes of a stack record as the program sends it: the header, then `len` pcs.
+    fn stack_record(raw: &CtStack, frames: usize) -> Vec<u8> {
+        let mut bytes = layout::bytes_of(raw)[..layout::STACK_HEADER_SIZE].to_vec();
+        bytes.extend(layout::bytes_of_slice(&raw.pcs[..frames]));
+        bytes
+    }
+
     #[test]
-    fn raw_stack_keeps_its_frames_and_reason() {
+    fn stack_records_keep_their_frames_and_reason() {
         let mut raw = Box::new(CtStack {
-            check: 1,
+            kind: layout::record_kind::STACK,
             len: 3,
+            key: 0xfeed,
+            check: 0xc0de,
             error: layout::walk_end::UNSUPPORTED,
             reason: UnsupportedReason::CfaRegister as u16,
+            pad: 0,
             pcs: [0; layout::MAX_FRAMES],
         });
         raw.pcs[..4].copy_from_slice(&[10, 20, 30, 40]);
-        let stack = Stack::from_raw(&raw);
+        let Some(Record::Stack { key, check, stack }) = Record::parse(&stack_record(&raw, 3))
+        else {
+            panic!("not a stack record");
+        };
+        assert_eq!((key, check), (0xfeed, 0xc0de));
         assert_eq!(stack.pcs, [10, 20, 30]);
         assert_eq!(
             stack.end,
@@ -306,11 +404,50 @@ mod tests {
         );
         assert!(!stack.is_complete());
 
-        raw.len = u32::MAX; // never trust a length from the kernel blindly
+        // Never trust a length from the kernel blindly.
+        assert_eq!(Record::parse(&stack_record(&raw, 2)), None);
+        raw.len = u32::MAX;
+        assert_eq!(Record::parse(&stack_record(&raw, 4)), None);
+        raw.len = 0;
         raw.error = 0;
-        let stack = Stack::from_raw(&raw);
-        assert_eq!(stack.pcs.len(), layout::MAX_FRAMES);
-        assert!(stack.is_complete());
+        let Some(Record::Stack { stack, .. }) = Record::parse(&stack_record(&raw, 0)) else {
+            panic!("not a stack record");
+        };
+        assert!(stack.pcs.is_empty() && stack.is_complete());
+        raw.kind = 7;
+        assert_eq!(Record::parse(&stack_record(&raw, 0)), None);
+        assert_eq!(Record::parse(&[1, 0]), None);
+    }
+
+    #[test]
+    fn count_records_carry_their_key_and_count() {
+        let record = CtCountRecord {
+            kind: layout::record_kind::COUNT,
+            pad: 0,
+            key: CtCountKey {
+                stack_hash: 0xabc,
+                kstack_hash: 0,
+                pid: 5,
+                probe_id: 6,
+            },
+            count: CtCount {
+                events: 1,
+                amount: 32,
+            },
+        };
+        let Some(Record::Count(key, count)) = Record::parse(layout::bytes_of(&record)) else {
+            panic!("not a count record");
+        };
+        assert_eq!(key.stack, StackRef::Hash(0xabc));
+        assert_eq!((key.pid, key.probe_id, key.kernel_stack), (5, 6, None));
+        assert_eq!(
+            count,
+            Count {
+                events: 1,
+                amount: 32
+            }
+        );
+        assert_eq!(Record::parse(&layout::bytes_of(&record)[..20]), None);
     }
 
     #[test]

@@ -141,3 +141,13 @@ pub fn enable_run_time_stats() -> io::Result<OwnedFd> {
     // SAFETY: the kernel just returned this fd to us; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
+
+/// The kernel memory a map holds, as it accounts it (`memlock` in the fd's fdinfo; for a
+/// map allocated on use, what its elements take now).
+pub fn map_memory(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("memlock:"))
+        .and_then(|value| value.trim().parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no memlock in fdinfo"))
+}

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
@@ -14,10 +15,10 @@ use crate::alloc::AllocOptions;
 use crate::error::{Error, Result, TableMap};
 use crate::layout::{
     self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
-    CtProc, CtRow, CtRule, CtStack, CtTable, MAX_MAPPINGS, ROWS_PER_CHUNK,
+    CtProc, CtRow, CtRule, CtTable, MAX_MAPPINGS, ROWS_PER_CHUNK,
 };
 use crate::programs::{self, EventProgram};
-use crate::records::{Count, CountKey, Loss, Stack, WalkCounters};
+use crate::records::{Count, CountKey, Loss, Record, Stack, WalkCounters};
 use crate::skel::{TraceSkel, TraceSkelBuilder};
 use crate::sys::{self, MappedArray, ProgramStats};
 
@@ -42,10 +43,17 @@ pub struct Options {
     pub max_tables: u32,
     /// Processes with registered mappings.
     pub max_procs: u32,
-    /// Distinct user and kernel stacks (4 KiB each, allocated as they appear).
+    /// Distinct user and kernel stacks the kernel remembers having sent (16 bytes of key
+    /// and check each, allocated as they appear). Past it, a stack is sent again each time
+    /// it is met ([`Loss::KnownStacksFull`]).
     pub max_stacks: u32,
-    /// Distinct (probe, pid, user stack, kernel stack) counters.
+    /// Distinct (probe, pid, user stack, kernel stack) counters in the kernel (allocated as
+    /// they appear). Past it, events go through the ring buffer ([`Loss::CountMapFull`]).
     pub max_counts: u32,
+    /// Bytes of the ring buffer that carries new stacks (once each, header and frames) and
+    /// overflowing counts to userspace between two [`Tracer::drain_records`]: a power of 2,
+    /// a multiple of the page size. Full, it delays stacks ([`Loss::StackRingFull`]).
+    pub record_ring_bytes: u32,
     /// Processes in the pid filter.
     pub max_filtered_pids: u32,
     /// Heap profiling: map sizes and the temporary threshold.
@@ -67,8 +75,9 @@ impl Default for Options {
             max_rules: 256 << 10,
             max_tables: 4096,
             max_procs: 4096,
-            max_stacks: 16384,
-            max_counts: 65536,
+            max_stacks: 1 << 20,
+            max_counts: 1 << 20,
+            record_ring_bytes: 16 << 20,
             max_filtered_pids: 4096,
             alloc: AllocOptions::default(),
             programs: EventProgram::ALL.iter().copied().collect(),
@@ -122,6 +131,63 @@ pub struct Tracer {
     max_tables: usize,
     /// The generation of the last set of mappings registered (`ct_proc.generation`).
     generation: AtomicU32,
+    /// Reads the records ring buffer into `received`.
+    records: libbpf_rs::RingBuffer<'static>,
+    received: Arc<Mutex<Received>>,
+}
+
+/// What the records ring buffer brought: the userspace half of the stack storage.
+#[derive(Debug, Default)]
+struct Received {
+    /// Every stack sent, by key, with its check.
+    stacks: HashMap<u64, (u64, Stack)>,
+    /// Events the counts map had no room for.
+    counts: HashMap<CountKey, Count>,
+    /// Stacks sent again (the known set was full, or two CPUs met a new stack at once).
+    repeats: u64,
+    /// Stacks whose key was taken by a different stack (a collision the kernel could not
+    /// see: its known set was full).
+    conflicts: u64,
+    /// Records that could not be read.
+    malformed: u64,
+}
+
+impl Received {
+    fn add(&mut self, data: &[u8]) {
+        match Record::parse(data) {
+            Some(Record::Stack { key, check, stack }) => match self.stacks.get(&key) {
+                None => {
+                    self.stacks.insert(key, (check, stack));
+                }
+                Some((known, _)) if *known == check => self.repeats += 1,
+                Some(_) => self.conflicts += 1,
+            },
+            Some(Record::Count(key, count)) => {
+                let total = self.counts.entry(key).or_default();
+                total.events += count.events;
+                total.amount += count.amount;
+            }
+            None => self.malformed += 1,
+        }
+    }
+}
+
+/// What the stack storage holds, for reports and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackStorage {
+    /// Distinct stacks received (user and kernel).
+    pub stacks: usize,
+    /// Frames in them.
+    pub frames: usize,
+    /// Stacks received more than once (see [`Loss::KnownStacksFull`]).
+    pub repeats: u64,
+    /// Stacks that arrived under a key another stack held (their events are counted
+    /// under the first one's).
+    pub conflicts: u64,
+    /// Records that could not be read.
+    pub malformed: u64,
+    /// Kernel memory of the set of known stacks, as the kernel accounts it.
+    pub kernel_bytes: u64,
 }
 
 impl Tracer {
@@ -178,7 +244,8 @@ impl Tracer {
             (&mut maps.rules, "rules", options.max_rules),
             (&mut maps.tables, "tables", options.max_tables),
             (&mut maps.procs, "procs", options.max_procs),
-            (&mut maps.stacks, "stacks", options.max_stacks),
+            (&mut maps.known_stacks, "known_stacks", options.max_stacks),
+            (&mut maps.records, "records", options.record_ring_bytes),
             (&mut maps.counts, "counts", options.max_counts),
             (
                 &mut maps.pid_filter,
@@ -208,6 +275,8 @@ impl Tracer {
         let pages = map_array(&skel.maps.pages, "pages")?;
         let rules = map_array(&skel.maps.rules, "rules")?;
         let max_tables = skel.maps.tables.max_entries() as usize;
+        let received = Arc::new(Mutex::new(Received::default()));
+        let records = record_reader(&skel.maps.records, Arc::clone(&received))?;
         Ok(Tracer {
             skel,
             rows,
@@ -216,6 +285,8 @@ impl Tracer {
             used: TableUsage::default(),
             generation: AtomicU32::new(0),
             max_tables,
+            records,
+            received,
         })
     }
 
@@ -492,10 +563,34 @@ impl Tracer {
             .is_ok_and(|value| value.is_some())
     }
 
-    /// Every counter, in no particular order.
+    /// Moves what the BPF programs sent since the last call (new stacks, overflowing
+    /// counts) from the records ring buffer into this tracer's store; returns how many
+    /// records. Call it every few tens of milliseconds while events flow: a ring buffer
+    /// left full delays new stacks ([`Loss::StackRingFull`]).
+    pub fn drain_records(&self) -> Result<usize> {
+        let consumed = self.records.consume_raw();
+        if consumed < 0 {
+            return Err(Error::Map {
+                map: "records",
+                op: "consume",
+                source: libbpf_rs::Error::from_raw_os_error(-consumed),
+            });
+        }
+        Ok(consumed as usize)
+    }
+
+    fn received(&self) -> std::sync::MutexGuard<'_, Received> {
+        self.received
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every counter, in no particular order: the kernel's and those that came through the
+    /// ring buffer (drained first).
     pub fn counts(&self) -> Result<Vec<(CountKey, Count)>> {
+        self.drain_records()?;
         let map = &self.skel.maps.counts;
-        let mut counts = Vec::new();
+        let mut counts: HashMap<CountKey, Count> = self.received().counts.clone();
         let mut value = [0u8; size_of::<CtCount>()];
         for key in map.keys() {
             let found = map
@@ -515,77 +610,50 @@ impl Tracer {
             ) else {
                 continue;
             };
-            counts.push((CountKey::from_raw(&key), Count::from(value)));
+            let total = counts.entry(CountKey::from_raw(&key)).or_default();
+            total.events += value.events;
+            total.amount += value.amount;
         }
-        Ok(counts)
+        Ok(counts.into_iter().collect())
     }
 
-    /// The user stack stored under `hash` (a [`StackRef::Hash`](crate::StackRef::Hash)).
-    pub fn stack(&self, hash: u64) -> Result<Option<Stack>> {
-        let mut value = vec![0u8; size_of::<CtStack>()];
-        for (map, name) in [
-            (&self.skel.maps.stacks, "stacks"),
-            (&self.skel.maps.spilled_stacks, "spilled_stacks"),
-        ] {
-            let found = map
-                .lookup_into(bytes_of(&hash), &mut value, MapFlags::ANY)
-                .map_err(|source| Error::Map {
-                    map: name,
-                    op: "lookup",
-                    source,
-                })?;
-            if found {
-                let raw: Box<CtStack> =
-                    Box::new(from_bytes(&value).expect("value has the size of ct_stack"));
-                return Ok(Some(Stack::from_raw(&raw)));
-            }
-        }
-        Ok(None)
+    /// The user stack stored under `key` (a [`StackRef::Hash`](crate::StackRef::Hash)),
+    /// after draining the ring buffer; `None` if it never arrived (see
+    /// [`Loss::StackRingFull`]).
+    pub fn stack(&self, key: u64) -> Result<Option<Stack>> {
+        self.drain_records()?;
+        Ok(self
+            .received()
+            .stacks
+            .get(&key)
+            .map(|(_, stack)| stack.clone()))
     }
 
-    /// Moves the stacks the program spilled (stored aside when the stacks map could not
-    /// allocate them in an interrupt) into the stacks map, making room for more; returns how
-    /// many moved. Stacks stay readable throughout: each is in one map or both.
-    pub fn drain_spilled_stacks(&self) -> Result<usize> {
-        let spilled = &self.skel.maps.spilled_stacks;
-        let keys: Vec<Vec<u8>> = spilled.keys().collect();
-        let mut moved = 0;
-        for key in keys {
-            let Some(value) = spilled
-                .lookup(&key, MapFlags::ANY)
-                .map_err(|source| Error::Map {
-                    map: "spilled_stacks",
-                    op: "lookup",
-                    source,
-                })?
-            else {
-                continue;
-            };
-            match self
-                .skel
-                .maps
-                .stacks
-                .update(&key, &value, MapFlags::NO_EXIST)
-            {
-                Ok(()) => {}
-                Err(error) if error.kind() == libbpf_rs::ErrorKind::AlreadyExists => {}
-                // The stacks map is full: the stack stays where it is.
-                Err(_) => continue,
-            }
-            spilled.delete(&key).map_err(|source| Error::Map {
-                map: "spilled_stacks",
-                op: "delete",
-                source,
-            })?;
-            moved += 1;
-        }
-        Ok(moved)
-    }
-
-    /// The kernel stack stored under `hash` (a [`CountKey::kernel_stack`]), innermost first
+    /// The kernel stack stored under `key` (a [`CountKey::kernel_stack`]), innermost first
     /// (empty if unknown).
-    pub fn kernel_stack(&self, hash: u64) -> Result<Vec<u64>> {
-        Ok(self.stack(hash)?.map(|stack| stack.pcs).unwrap_or_default())
+    pub fn kernel_stack(&self, key: u64) -> Result<Vec<u64>> {
+        Ok(self.stack(key)?.map(|stack| stack.pcs).unwrap_or_default())
+    }
+
+    /// What the stack storage holds (after draining the ring buffer).
+    pub fn stack_storage(&self) -> Result<StackStorage> {
+        self.drain_records()?;
+        let kernel_bytes =
+            sys::map_memory(self.skel.maps.known_stacks.as_fd()).map_err(|source| {
+                Error::MapInfo {
+                    map: "known_stacks",
+                    source,
+                }
+            })?;
+        let received = self.received();
+        Ok(StackStorage {
+            stacks: received.stacks.len(),
+            frames: received.stacks.values().map(|(_, s)| s.pcs.len()).sum(),
+            repeats: received.repeats,
+            conflicts: received.conflicts,
+            malformed: received.malformed,
+            kernel_bytes,
+        })
     }
 
     /// How many walks ended each way, summed over CPUs.
@@ -712,6 +780,29 @@ pub(crate) fn sum_per_cpu(map: &MapMut<'_>, name: &'static str, totals: &mut [u6
             .sum();
     }
     Ok(())
+}
+
+/// A reader of the records ring buffer that adds each record to `received`.
+fn record_reader(
+    map: &MapMut<'_>,
+    received: Arc<Mutex<Received>>,
+) -> Result<libbpf_rs::RingBuffer<'static>> {
+    let error = |source| Error::Map {
+        map: "records",
+        op: "ring buffer",
+        source,
+    };
+    let mut builder = libbpf_rs::RingBufferBuilder::new();
+    builder
+        .add(map, move |data: &[u8]| {
+            received
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .add(data);
+            0
+        })
+        .map_err(error)?;
+    builder.build().map_err(error)
 }
 
 fn map_array<T: layout::Pod>(map: &MapMut<'_>, name: &'static str) -> Result<MappedArray<T>> {
@@ -864,39 +955,5 @@ mod tests {
     fn default_options_filter_events_but_not_uprobes() {
         let options = Options::default();
         assert!(options.filter_events && !options.filter_uprobes && options.kernel_stacks);
-    }
-
-    /// A spilled stack is readable before and after the move, and the move empties the spill.
-    #[test]
-    fn spilled_stacks_drain_into_the_stacks_map() {
-        let tracer = match Tracer::load(&Options::default()) {
-            Ok(tracer) => tracer,
-            Err(error) if error.is_permission_denied() => {
-                eprintln!(
-                    "SKIPPED spilled_stacks_drain: BPF is not available ({error}); run as root"
-                );
-                return;
-            }
-            Err(error) => panic!("{error}"),
-        };
-        let mut raw = Box::new(CtStack {
-            check: 7,
-            len: 3,
-            error: 0,
-            reason: 0,
-            pcs: [0; crate::MAX_FRAMES],
-        });
-        raw.pcs[..3].copy_from_slice(&[0x1000, 0x2000, 0x3000]);
-        let hash = 0x1234_5678_9abc_def0u64;
-        let spilled = &tracer.skel.maps.spilled_stacks;
-        spilled
-            .update(bytes_of(&hash), bytes_of(&*raw), MapFlags::NO_EXIST)
-            .unwrap();
-        let expected = Stack::from_raw(&raw);
-        assert_eq!(tracer.stack(hash).unwrap(), Some(expected.clone()));
-        assert_eq!(tracer.drain_spilled_stacks().unwrap(), 1);
-        assert_eq!(spilled.keys().count(), 0);
-        assert_eq!(tracer.stack(hash).unwrap(), Some(expected));
-        assert_eq!(tracer.drain_spilled_stacks().unwrap(), 0);
     }
 }

@@ -294,6 +294,67 @@ fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
     assert!(!tracer.filtered_pids().contains(&other_pid));
 }
 
+/// A child the pid filter has no room for is not followed, and one the map of mappings
+/// has no room for walks without them: each is counted, not silent.
+#[test]
+fn full_pid_filter_and_process_map_are_counted() {
+    let options = Options {
+        max_procs: 1,
+        ..small()
+    };
+    let Some(mut tracer) = tracer_or_skip("full_pid_filter_and_process_map", &options) else {
+        return;
+    };
+    let id = tracer.add_table(&table()).unwrap();
+    let me = std::process::id();
+    let mapping = Mapping {
+        start: 0x1000,
+        end: 0x2000,
+        bias: 0,
+        table: Some(id),
+    };
+    tracer.set_mappings(me, &[mapping]).unwrap();
+    tracer.filter_pid(me).unwrap();
+    let _links = tracer
+        .follow_forks()
+        .expect("attach the fork and exec programs");
+    let fork_and_wait = || {
+        // SAFETY: the child exits at once through an async-signal-safe call.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        child as u32
+    };
+
+    // The filter has room: the child is followed, but the map of mappings has none.
+    let child = fork_and_wait();
+    assert!(tracer.filtered_pids().contains(&child));
+    assert!(!tracer.has_mappings(child));
+    let losses = tracer.losses().unwrap();
+    assert!(losses[Loss::ProcsFull as usize] >= 1, "{losses:?}");
+    assert_eq!(losses[Loss::PidFilterFull as usize], 0, "{losses:?}");
+
+    // Filled up: the next child is not followed.
+    let unused_pids = (1..=small().max_filtered_pids).map(|n| u32::MAX - n);
+    let added = unused_pids
+        .take_while(|&pid| tracer.filter_pid(pid).is_ok())
+        .count();
+    assert!(
+        added < small().max_filtered_pids as usize,
+        "the filter never filled"
+    );
+    let child = fork_and_wait();
+    assert!(!tracer.filtered_pids().contains(&child));
+    let losses = tracer.losses().unwrap();
+    assert!(losses[Loss::PidFilterFull as usize] >= 1, "{losses:?}");
+}
+
 /// Only the event programs asked for are loaded (and verified); the others cannot attach,
 /// and the statistics list the loaded ones only.
 #[test]

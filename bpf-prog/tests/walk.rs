@@ -350,7 +350,18 @@ fn rule_cache_entries_answer_only_for_their_own_mappings() {
     };
     let (whole, first_addresses) = run(true);
     assert_eq!(whole.end, WalkEnd::Complete);
-    let (partial, second_addresses) = run(false);
+    // Without ASLR the layout is the same run after run, but for an occasional page of
+    // difference in where libc lands (seen under a loaded machine): only a second run at
+    // the first's addresses tests the cache, so one at others is run again.
+    let mut tries = 0;
+    let (partial, second_addresses) = loop {
+        let (partial, addresses) = run(false);
+        tries += 1;
+        if addresses == first_addresses || tries == 5 {
+            break (partial, addresses);
+        }
+        eprintln!("run {tries} mapped elsewhere: {addresses:x?}; running it again");
+    };
     assert_eq!(first_addresses, second_addresses, "ASLR was not off");
     assert_eq!(partial.end, WalkEnd::NoMapping);
     assert_eq!(partial.pcs, whole.pcs[..partial.pcs.len()]);

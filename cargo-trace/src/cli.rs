@@ -96,6 +96,10 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// Open the report (or the flamegraph) in the desktop's viewer when the run ends.
+    #[arg(long = "open")]
+    pub open: bool,
+
     /// No progress line while the target runs (it is drawn only when stderr is a
     /// terminal anyway).
     #[arg(short = 'q', long = "quiet")]
@@ -110,6 +114,34 @@ pub struct Cli {
     /// does not crashes every process running the file.
     #[arg(long = "unsafe")]
     pub unsafe_addresses: bool,
+
+    /// Distinct stacks the kernel remembers having sent (16 bytes of kernel memory each, as
+    /// they appear). Past it, a stack is sent again each time it is met: nothing is lost,
+    /// the summary says "known stacks full".
+    #[arg(long = "max-stacks", value_name = "N", default_value_t = bpf_prog::Options::default().max_stacks)]
+    pub max_stacks: u32,
+
+    /// Distinct (probe, process, stacks) counters the kernel keeps (as they appear). Past
+    /// it, events are counted through the ring buffer: the summary says "count map full".
+    #[arg(long = "max-counts", value_name = "N", default_value_t = bpf_prog::Options::default().max_counts)]
+    pub max_counts: u32,
+
+    /// Processes traced at once (the target and its children, with their mappings). Past
+    /// it, a child is not followed ("pid filter full" in the summary) or walks without its
+    /// mappings until they are read ("process map full").
+    #[arg(long = "max-processes", value_name = "N", default_value_t = bpf_prog::Options::default().max_procs)]
+    pub max_processes: u32,
+
+    /// Size of the ring buffer that brings new stacks to cargo-trace, in MiB (a power of 2,
+    /// at most 1024). When it fills, stacks are late ("stack ring full" in the summary;
+    /// one that never arrives is shown as lost).
+    #[arg(
+        long = "ring-buffer-mib",
+        value_name = "MIB",
+        default_value_t = bpf_prog::Options::default().record_ring_bytes >> 20,
+        value_parser = parse_ring_mib
+    )]
+    pub ring_buffer_mib: u32,
 
     /// Don't write the flamegraph SVG (e.g. with --folded only).
     #[arg(long = "no-svg")]
@@ -128,6 +160,15 @@ pub struct Cli {
     /// Arguments passed to the binary cargo builds (after `--`).
     #[arg(last = true, value_name = "ARGS")]
     pub trailing: Vec<String>,
+}
+
+fn parse_ring_mib(text: &str) -> Result<u32, String> {
+    let mib: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    if mib.is_power_of_two() && mib <= 1024 {
+        Ok(mib)
+    } else {
+        Err("must be a power of 2 from 1 to 1024".to_string())
+    }
 }
 
 /// The cargo flags that select and build the target, as cargo-flamegraph takes them.
@@ -296,6 +337,34 @@ mod tests {
         let cli = parse(&["cargo-trace", "trace", "profile:hz:99", "-c", "./prog a"]);
         assert_eq!(cli.probes, ["profile:hz:99"]);
         assert_eq!(cli.command.as_deref(), Some("./prog a"));
+    }
+
+    #[test]
+    fn storage_limits_default_to_the_tracers_and_can_be_raised() {
+        let defaults = bpf_prog::Options::default();
+        let cli = parse(&["cargo-trace", "uprobe:libc:malloc"]);
+        assert_eq!(cli.max_stacks, defaults.max_stacks);
+        assert_eq!(cli.max_counts, defaults.max_counts);
+        assert_eq!(cli.ring_buffer_mib << 20, defaults.record_ring_bytes);
+        assert_eq!(cli.max_processes, defaults.max_procs);
+        assert_eq!(cli.max_processes, defaults.max_filtered_pids);
+        let cli = parse(&[
+            "cargo-trace",
+            "--max-stacks",
+            "5000000",
+            "--max-counts",
+            "3000000",
+            "--ring-buffer-mib",
+            "256",
+        ]);
+        assert_eq!(
+            (cli.max_stacks, cli.max_counts, cli.ring_buffer_mib),
+            (5_000_000, 3_000_000, 256)
+        );
+        for bad in ["3", "0", "2048", "x"] {
+            let args = ["cargo-trace", "--ring-buffer-mib", bad].map(OsString::from);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod elf_symbols;
 mod guard;
 mod invoker;
 mod launch;
+mod open;
 mod output;
 mod process;
 mod profile;

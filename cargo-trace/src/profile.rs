@@ -85,9 +85,12 @@ pub struct Sample {
 /// without a stack, and whatever else lost information, by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
-    /// Walks that ended before the end of the stack, and events that lost something
-    /// else (a full map), by reason; only the reasons that happened.
-    pub failures: BTreeMap<String, u64>,
+    /// Walks that ended before the end of the stack, by reason, in the walker's order;
+    /// only the reasons that happened.
+    pub failures: Vec<(String, u64)>,
+    /// Events that lost something else, and limits hit (a full map or ring buffer), by
+    /// name; only those that happened.
+    pub losses: Vec<(String, u64)>,
     /// Events counted with their kernel stack only because no user stack was left to
     /// walk (inside execve).
     pub in_exec: u64,

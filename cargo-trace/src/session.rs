@@ -75,6 +75,19 @@ pub fn run(cli: &Cli) -> Result<i32> {
     for pid in &finished.untraced {
         eprintln!("cargo-trace: process {pid} still running, untraced");
     }
+    if cli.open {
+        // The report if there is one, else the flamegraph, if it was written.
+        let viewable = [Format::Html, Format::Svg]
+            .into_iter()
+            .filter_map(|wanted| outputs.iter().find(|(format, _)| *format == wanted))
+            .map(|(_, destination)| destination.path())
+            .find(|path| written.contains(path));
+        if let Some(path) = viewable {
+            if let Err(reason) = crate::open::open(path) {
+                eprintln!("cargo-trace: {reason}");
+            }
+        }
+    }
     let (code, fate) = finished.announce_exit();
     written.check(&fate)?;
     Ok(code)
@@ -153,6 +166,11 @@ impl Prepared {
             filter_uprobes: follow,
             programs: programs_for(&probes),
             alloc: cli.alloc.options(),
+            max_stacks: cli.max_stacks,
+            max_counts: cli.max_counts,
+            record_ring_bytes: cli.ring_buffer_mib << 20,
+            max_procs: cli.max_processes,
+            max_filtered_pids: cli.max_processes,
             ..Options::default()
         };
         let mut tracer = Tracer::load(&options).map_err(|error| {
@@ -375,6 +393,10 @@ impl Running {
                 }
             }
             let traced = &mut self.traced;
+            // New stacks reach userspace through a ring buffer: drained at every wake-up
+            // so that a burst of them finds it empty. A failure here loses nothing: the
+            // records stay for the next drain.
+            let _ = traced.tracer.drain_records();
             match &traced.children {
                 // Wakes up as soon as a child stops at its start.
                 Some(children) => {
@@ -388,9 +410,6 @@ impl Running {
             // whole filter map is a system call per process.
             if last_refresh.elapsed() >= REFRESH_INTERVAL {
                 last_refresh = Instant::now();
-                // Frees the spill for the next bursts of new stacks; lookups read both
-                // maps, so a failure here loses nothing.
-                let _ = traced.tracer.drain_spilled_stacks();
                 self.processes = track_processes(&mut traced.tracer, &mut traced.tables);
                 self.note_walks();
             }
@@ -604,15 +623,15 @@ fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile
         .tracer
         .losses()
         .context("reading the loss counters")?;
-    let lost = Loss::ALL
-        .iter()
-        .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
-        .map(|loss| (loss.name(), losses[*loss as usize]));
     let summary = Summary {
         failures: walk_ends
             .failures()
-            .chain(lost)
             .map(|(name, count)| (name.to_string(), count))
+            .collect(),
+        losses: Loss::ALL
+            .iter()
+            .filter(|loss| **loss != Loss::InExec && losses[**loss as usize] > 0)
+            .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
             .collect(),
         in_exec: losses[Loss::InExec as usize],
         without_table: source.without_table,
@@ -907,13 +926,16 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
 pub(crate) fn user_stack(tracer: &Tracer, stack: StackRef) -> Result<(Vec<u64>, Option<String>)> {
     Ok(match stack {
         StackRef::None => (Vec::new(), None),
-        StackRef::NotStored => (Vec::new(), Some(Loss::StackMapFull.name().to_string())),
+        StackRef::NotStored => (Vec::new(), Some(Loss::StackNotStored.name().to_string())),
         StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
             Some(stack) => {
                 let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
                 (stack.pcs, truncated)
             }
-            None => (Vec::new(), Some("stack lost".to_string())),
+            None => (
+                Vec::new(),
+                Some(format!("stack lost: {}", Loss::StackRingFull.name())),
+            ),
         },
     })
 }

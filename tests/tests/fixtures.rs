@@ -41,6 +41,7 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
         "avx_entry",
         &["avx_first", "call_avx_first", "main"],
     ),
+    (Lang::C, "paths", &["path_zero", "path_one", "main"]),
     (Lang::Rust, "alloc_sites", &["alloc_sites::"]),
     (Lang::C, "alloc_c", &["site_", "report", "main"]),
     (

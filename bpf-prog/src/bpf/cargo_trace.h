@@ -102,7 +102,7 @@ enum ct_limits {
 /* Reserved values of ct_count_key.stack_hash; stored stacks have keys >= CT_STACK_FIRST. */
 enum ct_stack_key {
 	CT_STACK_NONE = 0,	 /* no user stack was walked (kernel thread, counting probe) */
-	CT_STACK_NOT_STORED = 1, /* walked, but the stacks map had no room (or 4 collisions) */
+	CT_STACK_NOT_STORED = 1, /* walked, but CT_STACK_SLOTS colliding stacks held its keys */
 	CT_STACK_FIRST = 2,
 };
 
@@ -263,37 +263,64 @@ enum ct_walk_end {
 };
 
 /*
- * Events that lost something, apart from how their walk ended: index into
- * the losses per-CPU array (bpf_prog::Loss).
+ * Events that lost something, or came close, apart from how their walk
+ * ended: index into the losses per-CPU array (bpf_prog::Loss). A map or
+ * ring buffer that fills has its entry here.
  */
 enum ct_loss {
-	CT_LOSS_STACK_MAP_FULL = 0, /* stacks map full: stack not stored */
-	CT_LOSS_COUNT_MAP_FULL = 1, /* counts map full: event not counted */
-	CT_LOSS_HASH_COLLISION = 2, /* distinct stacks with one hash; stored under the next slot */
-	CT_LOSS_KSTACK_LOST = 3,    /* no kernel stack: bpf_get_stack failed or the
-				     * stacks map was full */
-	CT_LOSS_TOO_NESTED = 4,	    /* CT_NEST_LEVELS walks in progress on the CPU:
-				     * counted without its stacks */
-	CT_LOSS_IN_EXEC = 5,	    /* inside execve with no user stack to walk (see
-				     * take_user_stack): counted with its kernel stack
-				     * only, and not as a walk */
-	CT_LOSS_COUNT = 6,
+	CT_LOSS_STACK_NOT_STORED = 0, /* its hash and the CT_STACK_SLOTS - 1 next keys
+				       * held other stacks: counted without its stack */
+	CT_LOSS_COUNT_MAP_FULL = 1,   /* counts map full (or out of memory): counted
+				       * through the records ring buffer instead */
+	CT_LOSS_HASH_COLLISION = 2,   /* distinct stacks with one hash; stored under the
+				       * next slot */
+	CT_LOSS_KSTACK_LOST = 3,      /* no kernel stack: bpf_get_stack failed */
+	CT_LOSS_TOO_NESTED = 4,	      /* CT_NEST_LEVELS walks in progress on the CPU:
+				       * counted without its stacks */
+	CT_LOSS_IN_EXEC = 5,	      /* inside execve with no user stack to walk (see
+				       * take_user_stack): counted with its kernel stack
+				       * only, and not as a walk */
+	CT_LOSS_STACK_RING_FULL = 6,  /* the records ring buffer had no room for a new
+				       * stack: counted under its key, the stack left
+				       * unknown for a later event to send */
+	CT_LOSS_KNOWN_STACKS_FULL = 7, /* the known_stacks set had no room: the stack is
+					* sent again each time it is met */
+	CT_LOSS_COUNT_LOST = 8,	      /* counts map and ring buffer both full: the event
+				       * was not counted */
+	CT_LOSS_PID_FILTER_FULL = 9,  /* a child of a traced process was not followed */
+	CT_LOSS_PROCS_FULL = 10,      /* a child could not take its parent's mappings */
+	CT_LOSS_NEW_IMAGES_FULL = 11, /* a process that exec'd or loaded libraries was
+				       * not stopped for its mappings to be registered */
+	CT_LOSS_COUNT = 12,
 };
 
-/* A user stack, or a kernel stack (at most CT_KSTACK_DEPTH frames, error 0),
- * stored once by hash. */
+/* What a record of the records ring buffer is (its first 4 bytes). */
+enum ct_record_kind {
+	CT_RECORD_STACK = 1, /* a struct ct_stack, its pcs cut to len */
+	CT_RECORD_COUNT = 2, /* a struct ct_count_record */
+};
+
+/*
+ * A user stack, or a kernel stack (at most CT_KSTACK_DEPTH frames, error 0),
+ * as it is sent to userspace, once, through the records ring buffer: this
+ * header and the first len pcs. The kernel keeps only its key and check
+ * (known_stacks).
+ */
 struct ct_stack {
-	__u64 check;		  /* second, independent hash of the frames: detects collisions */
+	__u32 kind;		  /* CT_RECORD_STACK */
 	__u32 len;		  /* frames in pcs */
+	__u64 key;		  /* its key (ct_count_key.stack_hash or kstack_hash) */
+	__u64 check;		  /* second, independent hash of the frames: detects collisions */
 	__u16 error;		  /* enum ct_walk_end of the walk (0: complete) */
 	__u16 reason;		  /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
+	__u32 pad;
 	__u64 pcs[CT_MAX_FRAMES]; /* pcs[0] = innermost; return addresses as read */
 };
 
 /* Aggregation key: one counter per (probe, process, user stack, kernel stack). */
 struct ct_count_key {
-	__u64 stack_hash;  /* key in the stacks map; 0: no user stack */
-	__u64 kstack_hash; /* key of the kernel stack in the stacks map; 0: none */
+	__u64 stack_hash;  /* key of the user stack (enum ct_stack_key) */
+	__u64 kstack_hash; /* key of the kernel stack; CT_STACK_NONE: none */
 	__u32 pid;	   /* tgid */
 	__u32 probe_id;	   /* the attach cookie */
 };
@@ -301,6 +328,15 @@ struct ct_count_key {
 struct ct_count {
 	__u64 events;
 	__u64 amount; /* sum of a probe-defined amount per event (e.g. bytes allocated) */
+};
+
+/* An event the counts map had no room for, sent through the records ring
+ * buffer: userspace adds it to the counter of key. */
+struct ct_count_record {
+	__u32 kind; /* CT_RECORD_COUNT */
+	__u32 pad;
+	struct ct_count_key key;
+	struct ct_count count;
 };
 
 /*

@@ -5,18 +5,20 @@
  * Every event (uprobe, uretprobe, perf sample, tracepoint) takes the user
  * registers of the current thread, walks its stack with the unwind tables
  * userspace loaded (walk.bpf.h; docs/walk.md is the contract, shared with
- * unwind_tables::walk), stores the stack once by hash and adds the event
- * to the counter of (stack, kernel stack, process, probe). An event program
- * is two calls: take_stacks (walk and store the stacks, return their keys)
- * and count_event (add one event and an amount under those keys). Nothing
- * is sent to userspace per event; it reads the maps when it wants.
+ * unwind_tables::walk), sends the stack to userspace the first time it is
+ * seen (the kernel keeps its hash) and adds the event to the counter of
+ * (stack, kernel stack, process, probe). An event program is two calls:
+ * take_stacks (walk and store the stacks, return their keys) and
+ * count_event (add one event and an amount under those keys). Userspace
+ * drains the new stacks from a ring buffer and reads the counts when it
+ * wants.
  *
  * Where the time goes (benches/uprobe.rs measures it): helper calls are
  * dear where the kernel mitigates return speculation (~90 ns for one
  * bpf_probe_read_user on the machines measured), so the hot path avoids
  * them. Per event: the process lookup, one bpf_probe_read_user per 4 KiB
- * page of stack touched, a lookup of the stack (already stored, usually)
- * and one of its counter. Per frame, no helper call (see walk.bpf.h).
+ * page of stack touched, a look in this CPU's cache of known stacks and a
+ * lookup of the counter. Per frame, no helper call (see walk.bpf.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -29,7 +31,6 @@
 #define CT_NR_RT_SIGRETURN 15 /* x86-64 */
 #define CT_SYSCALL_INSN_LEN 2
 
-#define ENOMEM 12
 #define EEXIST 17
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -52,35 +53,41 @@ const volatile enum ct_sigframe anchor_sigframe;
 const volatile enum ct_mapping_flags anchor_mapping_flags;
 const volatile enum ct_walk_end anchor_walk_end;
 const volatile enum ct_loss anchor_loss;
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC); /* 4 KiB values: allocate on use */
-	__type(key, __u64);		      /* stack hash */
-	__type(value, struct ct_stack);
-	__uint(max_entries, 16384);
-} stacks SEC(".maps");
+const volatile enum ct_record_kind anchor_record_kind;
+/* Records are written to the ring buffer, which has no value type. */
+const volatile struct ct_count_record anchor_count_record;
 
 /*
- * Where a new stack goes when the stacks map cannot allocate it: its
- * elements come from per-CPU caches that the kernel refills after the
- * program returns, so a burst of new stacks inside one interrupt can find
- * them empty (-ENOMEM) long before the map is full. This map is
- * preallocated; userspace moves its stacks into the stacks map
- * (Tracer::drain_spilled_stacks), and every lookup tries both.
+ * Stack storage. The kernel keeps only the stacks it has sent: key -> check
+ * (16 bytes a stack, whatever its depth). A new stack goes to userspace
+ * once, header and frames only, through the records ring buffer, which
+ * userspace drains every few tens of milliseconds (bpf_prog's
+ * Tracer::drain_records) into its own store. Elements are allocated on use:
+ * the set costs what it holds.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u64);
-	__type(value, struct ct_stack);
-	__uint(max_entries, 256);
-} spilled_stacks SEC(".maps");
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);   /* stack key */
+	__type(value, __u64); /* its ct_stack.check */
+	__uint(max_entries, 1 << 20);
+} known_stacks SEC(".maps");
 
+/* New stacks (struct ct_stack, cut to their frames) and counts the counts
+ * map had no room for (struct ct_count_record). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} records SEC(".maps");
+
+/* Allocated on use, like known_stacks: a large cap costs nothing until used,
+ * and an event it cannot take goes through the records ring buffer. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct ct_count_key);
 	__type(value, struct ct_count);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 1 << 20);
 } counts SEC(".maps");
 
 struct {
@@ -158,71 +165,90 @@ static __always_inline void count_loss(enum ct_loss loss)
 }
 
 /*
- * Stacks storage: each distinct stack once, by hash.
+ * Stack storage: each distinct stack sent once, by hash.
  */
-static __always_inline bool same_stack(const struct ct_stack *a, const struct ct_stack *b)
-{
-	return a->check == b->check && a->len == b->len && a->error == b->error &&
-	       a->reason == b->reason;
-}
 
-static __always_inline struct ct_stack *stored_stack(__u64 *key)
+/* Sends stack, under key, to userspace: its header and its frames only.
+ * True if the ring buffer took it. */
+static __always_inline bool send_stack(struct ct_stack *stack, __u64 key)
 {
-	struct ct_stack *old = bpf_map_lookup_elem(&stacks, key);
+	__u32 len = stack->len;
 
-	return old ? old : bpf_map_lookup_elem(&spilled_stacks, key);
+	if (len > CT_MAX_FRAMES)
+		len = CT_MAX_FRAMES;
+	stack->kind = CT_RECORD_STACK;
+	stack->key = key;
+	__u64 size = sizeof(*stack) - sizeof(stack->pcs) + len * sizeof(__u64);
+	return bpf_ringbuf_output(&records, stack, size, BPF_RB_NO_WAKEUP) == 0;
 }
 
 /*
- * Stores the stack under hash (or, after a collision, the next free slot)
- * unless it is there already; returns its key in the stacks map, or
- * CT_STACK_NOT_STORED. A stack found or stored under hash itself goes into
- * this CPU's cache of known stacks, which is asked first. Its entries never
- * go stale: stored stacks are never removed. Two walks of one CPU (nesting
- * levels) may write an entry at once; a torn entry pairs a key with another
- * stack's check and only misses.
+ * Makes sure userspace has the stack, under hash or, after a collision, the
+ * next free key; returns that key, or CT_STACK_NOT_STORED when
+ * CT_STACK_SLOTS colliding stacks hold them all. A new stack is claimed in
+ * known_stacks and then sent; if the ring buffer is full the claim is
+ * withdrawn, so that the next event with this stack sends it again, and the
+ * event is counted under the key all the same (CT_LOSS_STACK_RING_FULL: a
+ * stack that never arrives is reported as such). A stack known_stacks has
+ * no room for is sent without a claim, every time it is met.
+ *
+ * A stack known under hash itself goes into this CPU's cache, asked first.
+ * One race makes an entry untrue: another CPU that meets the stack between
+ * its claim and a failed send caches it, and sends it no more; the stack
+ * then arrives when any other CPU meets it after the ring buffer drained,
+ * and until it does userspace shows those events under a lost stack. Two
+ * walks of one CPU (nesting levels) may write an entry at once; a torn
+ * entry pairs a key with another stack's check and misses.
  */
 static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash,
 					 struct ct_known_cache *known)
 {
 	struct ct_known_entry *seen = &known->entries[hash & (CT_KNOWN_CACHE_SLOTS - 1)];
+	__u64 check = stack->check;
 
-	if (seen->key == hash && seen->check == stack->check)
+	if (seen->key == hash && seen->check == check)
 		return hash;
 	for (int slot = 0; slot < CT_STACK_SLOTS; slot++) {
 		__u64 key = hash + slot;
-		struct ct_stack *old = stored_stack(&key);
+		__u64 *old = bpf_map_lookup_elem(&known_stacks, &key);
 
 		if (!old) {
-			long err = bpf_map_update_elem(&stacks, &key, stack, BPF_NOEXIST);
-			if (err == -ENOMEM)
-				err = bpf_map_update_elem(&spilled_stacks, &key, stack, BPF_NOEXIST);
-			if (err == 0)
-				goto stored;
-			/* -EEXIST: another CPU stored a stack there just now */
-			if (err != -EEXIST)
-				break;
-			old = stored_stack(&key);
-			if (!old)
-				break;
+			long err = bpf_map_update_elem(&known_stacks, &key, &check, BPF_NOEXIST);
+			if (err == 0) {
+				if (send_stack(stack, key))
+					goto known;
+				bpf_map_delete_elem(&known_stacks, &key);
+				count_loss(CT_LOSS_STACK_RING_FULL);
+				return key;
+			}
+			if (err == -EEXIST)
+				/* another CPU claimed this key just now */
+				old = bpf_map_lookup_elem(&known_stacks, &key);
+			if (!old) {
+				count_loss(CT_LOSS_KNOWN_STACKS_FULL);
+				if (send_stack(stack, key))
+					goto known;
+				count_loss(CT_LOSS_STACK_RING_FULL);
+				return key;
+			}
 		}
-		if (same_stack(old, stack))
-			goto stored;
+		if (*old == check)
+			goto known;
 		count_loss(CT_LOSS_HASH_COLLISION);
 		continue;
-stored:
+known:
 		if (slot == 0) {
 			seen->key = hash;
-			seen->check = stack->check;
+			seen->check = check;
 		}
 		return key;
 	}
-	count_loss(CT_LOSS_STACK_MAP_FULL);
+	count_loss(CT_LOSS_STACK_NOT_STORED);
 	return CT_STACK_NOT_STORED;
 }
 
-/* A finished stack hash as a key of the stacks map: clear of the reserved
- * keys, and of wrapping in store_stack. */
+/* A finished stack hash as a stack key: clear of the reserved keys, and of
+ * wrapping in store_stack. */
 static __always_inline __u64 stack_key(__u64 hash)
 {
 	if (hash < CT_STACK_FIRST || hash > ~0ULL - CT_STACK_SLOTS)
@@ -231,7 +257,7 @@ static __always_inline __u64 stack_key(__u64 hash)
 }
 
 /* Finishes the hashes of stack (its frames' hash and check so far) over its
- * length and stop reason: sets stack->check, returns its stacks map key. */
+ * length and stop reason: sets stack->check, returns its key. */
 static __always_inline __u64 finish_hashes(struct ct_stack *stack, __u64 hash, __u64 check)
 {
 	__u64 tail = ((__u64)stack->len << 32) | ((__u64)stack->error << 16) | stack->reason;
@@ -282,7 +308,7 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 /*
  * Takes the kernel stack of the event into k and stores it as
  * take_user_stack does the user stack; returns its key, or CT_STACK_NONE
- * if the kernel gave none or it could not be stored.
+ * if the kernel gave none.
  */
 static __always_inline __u64 take_kernel_stack(struct ct_stack *k, struct ct_known_cache *known,
 					       void *ctx)
@@ -304,12 +330,7 @@ static __always_inline __u64 take_kernel_stack(struct ct_stack *k, struct ct_kno
 	k->len = len;
 	k->error = CT_WALK_COMPLETE;
 	k->reason = 0;
-	__u64 key = store_stack(k, finish_hashes(k, hash, check), known);
-	if (key == CT_STACK_NOT_STORED) {
-		count_loss(CT_LOSS_KSTACK_LOST);
-		return CT_STACK_NONE;
-	}
-	return key;
+	return store_stack(k, finish_hashes(k, hash, check), known);
 }
 
 /* Claims a free nesting level of this CPU (see CT_NEST_LEVELS) in *held;
@@ -385,7 +406,16 @@ static __always_inline void count_event(struct event_stacks stacks, __u32 tgid, 
 		if (err == -EEXIST)
 			count = bpf_map_lookup_elem(&counts, &key);
 		if (!count) {
-			count_loss(CT_LOSS_COUNT_MAP_FULL);
+			/* no room (or no memory just now): userspace adds it */
+			struct ct_count_record record = {
+				.kind = CT_RECORD_COUNT,
+				.key = key,
+				.count = first,
+			};
+			if (bpf_ringbuf_output(&records, &record, sizeof(record), BPF_RB_NO_WAKEUP))
+				count_loss(CT_LOSS_COUNT_LOST);
+			else
+				count_loss(CT_LOSS_COUNT_MAP_FULL);
 			return;
 		}
 	}
@@ -501,9 +531,10 @@ KERNEL_EVENT_PROGRAM(on_raw_tracepoint, "raw_tp")
  * mapped), and at libc's __libc_start_main (every library is mapped, main has
  * not run). Userspace continues it each time with SIGCONT.
  */
+/* 16 bytes a report: room for 4096 processes stopped at once. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 64 << 10);
 } new_images SEC(".maps");
 
 /* The parent of each child followed: userspace names what a child ran
@@ -526,8 +557,12 @@ static __always_inline void stop_for_mappings(__u32 tgid)
 {
 	__u32 *slot = bpf_ringbuf_reserve(&new_images, sizeof(*slot), 0);
 
-	if (!slot)
-		return; /* userspace finds it by polling, later */
+	if (!slot) {
+		/* userspace finds it by polling, later: its first steps
+		 * may run before its mappings are known */
+		count_loss(CT_LOSS_NEW_IMAGES_FULL);
+		return;
+	}
 	*slot = tgid;
 	bpf_send_signal(CT_SIGSTOP);
 	bpf_ringbuf_submit(slot, 0);
@@ -545,11 +580,16 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 	if (child_pid != child_tgid || !pid_wanted(parent_tgid))
 		return 0;
 	__u8 one = 1;
-	bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	if (bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY)) {
+		/* not followed */
+		count_loss(CT_LOSS_PID_FILTER_FULL);
+		return 0;
+	}
 	bpf_map_update_elem(&parents, &child_tgid, &parent_tgid, BPF_ANY);
 	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &parent_tgid);
-	if (proc)
-		bpf_map_update_elem(&procs, &child_tgid, proc, BPF_ANY);
+	if (proc && bpf_map_update_elem(&procs, &child_tgid, proc, BPF_ANY))
+		/* its walks end with CT_WALK_NO_PROC until userspace registers it */
+		count_loss(CT_LOSS_PROCS_FULL);
 	return 0;
 }
 

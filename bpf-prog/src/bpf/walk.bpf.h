@@ -81,6 +81,7 @@ struct walk_state {
 	__u32 exact;   /* pc is a current pc, not a return address */
 	__u32 generation; /* of the process's mappings (ct_proc.generation) */
 	__u64 rdi;	  /* the thread's: known at the first frame (stack.len 1) only */
+	__u64 trampoline; /* the process's uretprobe trampoline (see uretprobe_return); 0: none */
 	__u16 error;  /* enum ct_walk_end, once the walk stopped */
 	__u16 reason; /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
 };
@@ -379,6 +380,51 @@ static __always_inline int read_user(struct walk_state *w, struct ct_user_pages 
 	return 0;
 }
 
+/*
+ * Uretprobes, the session's own or anyone's, replace the return address of
+ * the function they probe with the address of a trampoline in the process's
+ * [uprobes] page while the function runs, and keep the original in the
+ * thread's list of return instances, innermost first, each with the stack
+ * address the return address was read from. A walk that meets the
+ * trampoline, as a return address or as the pc of an event taken in it (the
+ * uretprobe system call, a sample on its way back), takes the original.
+ */
+#define CT_URETPROBE_DEPTH 8 /* return instances searched */
+#define CT_TRAMPOLINE_SIZE 128 /* the trampoline's xol slot */
+
+/* The uretprobe trampoline of the current process, 0 if it has none. */
+static __always_inline __u64 uretprobe_trampoline(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (!bpf_core_field_exists(task->utask))
+		return 0;
+	struct xol_area *area = BPF_CORE_READ(task, mm, uprobes_state.xol_area);
+	return area ? BPF_CORE_READ(area, vaddr) : 0;
+}
+
+/*
+ * The return address a uretprobe replaced in the stack slot at `slot` (any
+ * slot if 0: the innermost, for a pc in the trampoline), and the slot in
+ * *found; 0 if no return instance of the current thread holds it. Not inlined:
+ * it runs only on a trampoline, and is verified once.
+ */
+static __noinline __u64 uretprobe_return(__u64 slot, __u64 *found)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct return_instance *ri = BPF_CORE_READ(task, utask, return_instances);
+
+	for (int i = 0; i < CT_URETPROBE_DEPTH && ri; i++) {
+		__u64 stack = BPF_CORE_READ(ri, stack);
+		if (!slot || stack == slot) {
+			*found = stack;
+			return BPF_CORE_READ(ri, orig_ret_vaddr);
+		}
+		ri = BPF_CORE_READ(ri, next);
+	}
+	return 0;
+}
+
 static __always_inline int stop(struct walk_state *w, __u16 error)
 {
 	w->error = error;
@@ -446,6 +492,10 @@ static __always_inline int walk_step(struct walk_state *w, struct ct_proc *proc,
 
 	if (read_user(w, pages, cfa - 8, &ra))
 		return stop(w, CT_WALK_READ_FAULT);
+	if (ra == w->trampoline && ra) {
+		__u64 slot = 0;
+		ra = uretprobe_return(cfa - 8, &slot);
+	}
 	if (rule->rbp_kind == CT_RBP_AT_CFA) {
 		if (read_user(w, pages, cfa + (__s64)rule->rbp_off, &rbp))
 			return stop(w, CT_WALK_READ_FAULT);
@@ -514,6 +564,22 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, _
 	w->use_rule_cache = level == 0;
 	for (int slot = 0; slot < CT_PAGE_SLOTS; slot++)
 		w->page_tag[slot] = 0;
+	w->trampoline = uretprobe_trampoline();
+	if (w->trampoline && rip - w->trampoline < CT_TRAMPOLINE_SIZE) {
+		/* In the trampoline, the probed function has returned: the event
+		 * is its caller's, at the return address, with the stack as the
+		 * caller had it. */
+		__u64 slot = 0;
+		__u64 ret = uretprobe_return(0, &slot);
+		if (ret) {
+			stack->pcs[0] = ret;
+			w->pc = ret;
+			w->rsp = slot + 8;
+			w->exact = 0;
+			w->hash = hash_step(0, ret);
+			w->check = check_step(0x5851f42d4c957f2dULL, ret);
+		}
+	}
 
 	__u32 cpu = bpf_get_smp_processor_id();
 	__u32 pages_key = cpu * CT_NEST_LEVELS + level;

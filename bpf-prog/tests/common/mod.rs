@@ -126,6 +126,17 @@ impl Target {
 pub struct Running(Target);
 
 impl Running {
+    /// Whether the fixture has exited (successfully: it panics otherwise).
+    pub fn exited(&mut self) -> bool {
+        match self.0.child.try_wait().expect("wait for fixture") {
+            Some(status) => {
+                assert!(status.success(), "fixture failed: {status}");
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn wait_for_exit(mut self) {
         let status = self.0.child.wait().expect("wait for fixture");
         assert!(status.success(), "fixture failed: {status}");
@@ -433,6 +444,7 @@ pub fn assert_complete(
 pub struct Figure {
     pub median: f64,
     pub min: f64,
+    pub max: f64,
 }
 
 impl Figure {
@@ -441,6 +453,7 @@ impl Figure {
         Figure {
             median: values[values.len() / 2],
             min: values[0],
+            max: values[values.len() - 1],
         }
     }
 }

@@ -161,7 +161,7 @@ fn summary_section(profile: &Profile, html: &mut String) {
             "<span class=\"ok\">every walk reached the end of the stack</span>".to_string(),
         );
     }
-    for (reason, count) in &summary.failures {
+    for (reason, count) in summary.failures.iter().chain(&summary.losses) {
         row(
             &format!("<span class=\"bad\">{}</span>", escape(reason)),
             count.to_string(),

@@ -22,6 +22,14 @@ fn hex(address: u64) -> String {
     format!("{address:#x}")
 }
 
+/// Named counters as a JSON object, in their order.
+fn counters(named: &[(String, u64)]) -> serde_json::Map<String, Value> {
+    named
+        .iter()
+        .map(|(name, count)| (name.clone(), json!(count)))
+        .collect()
+}
+
 pub fn to_json(profile: &Profile) -> Value {
     let metadata = &profile.metadata;
     let summary = &profile.summary;
@@ -57,7 +65,8 @@ pub fn to_json(profile: &Profile) -> Value {
             "totals": totals,
             "distinct_stacks": profile.samples.len(),
             "processes": profile.processes(),
-            "walk_failures": summary.failures,
+            "walk_failures": counters(&summary.failures),
+            "losses": counters(&summary.losses),
             "in_execve": summary.in_exec,
             "not_the_targets": summary.not_the_targets,
             "without_unwind_table": summary.without_table.iter().map(|(object, reason)| json!({

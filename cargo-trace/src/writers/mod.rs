@@ -201,7 +201,8 @@ pub(crate) mod tests {
                 },
             ],
             summary: Summary {
-                failures: [("read fault".to_string(), 2)].into_iter().collect(),
+                failures: vec![("read fault".to_string(), 2)],
+                losses: vec![],
                 in_exec: 0,
                 without_table: vec![],
                 not_the_targets: 0,
@@ -301,6 +302,7 @@ pub(crate) mod tests {
         );
         let mut complete = profile;
         complete.summary.failures.clear();
+        complete.summary.losses = vec![("stack ring full".to_string(), 4)];
         complete.summary.in_exec = 3;
         complete.summary.not_the_targets = 1;
         complete.samples[1].pid = 7;
@@ -308,6 +310,7 @@ pub(crate) mod tests {
             summary::line(&complete),
             "cargo-trace: 11 events, 5 distinct stacks from 2 processes in 1.50 s; \
              every stack walk reached the end of the stack; \
+             losses and limits: stack ring full 4; \
              3 in execve with no user stack left to walk (kernel stack only); \
              1 taken in cargo-trace's entry breakpoint, not counted"
         );

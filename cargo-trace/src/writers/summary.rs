@@ -34,6 +34,15 @@ pub fn line(profile: &Profile) -> String {
             .collect();
         line.push_str(&listed.join(", "));
     }
+    let losses = &profile.summary.losses;
+    if !losses.is_empty() {
+        line.push_str("; losses and limits: ");
+        let listed: Vec<String> = losses
+            .iter()
+            .map(|(name, count)| format!("{name} {count}"))
+            .collect();
+        line.push_str(&listed.join(", "));
+    }
     let in_exec = profile.summary.in_exec;
     if in_exec > 0 {
         let _ = write!(
