@@ -260,8 +260,14 @@ pub struct AllocProcess {
     pub unknown_frees: u64,
 }
 
-/// Sizes the heap maps and sets the temporary threshold, before load.
-pub(crate) fn configure(open: &mut OpenTraceSkel<'_>, options: &AllocOptions) -> Result<()> {
+/// Sizes the heap maps and sets the temporary threshold and sampling, before load. Without
+/// the heap programs (`used` false) the maps take one entry each: a hash map's buckets
+/// are allocated when it is created (16 MiB for a million live blocks).
+pub(crate) fn configure(
+    open: &mut OpenTraceSkel<'_>,
+    options: &AllocOptions,
+    used: bool,
+) -> Result<()> {
     let rodata = open
         .maps
         .rodata_data
@@ -278,7 +284,8 @@ pub(crate) fn configure(open: &mut OpenTraceSkel<'_>, options: &AllocOptions) ->
         (&mut maps.alloc_stats, "alloc_stats", options.max_stacks),
         (&mut maps.alloc_procs, "alloc_procs", options.max_processes),
     ] {
-        map.set_max_entries(entries.max(1))
+        let entries = if used { entries.max(1) } else { 1 };
+        map.set_max_entries(entries)
             .map_err(|source| Error::Configure { map: name, source })?;
     }
     Ok(())

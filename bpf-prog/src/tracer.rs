@@ -224,7 +224,11 @@ impl Tracer {
         rodata.filter_uprobes = options.filter_uprobes.into();
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
-        crate::alloc::configure(&mut open, &options.alloc)?;
+        crate::alloc::configure(
+            &mut open,
+            &options.alloc,
+            options.programs.contains(&EventProgram::AllocEntry),
+        )?;
 
         for &kind in EventProgram::ALL {
             kind.of_open(&mut open.progs)
