@@ -134,6 +134,9 @@ struct Traced {
     executable: Option<String>,
     /// Links and children before the tracer: they reference its programs.
     links: Vec<Link>,
+    /// Probes on a library no traced process maps yet (one to be dlopened): attached
+    /// when one maps it.
+    pending: Pending,
     children: Option<Children>,
     tables: ProcessTables,
     tracer: Tracer,
@@ -200,14 +203,11 @@ impl Prepared {
         tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
-        let links = attach_all(
-            &tracer,
-            &probes,
-            &cli.alloc,
-            pid,
+        let attach = AttachPlan {
             follow,
-            cli.unsafe_addresses,
-        )?;
+            unsafe_addresses: cli.unsafe_addresses,
+        };
+        let (links, pending) = attach_all(&tracer, &probes, &cli.alloc, pid, attach)?;
         let children = if follow {
             Some(Children::follow(&tracer, pid, stopped.is_none())?)
         } else {
@@ -228,6 +228,7 @@ impl Prepared {
                     .ok()
                     .map(|path| path.display().to_string()),
                 links,
+                pending,
                 children,
                 tables,
                 tracer,
@@ -315,6 +316,7 @@ impl Running {
             entry,
             executable,
             links,
+            pending: _,
             children,
             tables,
             tracer,
@@ -401,7 +403,13 @@ impl Running {
                 // Wakes up as soon as a child stops at its start.
                 Some(children) => {
                     children.poll(POLL_INTERVAL);
-                    children.register_started(&mut traced.tracer, &mut traced.tables);
+                    let (links, pending, probes) =
+                        (&mut traced.links, &mut traced.pending, &traced.probes);
+                    children.register_started(
+                        &mut traced.tracer,
+                        &mut traced.tables,
+                        |tracer, pid| pending.attach_in(tracer, probes, pid, links),
+                    );
                 }
                 None => std::thread::sleep(POLL_INTERVAL),
             }
@@ -411,6 +419,16 @@ impl Running {
             if last_refresh.elapsed() >= REFRESH_INTERVAL {
                 last_refresh = Instant::now();
                 self.processes = track_processes(&mut traced.tracer, &mut traced.tables);
+                if !traced.pending.is_empty() {
+                    for pid in traced.tracer.filtered_pids() {
+                        traced.pending.attach_in(
+                            &traced.tracer,
+                            &traced.probes,
+                            pid,
+                            &mut traced.links,
+                        );
+                    }
+                }
                 self.note_walks();
             }
             let traced = &self.traced;
@@ -780,40 +798,126 @@ fn event_program(kind: ProgramKind) -> EventProgram {
     }
 }
 
+/// How the probes attach.
+#[derive(Clone, Copy, Debug)]
+struct AttachPlan {
+    /// Uprobes fire in every process (the program keeps the target and its children);
+    /// else in the target only.
+    follow: bool,
+    unsafe_addresses: bool,
+}
+
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
-/// `follow`: uprobes fire in every process (the program keeps the target and its
-/// children); else in the target only.
+/// A uprobe on a library no traced process maps and none of the library directories
+/// holds (a plugin to be dlopened) is not an error: it waits in [`Pending`].
 fn attach_all(
     tracer: &Tracer,
     probes: &[Probe],
     alloc: &AllocArgs,
     pid: u32,
-    follow: bool,
-    unsafe_addresses: bool,
-) -> Result<Vec<Link>> {
+    plan: AttachPlan,
+) -> Result<(Vec<Link>, Pending)> {
     let mut links = Vec::new();
+    let mut pending = Pending {
+        probes: Vec::new(),
+        plan,
+        target: pid,
+    };
     for (index, probe) in probes.iter().enumerate() {
-        let spec = match &probe.kind {
-            ProbeKind::Event(spec) => spec,
-            ProbeKind::Alloc(probe) => {
-                let fire_in = (!follow).then_some(pid);
-                links.extend(probe.attach(tracer, alloc, pid, fire_in, index as u32)?);
-                continue;
-            }
-        };
-        let program = tracer.program(event_program(spec.program_kind()));
-        let options = probes::AttachOptions {
-            resolve_in: Some(pid),
-            fire_in: (!follow).then_some(pid),
-            unsafe_addresses,
-        };
-        let attached = probes::attach_probe_with(program, spec, &options, index as u64)?;
-        for notice in &attached.notices {
-            eprintln!("cargo-trace: {}: {notice}", notice.level());
+        if let ProbeKind::Alloc(heap) = &probe.kind {
+            let fire_in = (!plan.follow).then_some(pid);
+            links.extend(heap.attach(tracer, alloc, pid, fire_in, index as u32)?);
+            continue;
         }
-        links.extend(attached.links);
+        match attach_one(tracer, probe, index, pid, plan) {
+            Ok(attached) => links.extend(attached),
+            Err(error) if waits_for_a_library(&error) => {
+                eprintln!(
+                    "cargo-trace: warning: {}: {error}; it is attached when a traced process \
+                     maps it (dlopen)",
+                    probe.text
+                );
+                pending.probes.push(index);
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
-    Ok(links)
+    Ok((links, pending))
+}
+
+/// Attaches one probe, resolving its names in process `pid`; prints its notices.
+fn attach_one(
+    tracer: &Tracer,
+    probe: &Probe,
+    index: usize,
+    pid: u32,
+    plan: AttachPlan,
+) -> Result<Vec<Link>, probes::Error> {
+    // An alloc probe attaches as a whole (attach_all); it never waits for a library.
+    let Some(spec) = probe.event_spec() else {
+        return Ok(Vec::new());
+    };
+    let program = tracer.program(event_program(spec.program_kind()));
+    let options = probes::AttachOptions {
+        resolve_in: Some(pid),
+        fire_in: (!plan.follow).then_some(pid),
+        unsafe_addresses: plan.unsafe_addresses,
+    };
+    let attached = probes::attach_probe_with(program, spec, &options, index as u64)?;
+    for notice in &attached.notices {
+        eprintln!("cargo-trace: {}: {notice}", notice.level());
+    }
+    Ok(attached.links)
+}
+
+/// Whether a probe failed only because its library is nowhere yet.
+fn waits_for_a_library(error: &probes::Error) -> bool {
+    matches!(
+        error,
+        probes::Error::Resolve(probes::ResolveError::LibraryNotFound { .. })
+    )
+}
+
+/// Uprobes on libraries no traced process had mapped when the session started.
+struct Pending {
+    /// Indexes into the session's probes.
+    probes: Vec<usize>,
+    plan: AttachPlan,
+    /// Without following children, probes fire in the target only.
+    target: u32,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.probes.is_empty()
+    }
+
+    /// Attaches the pending probes whose library process `pid` maps now. `pid` is held
+    /// stopped after a dlopen (except an attached process), so nothing it runs in the
+    /// library goes uncounted.
+    fn attach_in(&mut self, tracer: &Tracer, probes: &[Probe], pid: u32, links: &mut Vec<Link>) {
+        if !self.plan.follow && pid != self.target {
+            return;
+        }
+        self.probes.retain(|&index| {
+            let probe = &probes[index];
+            match attach_one(tracer, probe, index, pid, self.plan) {
+                Ok(attached) => {
+                    eprintln!(
+                        "cargo-trace: note: {} attached: process {pid} mapped its library",
+                        probe.text
+                    );
+                    links.extend(attached);
+                    false
+                }
+                Err(error) if waits_for_a_library(&error) => true,
+                Err(error) => {
+                    eprintln!("cargo-trace: warning: {}: {error}", probe.text);
+                    false
+                }
+            }
+        });
+    }
 }
 
 /// Registers the mappings of processes that joined the filter (children the

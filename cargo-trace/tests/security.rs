@@ -759,3 +759,91 @@ fn a_daemon_left_running_by_the_target_is_named() {
         "{text}"
     );
 }
+
+/// Under sudo, `cargo trace` builds the crate as the user who ran sudo: the build's
+/// `target/` is theirs, not root's (cargo-flamegraph's oldest complaint). The user here
+/// has no toolchain of their own, so their "cargo" is a stand-in that records who ran it,
+/// makes `target/` and replays the artifact message of a real build made beforehand.
+#[test]
+fn under_sudo_the_crate_is_built_as_the_user() {
+    if !bpf_available("sudo build") {
+        return;
+    }
+    let _home = attacker_home_lock();
+    let user = attacker();
+    // The crate, in a directory of the user's.
+    let place = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let krate = place.path().join("crate");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    std::fs::write(
+        krate.join("Cargo.toml"),
+        "[package]\nname = \"sudo-built\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[workspace]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        krate.join("src/main.rs"),
+        "fn main() { println!(\"built\"); }\n",
+    )
+    .unwrap();
+    for path in [&krate, &krate.join("src")] {
+        std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)).unwrap();
+    }
+    // A real build of it (as root, elsewhere), for its artifact message and executable.
+    let real = tempfile::tempdir().unwrap();
+    let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "--message-format=json",
+            "--manifest-path",
+        ])
+        .arg(krate.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", real.path())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "the real build failed");
+    let artifact = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .find(|line| line.contains("\"compiler-artifact\"") && line.contains("\"executable\":\"/"))
+        .expect("an artifact with an executable")
+        .to_string();
+    // The user's stand-in cargo, where they can run it.
+    let tools = place.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let record = tools.join("built-by");
+    std::fs::write(tools.join("artifact.json"), format!("{artifact}\n")).unwrap();
+    let cargo = tools.join("cargo");
+    std::fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\nid -u > {record}.tmp\nmkdir -p target/release\ncat {artifact}\n",
+            record = record.display(),
+            artifact = tools.join("artifact.json").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o777)).unwrap();
+
+    let svg = krate.join("flamegraph.svg");
+    let mut command = cargo_trace_under_sudo(&[
+        "profile:hz:99",
+        "--manifest-path",
+        krate.join("Cargo.toml").to_str().unwrap(),
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    command.env("CARGO", &cargo).current_dir(&krate);
+    let output = run(command, "cargo trace under sudo");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("built"));
+    let built_by = std::fs::read_to_string(format!("{}.tmp", record.display())).unwrap();
+    assert_eq!(built_by.trim(), user.uid.to_string(), "cargo ran as root");
+    let target = std::fs::metadata(krate.join("target")).unwrap();
+    assert_eq!((target.uid(), target.gid()), (user.uid, user.gid));
+    let svg = std::fs::metadata(&svg).unwrap();
+    assert_eq!(svg.uid(), user.uid, "the flamegraph is root's");
+}
