@@ -250,11 +250,18 @@ impl Prepared {
             Some(stopped) => Target::Launched(stopped.resume()?),
             None => Target::Attached(self.traced.pid),
         };
+        let progress = Progress::start(quiet);
+        if let Target::Attached(pid) = target {
+            // An attached process runs until Ctrl-C: say that tracing has begun.
+            progress.say(&format!(
+                "cargo-trace: tracing process {pid}; Ctrl-C stops tracing (the process runs on)"
+            ));
+        }
         Ok(Running {
             traced: self.traced,
             heap: self.heap,
             target,
-            progress: Progress::start(quiet),
+            progress,
             processes: 1,
             timeline: Vec::new(),
             started: Instant::now(),

@@ -213,50 +213,54 @@ fn scratch_directories_planted_for_the_next_pids_are_never_used() {
         return;
     }
     let victim = Victim::new();
-    let scratch = Scratch::new("planted-tmp");
-    let tmp = attacker_dir(&scratch, "tmp");
-    // What the attack of the issue planted: /tmp/cargo-trace-<pid> for the next pids,
-    // each with vdso-<pid>.so links to the victim for the pids its target may get.
-    let pids = next_pids(1000);
-    let (first, last) = (pids[0], pids[pids.len() - 1]);
-    as_attacker(
-        r#"my ($dir, $victim, $pids) = @ARGV;
-           for my $pid (split / /, $pids) {
-               mkdir "$dir/cargo-trace-$pid" or die "mkdir: $!";
-               for my $target ($pid + 1 .. $pid + 8) {
-                   symlink $victim, "$dir/cargo-trace-$pid/vdso-$target.so" or die "ln: $!";
-               }
-           }"#,
-        &[
-            &tmp.display().to_string(),
-            &victim.file.display().to_string(),
-            &words(&pids),
-        ],
-    );
-    let planted = listing(&tmp);
-    let out = Scratch::new("planted-tmp-out");
-    let mut command = cargo_trace(&["profile:hz:99", "-c", "true"]);
-    command
-        .arg("-o")
-        .arg(out.path("out.svg"))
-        .env("TMPDIR", &tmp);
-    let child = command.stderr(Stdio::piped()).spawn().unwrap();
-    let pid = child.id();
-    let output = child.wait_with_output().unwrap();
-    eprintln!("cargo-trace was process {pid}: {}", stderr(&output));
-    assert!(output.status.success(), "{}", stderr(&output));
-    // The attack was aimed right: cargo-trace's own pid had its planted directory.
-    assert!(
-        planted.contains(&format!("cargo-trace-{pid}")),
-        "pid {pid} outside the planted range {first}..={last}"
-    );
-    victim.assert_untouched("vDSO copy through a planted scratch directory");
-    assert_eq!(
-        listing(&tmp),
-        planted,
-        "cargo-trace changed {}",
-        tmp.display()
-    );
+    // The attack must be aimed right (cargo-trace's own pid among the planted ones); other
+    // tests running at the same time take pids too, so a miss is tried again.
+    for attempt in 1..=5 {
+        let scratch = Scratch::new("planted-tmp");
+        let tmp = attacker_dir(&scratch, "tmp");
+        // What the attack of the issue planted: /tmp/cargo-trace-<pid> for the next pids,
+        // each with vdso-<pid>.so links to the victim for the pids its target may get.
+        let pids = next_pids(5000);
+        let (first, last) = (pids[0], pids[pids.len() - 1]);
+        as_attacker(
+            r#"my ($dir, $victim, $pids) = @ARGV;
+               for my $pid (split / /, $pids) {
+                   mkdir "$dir/cargo-trace-$pid" or die "mkdir: $!";
+                   for my $target ($pid + 1 .. $pid + 8) {
+                       symlink $victim, "$dir/cargo-trace-$pid/vdso-$target.so" or die "ln: $!";
+                   }
+               }"#,
+            &[
+                &tmp.display().to_string(),
+                &victim.file.display().to_string(),
+                &words(&pids),
+            ],
+        );
+        let planted = listing(&tmp);
+        let out = Scratch::new("planted-tmp-out");
+        let mut command = cargo_trace(&["profile:hz:99", "-c", "true"]);
+        command
+            .arg("-o")
+            .arg(out.path("out.svg"))
+            .env("TMPDIR", &tmp);
+        let child = command.stderr(Stdio::piped()).spawn().unwrap();
+        let pid = child.id();
+        let output = child.wait_with_output().unwrap();
+        eprintln!("cargo-trace was process {pid}: {}", stderr(&output));
+        assert!(output.status.success(), "{}", stderr(&output));
+        victim.assert_untouched("vDSO copy through a planted scratch directory");
+        assert_eq!(
+            listing(&tmp),
+            planted,
+            "cargo-trace changed {}",
+            tmp.display()
+        );
+        if planted.contains(&format!("cargo-trace-{pid}")) {
+            return;
+        }
+        eprintln!("attempt {attempt}: pid {pid} outside the planted range {first}..={last}");
+    }
+    panic!("cargo-trace's pid was never among the planted ones: the attack was not tried");
 }
 
 #[test]
