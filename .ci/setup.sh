@@ -44,6 +44,10 @@ declare -A wanted=(
     # script(1) gives the progress-line test a terminal
     [bsdutils]=/usr/bin/script
     [perl-base]=/usr/bin/perl
+    # the heap profiler's fixtures: jemalloc (linked statically, as tikv-jemallocator
+    # links it) and mimalloc
+    [libjemalloc-dev]=/usr/include/jemalloc/jemalloc.h
+    [libmimalloc-dev]=/usr/include/mimalloc.h
 )
 
 missing=()

@@ -548,3 +548,253 @@ mirror!(
         count: CtCount as c::ct_count,
     }
 );
+/// Heap profiling (`alloc.bpf.h`): the header's last section.
+pub mod alloc {
+    use super::*;
+
+    /// Buckets of a log2 histogram (`CT_ALLOC_BUCKETS`): bucket k holds values of bit
+    /// length k (0 for 0), the last one everything longer.
+    pub const BUCKETS: usize = 48;
+    /// Allocator calls in progress at once on one thread (`CT_ALLOC_NEST`).
+    pub const NEST: usize = 8;
+    /// An alloc program's cookie is `probe id | kind << KIND_SHIFT` (`CT_ALLOC_KIND_SHIFT`).
+    pub const KIND_SHIFT: u32 = 32;
+    /// Estimated counts are in 1/2^WEIGHT_SHIFT (`CT_ALLOC_WEIGHT_SHIFT`).
+    pub const WEIGHT_SHIFT: u32 = 16;
+
+    /// `enum ct_alloc_kind`: where a function's size and addresses are.
+    pub mod kind {
+        pub const SIZE_ARG0: u32 = 0;
+        pub const SIZE_ARG1: u32 = 1;
+        pub const CALLOC: u32 = 2;
+        pub const REALLOC: u32 = 3;
+        pub const REALLOCARRAY: u32 = 4;
+        pub const POSIX_MEMALIGN: u32 = 5;
+        pub const FREE: u32 = 6;
+        pub const MMAP: u32 = 7;
+        pub const MUNMAP: u32 = 8;
+        pub const COUNT: u32 = 9;
+    }
+
+    /// Entries of the alloc_counters map (`CT_ALLOC_COUNTER_COUNT`), indexed by
+    /// [`AllocCounter`](crate::AllocCounter).
+    pub const COUNTER_COUNT: usize = 6;
+
+    check_constants! {
+        BUCKETS => c::ct_alloc_limits::CT_ALLOC_BUCKETS,
+        NEST => c::ct_alloc_limits::CT_ALLOC_NEST,
+        KIND_SHIFT => c::ct_alloc_limits::CT_ALLOC_KIND_SHIFT,
+        WEIGHT_SHIFT => c::ct_alloc_limits::CT_ALLOC_WEIGHT_SHIFT,
+        kind::SIZE_ARG0 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG0,
+        kind::SIZE_ARG1 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG1,
+        kind::CALLOC => c::ct_alloc_kind::CT_ALLOC_CALLOC,
+        kind::REALLOC => c::ct_alloc_kind::CT_ALLOC_REALLOC,
+        kind::REALLOCARRAY => c::ct_alloc_kind::CT_ALLOC_REALLOCARRAY,
+        kind::POSIX_MEMALIGN => c::ct_alloc_kind::CT_ALLOC_POSIX_MEMALIGN,
+        kind::FREE => c::ct_alloc_kind::CT_ALLOC_FREE,
+        kind::MMAP => c::ct_alloc_kind::CT_ALLOC_MMAP,
+        kind::MUNMAP => c::ct_alloc_kind::CT_ALLOC_MUNMAP,
+        kind::COUNT => c::ct_alloc_kind::CT_ALLOC_KIND_COUNT,
+        COUNTER_COUNT => c::ct_alloc_counter::CT_ALLOC_COUNTER_COUNT,
+        crate::AllocCounter::UnknownFrees => c::ct_alloc_counter::CT_ALLOC_UNKNOWN_FREES,
+        crate::AllocCounter::Failed => c::ct_alloc_counter::CT_ALLOC_FAILED,
+        crate::AllocCounter::LiveMapFull => c::ct_alloc_counter::CT_ALLOC_LIVE_FULL,
+        crate::AllocCounter::StatsMapFull => c::ct_alloc_counter::CT_ALLOC_STATS_FULL,
+        crate::AllocCounter::NoEntry => c::ct_alloc_counter::CT_ALLOC_NO_ENTRY,
+        crate::AllocCounter::Reused => c::ct_alloc_counter::CT_ALLOC_REUSED,
+    }
+
+    /// `struct ct_alloc_key`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct CtAllocKey {
+        pub stack: u64,
+        pub pid: u32,
+        pub probe_id: u32,
+    }
+    mirror!(
+        CtAllocKey = ct_alloc_key {
+            stack: u64,
+            pid: u32,
+            probe_id: u32,
+        }
+    );
+
+    /// `struct ct_alloc_stats`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct CtAllocStats {
+        pub allocs: u64,
+        pub bytes: u64,
+        pub frees: u64,
+        pub freed_bytes: u64,
+        pub temporaries: u64,
+        pub untracked: u64,
+        pub untracked_bytes: u64,
+        pub live_bytes: i64,
+        pub live_birth_us: u64,
+        pub changed_seq: u64,
+        pub peak_live_bytes: i64,
+        pub est_allocs: u64,
+        pub est_bytes: u64,
+        pub est_frees: u64,
+        pub est_freed_bytes: u64,
+        pub size_hist: [u64; BUCKETS],
+        pub life_hist: [u64; BUCKETS],
+    }
+    mirror!(
+        CtAllocStats = ct_alloc_stats {
+            allocs: u64,
+            bytes: u64,
+            frees: u64,
+            freed_bytes: u64,
+            temporaries: u64,
+            untracked: u64,
+            untracked_bytes: u64,
+            live_bytes: i64,
+            live_birth_us: u64,
+            changed_seq: u64,
+            peak_live_bytes: i64,
+            est_allocs: u64,
+            est_bytes: u64,
+            est_frees: u64,
+            est_freed_bytes: u64,
+            size_hist: [u64; BUCKETS],
+            life_hist: [u64; BUCKETS],
+        }
+    );
+
+    /// `struct ct_alloc_proc_key`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct CtAllocProcKey {
+        pub pid: u32,
+        pub probe_id: u32,
+    }
+    mirror!(
+        CtAllocProcKey = ct_alloc_proc_key {
+            pid: u32,
+            probe_id: u32
+        }
+    );
+
+    /// `struct ct_alloc_proc`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CtAllocProc {
+        pub live_bytes: i64,
+        pub peak_bytes: i64,
+        pub seq: u64,
+        pub peak_seq: u64,
+        pub allocs: u64,
+        pub frees: u64,
+        pub bytes: u64,
+        pub freed_bytes: u64,
+        pub unknown_frees: u64,
+        pub pad: u64,
+    }
+    mirror!(
+        CtAllocProc = ct_alloc_proc {
+            live_bytes: i64,
+            peak_bytes: i64,
+            seq: u64,
+            peak_seq: u64,
+            allocs: u64,
+            frees: u64,
+            bytes: u64,
+            freed_bytes: u64,
+            unknown_frees: u64,
+            pad: u64,
+        }
+    );
+
+    /// `struct ct_live_key`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct CtLiveKey {
+        pub address: u64,
+        pub pid: u32,
+        pub pad: u32,
+    }
+    mirror!(
+        CtLiveKey = ct_live_key {
+            address: u64,
+            pid: u32,
+            pad: u32,
+        }
+    );
+
+    /// `struct ct_live_block`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CtLiveBlock {
+        pub size: u64,
+        pub stack: u64,
+        pub born_ns: u64,
+        pub probe_id: u32,
+        pub pad: u32,
+    }
+    mirror!(
+        CtLiveBlock = ct_live_block {
+            size: u64,
+            stack: u64,
+            born_ns: u64,
+            probe_id: u32,
+            pad: u32,
+        }
+    );
+
+    /// `struct ct_alloc_call` (BPF-internal: task storage).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CtAllocCall {
+        pub sp: u64,
+        pub size: u64,
+        pub stack: u64,
+        pub out: u64,
+        pub old: u64,
+        pub old_block: CtLiveBlock,
+        pub kind: u32,
+        pub flags: u32,
+    }
+    mirror!(
+        CtAllocCall = ct_alloc_call {
+            sp: u64,
+            size: u64,
+            stack: u64,
+            out: u64,
+            old: u64,
+            old_block: CtLiveBlock as c::ct_live_block,
+            kind: u32,
+            flags: u32,
+        }
+    );
+
+    /// `struct ct_alloc_thread` (BPF-internal: task storage).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CtAllocThread {
+        pub depth: u32,
+        pub pad: u32,
+        pub calls: [CtAllocCall; NEST],
+    }
+    mirror!(
+        CtAllocThread = ct_alloc_thread {
+            depth: u32,
+            pad: u32,
+            calls: [CtAllocCall; NEST] as [c::ct_alloc_call; NEST],
+        }
+    );
+
+    /// `enum ct_alloc_call_flags`.
+    pub mod call_flags {
+        pub const NESTED: u32 = 1;
+        pub const OLD_KNOWN: u32 = 2;
+        pub const UNSAMPLED: u32 = 4;
+    }
+    check_constants! {
+        call_flags::NESTED => c::ct_alloc_call_flags::CT_CALL_NESTED,
+        call_flags::OLD_KNOWN => c::ct_alloc_call_flags::CT_CALL_OLD_KNOWN,
+        call_flags::UNSAMPLED => c::ct_alloc_call_flags::CT_CALL_UNSAMPLED,
+    }
+}

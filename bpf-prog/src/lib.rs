@@ -55,6 +55,16 @@
 //! [`Options::max_stacks`], [`Options::max_counts`] and
 //! [`Options::record_ring_bytes`] raise each.
 //!
+//! The heap profiler's programs (`src/bpf/alloc.bpf.h`, the [`alloc_cookie`] and
+//! readers in the `alloc` module): `on_alloc` at an allocating function's entry walks
+//! the stack with the same `take_stacks` and keeps its key and the size in the thread's
+//! task storage (nested allocator calls are told apart by the stack pointer);
+//! `on_alloc_return` tracks the block returned by (process, address) and counts it under
+//! (stack, process, probe) with log2 size buckets; `on_free` removes a block at the
+//! free's entry and counts its free, lifetime bucket and whether it was a temporary.
+//! Userspace reads [`Tracer::alloc_stats`], [`Tracer::alloc_processes`] and
+//! [`Tracer::alloc_counters`] (what could not be paired or kept).
+//!
 //! Every way a walk can stop is counted in `walk_ends`
 //! ([`Tracer::walk_ends`], by [`WalkEnd`], the type both walkers share), and
 //! the frames found before the stop are stored with it ([`Stack::end`]): a
@@ -154,6 +164,7 @@
 //! CAP_BPF + CAP_PERFMON (or root). RLIMIT_MEMLOCK is not touched: kernels of
 //! that age account BPF memory to the memory cgroup.
 
+mod alloc;
 mod error;
 pub mod layout;
 mod programs;
@@ -166,6 +177,10 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/trace.skel.rs"));
 }
 
+pub use alloc::{
+    alloc_cookie, AllocCounter, AllocKey, AllocKind, AllocOptions, AllocProcess, AllocStats,
+    Estimated, ALLOC_BUCKETS,
+};
 pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
 pub use programs::EventProgram;

@@ -73,6 +73,13 @@ event_programs! {
     Kprobe => on_kprobe, "events";
     /// A raw tracepoint (`attach_raw_tracepoint_with_opts`).
     RawTracepoint => on_raw_tracepoint, "events";
+    /// An allocating function's entry (heap profiling, `alloc.bpf.h`): the stack and size
+    /// kept for its return. The cookie is [`alloc_cookie`](crate::alloc_cookie)'s.
+    AllocEntry => on_alloc, "allocations";
+    /// An allocating function's return: the block tracked and counted.
+    AllocReturn => on_alloc_return, "allocations";
+    /// A freeing function's entry: the block's free counted.
+    Free => on_free, "frees";
     /// Off-CPU time, on the `sched_switch` raw tracepoint: an event is a traced thread's
     /// stay off the CPU, its amount the nanoseconds it lasted
     /// ([`Options::off_cpu_min_block_ns`](crate::Options::off_cpu_min_block_ns) and more).

@@ -269,6 +269,17 @@ pub enum StackRef {
     Hash(u64),
 }
 
+impl StackRef {
+    /// The stack of a key the BPF program wrote (`ct_count_key.stack_hash`).
+    pub(crate) fn from_raw(key: u64) -> StackRef {
+        match key {
+            layout::STACK_NONE => StackRef::None,
+            layout::STACK_NOT_STORED => StackRef::NotStored,
+            hash => StackRef::Hash(hash),
+        }
+    }
+}
+
 /// The aggregation key: one counter per (probe, process, user stack, kernel stack).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CountKey {
@@ -288,11 +299,7 @@ impl CountKey {
         CountKey {
             probe_id: raw.probe_id,
             pid: raw.pid,
-            stack: match raw.stack_hash {
-                layout::STACK_NONE => StackRef::None,
-                layout::STACK_NOT_STORED => StackRef::NotStored,
-                hash => StackRef::Hash(hash),
-            },
+            stack: StackRef::from_raw(raw.stack_hash),
             kernel_stack: match raw.kstack_hash {
                 layout::STACK_NONE | layout::STACK_NOT_STORED => None,
                 hash => Some(hash),

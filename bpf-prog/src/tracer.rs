@@ -11,6 +11,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
 use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
 
+use crate::alloc::AllocOptions;
 use crate::error::{Error, Result, TableMap};
 use crate::layout::{
     self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
@@ -55,6 +56,8 @@ pub struct Options {
     pub record_ring_bytes: u32,
     /// Processes in the pid filter.
     pub max_filtered_pids: u32,
+    /// Heap profiling: map sizes and the temporary threshold.
+    pub alloc: AllocOptions,
     /// The event programs to load. Each carries its own copy of the walker, and the
     /// verifier's time at load goes by program: a session loads those its probes use. The
     /// programs that follow children always load.
@@ -78,6 +81,7 @@ impl Default for Options {
             max_counts: 1 << 20,
             record_ring_bytes: 16 << 20,
             max_filtered_pids: 4096,
+            alloc: AllocOptions::default(),
             programs: EventProgram::ALL.iter().copied().collect(),
             off_cpu_min_block_ns: 0,
         }
@@ -224,6 +228,11 @@ impl Tracer {
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
         rodata.off_cpu_min_block_ns = options.off_cpu_min_block_ns;
+        crate::alloc::configure(
+            &mut open,
+            &options.alloc,
+            options.programs.contains(&EventProgram::AllocEntry),
+        )?;
 
         for &kind in EventProgram::ALL {
             kind.of_open(&mut open.progs)
@@ -363,6 +372,11 @@ impl Tracer {
             tables: base.tables + 1,
         };
         Ok(TableId(id))
+    }
+
+    /// The loaded object, for the readers of other modules.
+    pub(crate) fn skel(&self) -> &TraceSkel<'static> {
+        &self.skel
     }
 
     /// What the tables loaded so far occupy.
@@ -766,7 +780,7 @@ impl From<Rule> for CtRule {
 }
 
 /// Each entry of a per-CPU array of u64 counters, summed over CPUs, into `totals`.
-fn sum_per_cpu(map: &MapMut<'_>, name: &'static str, totals: &mut [u64]) -> Result<()> {
+pub(crate) fn sum_per_cpu(map: &MapMut<'_>, name: &'static str, totals: &mut [u64]) -> Result<()> {
     for (index, total) in totals.iter_mut().enumerate() {
         let per_cpu = map
             .lookup_percpu(bytes_of(&(index as u32)), MapFlags::ANY)

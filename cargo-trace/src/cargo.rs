@@ -1,5 +1,6 @@
 //! Build the crate's target with cargo and find the executable it produced.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -7,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use cargo_metadata::{Message, TargetKind};
 
 use crate::cli::CargoArgs;
+use crate::invoker;
 
 /// Build the selected target (release by default, with debug info so stacks
 /// symbolize) and return the path of its executable.
@@ -51,7 +53,25 @@ pub fn build(args: &CargoArgs) -> Result<PathBuf> {
         command.arg("--manifest-path").arg(manifest);
     }
     command.stdout(Stdio::piped());
-    let mut child = command.spawn().context("running cargo build")?;
+    // Under sudo the build is the user's: `target/` and `~/.cargo` stay theirs, as when
+    // they run cargo themselves.
+    let builder = invoker::sudo_user().and_then(|owner| {
+        let account = nix::unistd::User::from_uid(owner.uid.into()).ok()??;
+        command
+            .uid(owner.uid)
+            .gid(owner.gid)
+            .env("HOME", &account.dir)
+            .env("USER", &account.name)
+            .env("LOGNAME", &account.name);
+        Some(account.name)
+    });
+    let mut child = command.spawn().with_context(|| match &builder {
+        Some(user) => format!(
+            "running cargo build as {user}, who ran sudo (their cargo must be on PATH or \
+             in CARGO; or build as {user} and give the binary with -c)"
+        ),
+        None => "running cargo build".to_string(),
+    })?;
     let stdout = child.stdout.take().context("cargo build's output")?;
     let mut executables = Vec::new();
     for message in Message::parse_stream(std::io::BufReader::new(stdout)) {

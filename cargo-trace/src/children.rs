@@ -60,12 +60,20 @@ impl Children {
         let _ = self.ring.poll(timeout);
     }
 
-    /// Registers the mappings of every process reported stopped, and continues it.
-    pub fn register_started(&self, tracer: &mut Tracer, tables: &mut ProcessTables) {
+    /// Registers the mappings of every process reported stopped, lets `registered` act
+    /// on it while it is still stopped (attach probes on libraries it just mapped), and
+    /// continues it.
+    pub fn register_started(
+        &self,
+        tracer: &mut Tracer,
+        tables: &mut ProcessTables,
+        mut registered: impl FnMut(&mut Tracer, u32),
+    ) {
         for pid in self.started.borrow_mut().drain(..) {
             tables.forget(pid);
             // The process may be gone already: nothing to register then.
             let _ = tables.sync(tracer, pid);
+            registered(tracer, pid);
             resume(pid);
         }
     }

@@ -22,11 +22,14 @@ use crate::writers::Format;
         cargo trace uprobe:libc:malloc -c './prog arg'\n  \
         cargo trace uprobe:libc:malloc -p 1234         attach to a running process\n  \
         cargo trace tracepoint:sched:sched_switch -c ./prog\n  \
+        cargo trace alloc -c ./prog                    heap profile: allocations, frees, leaks, peak\n  \
+        cargo trace alloc:jemalloc --metric leaked-bytes -c ./prog\n  \
         cargo trace diff before.folded after.folded    differential flamegraph, diff.svg"
 )]
 pub struct Cli {
     /// Probes in bpftrace's grammar, e.g. profile:hz:99, uprobe:libc:malloc,
-    /// uretprobe:./prog:myprog::parse, tracepoint:sched:sched_switch
+    /// uretprobe:./prog:myprog::parse, tracepoint:sched:sched_switch; or alloc[:ALLOCATOR]
+    /// (libc, jemalloc, mimalloc, a library's path) to profile the heap
     /// [default: profile:hz:99].
     #[arg(value_name = "PROBE")]
     pub probes: Vec<String>,
@@ -93,6 +96,10 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// Open the report (or the flamegraph) in the desktop's viewer when the run ends.
+    #[arg(long = "open")]
+    pub open: bool,
+
     /// No progress line while the target runs (it is drawn only when stderr is a
     /// terminal anyway).
     #[arg(short = 'q', long = "quiet")]
@@ -148,6 +155,9 @@ pub struct Cli {
     /// Title of the flamegraph (default: the probes and the command).
     #[arg(long = "title", value_name = "TEXT")]
     pub title: Option<String>,
+
+    #[command(flatten)]
+    pub alloc: crate::alloc::AllocArgs,
 
     #[command(flatten)]
     pub cargo: CargoArgs,
@@ -222,6 +232,9 @@ impl Cli {
             (Format::Json, &self.json),
             (Format::Speedscope, &self.speedscope),
             (Format::Html, &self.report),
+            (Format::HeapReport, &self.alloc.report_text),
+            (Format::Csv, &self.alloc.csv),
+            (Format::Timeline, &self.alloc.timeline),
         ] {
             if let Some(path) = path {
                 outputs.push((format, path.clone()));

@@ -8,6 +8,7 @@
 //! aggregates → [`symbolize`] into a [`profile::Profile`] → [`writers`].
 //! docs/architecture.md has the whole picture.
 
+mod alloc;
 mod cargo;
 mod children;
 mod cli;
@@ -16,6 +17,7 @@ mod elf_symbols;
 mod guard;
 mod invoker;
 mod launch;
+mod open;
 mod output;
 mod process;
 mod profile;

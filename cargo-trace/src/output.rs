@@ -38,6 +38,11 @@ pub struct Destination {
 }
 
 impl Destination {
+    /// The path as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Checks that `path` can take the output `what`, and keeps its directory open.
     pub fn open(path: &Path, what: &'static str) -> Result<Destination> {
         let shown = path.display();
@@ -229,6 +234,11 @@ impl Written {
             Ok(()) => self.written.push(destination.path.clone()),
             Err(error) => self.failed.push(format!("{error:#}")),
         }
+    }
+
+    /// Whether the output at `path` was written.
+    pub fn contains(&self, path: &Path) -> bool {
+        self.written.iter().any(|written| written == path)
     }
 
     /// The line naming what was written, if anything was.

@@ -9,7 +9,7 @@
 //! [`ProfileBuilder`] turns raw stacks (addresses per process, as the kernel counted them)
 //! into a profile, symbolizing each distinct address once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
@@ -146,12 +146,69 @@ pub struct Profile {
     pub mappings: Vec<Mapping>,
     pub summary: Summary,
     pub metadata: Metadata,
+    /// Heap profiling's totals, when the session profiled the heap.
+    pub heap: Option<HeapTotals>,
+}
+
+/// What a heap profile knows beside its samples: each process's totals, and what could
+/// not be paired or kept. Its samples carry the heap value types (see
+/// `crate::alloc::value_types`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapTotals {
+    pub processes: Vec<HeapProcess>,
+    /// Events the heap programs could not pair or keep, by name (e.g. "unknown frees"),
+    /// only those that happened.
+    pub lost: BTreeMap<String, u64>,
+    /// Blocks freed sooner than this after their allocation are temporaries.
+    pub temporary_threshold: Duration,
+    /// How sampling made the figures estimates, when events were sampled.
+    pub sampling: Option<String>,
+    /// Which allocations were counted, when a size filter left some out (their frees
+    /// are then not counted as unknown).
+    pub size_filter: Option<String>,
+    /// Memory over time, while the target ran, from the start of tracing.
+    pub timeline: Vec<HeapPoint>,
+}
+
+/// The heap of the traced processes at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapPoint {
+    /// Since tracing started.
+    pub at: Duration,
+    /// Bytes of tracked blocks live.
+    pub live_bytes: i64,
+    /// Allocations and frees counted so far (the rates are their differences).
+    pub allocs: u64,
+    pub frees: u64,
+    /// Resident memory of the processes (`/proc/PID/statm`).
+    pub rss_bytes: u64,
+}
+
+/// The heap totals of one process (and probe).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapProcess {
+    pub probe: usize,
+    pub pid: u32,
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    /// Bytes live when the profile was taken, and at most during the run.
+    pub live_bytes: i64,
+    pub peak_bytes: i64,
+    /// Frees of addresses no tracked block held: never subtracted from a stack.
+    pub unknown_frees: u64,
 }
 
 impl Profile {
     /// The sum of value `index` over every sample.
     pub fn total(&self, index: usize) -> i64 {
         self.samples.iter().map(|s| s.values[index]).sum()
+    }
+
+    /// The index of the value type of kind `kind`.
+    pub fn value_index(&self, kind: &str) -> Option<usize> {
+        self.value_types.iter().position(|t| t.kind == kind)
     }
 
     /// Processes with at least one sample.

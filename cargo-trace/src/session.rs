@@ -9,6 +9,7 @@
 //!   (by `Drop`, whatever path leaves the phase). What the kernel counted becomes a
 //!   [`Profile`], which the writers turn into files.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -16,6 +17,8 @@ use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer};
 use libbpf_rs::Link;
 use probes::{ProbeSpec, ProgramKind, Rate};
 
+use crate::alloc::live::HeapWatch;
+use crate::alloc::{AllocArgs, AllocProbe};
 use crate::children::Children;
 use crate::cli::Cli;
 use crate::guard::Guard;
@@ -23,11 +26,12 @@ use crate::launch::{self, Exit};
 use crate::output::{self, Destination};
 use crate::process;
 use crate::profile::{
-    Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint, ValueType,
+    HeapPoint, HeapTotals, Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint,
+    ValueType,
 };
 use crate::progress::{self, Progress};
 use crate::signals;
-use crate::symbolize::Symbolizer;
+use crate::symbolize::{SymbolMapping, Symbolizer};
 use crate::tables::ProcessTables;
 use crate::writers::{self, Format, Weighting};
 
@@ -45,9 +49,24 @@ pub fn run(cli: &Cli) -> Result<i32> {
     // Checked before anything runs: a bad path must not cost the run.
     let outputs = open_outputs(cli)?;
     let running = Prepared::new(cli, probes)?.start(cli.bpf_stats, cli.quiet)?;
-    let mut finished = running.wait(cli.duration)?;
-    let profile = finished.profile()?;
+    let mut finished = running.wait(cli.duration, &cli.alloc, &mut |profile| {
+        // SIGUSR1: every output as of now; the session carries on.
+        let argv = profile.metadata.command.as_deref();
+        let written = write_outputs(cli, &outputs, profile, argv);
+        if let Some(line) = written.summary() {
+            eprintln!(
+                "{line} (as of {:.1} s, on SIGUSR1)",
+                profile.metadata.duration.as_secs_f64()
+            );
+        }
+    })?;
+    let profile = finished.profile(&cli.alloc)?;
     let written = write_outputs(cli, &outputs, &profile, finished.argv.as_deref());
+    if profile.heap.is_some() && cli.alloc.report_text.is_none() {
+        let mut stdout = std::io::stdout().lock();
+        writers::heap_report::write(&profile, cli.alloc.order_by, &mut stdout)
+            .context("writing the heap report")?;
+    }
     eprintln!("{}", writers::summary::line(&profile));
     for note in writers::summary::notes(&profile) {
         eprintln!("{note}");
@@ -59,6 +78,19 @@ pub fn run(cli: &Cli) -> Result<i32> {
     for pid in &finished.untraced {
         eprintln!("cargo-trace: process {pid} still running, untraced");
     }
+    if cli.open {
+        // The report if there is one, else the flamegraph, if it was written.
+        let viewable = [Format::Html, Format::Svg]
+            .into_iter()
+            .filter_map(|wanted| outputs.iter().find(|(format, _)| *format == wanted))
+            .map(|(_, destination)| destination.path())
+            .find(|path| written.contains(path));
+        if let Some(path) = viewable {
+            if let Err(reason) = crate::open::open(path) {
+                eprintln!("cargo-trace: {reason}");
+            }
+        }
+    }
     let (code, fate) = finished.announce_exit();
     written.check(&fate)?;
     Ok(code)
@@ -67,7 +99,23 @@ pub fn run(cli: &Cli) -> Result<i32> {
 /// A probe as the user wrote it and as parsed.
 struct Probe {
     text: String,
-    spec: ProbeSpec,
+    kind: ProbeKind,
+}
+
+enum ProbeKind {
+    /// A probe of bpftrace's grammar: one event program.
+    Event(ProbeSpec),
+    /// Heap profiling: an allocator's functions.
+    Alloc(AllocProbe),
+}
+
+impl Probe {
+    fn event_spec(&self) -> Option<&ProbeSpec> {
+        match &self.kind {
+            ProbeKind::Event(spec) => Some(spec),
+            ProbeKind::Alloc(_) => None,
+        }
+    }
 }
 
 /// The process being traced, and its children if they are followed.
@@ -89,6 +137,9 @@ struct Traced {
     executable: Option<String>,
     /// Links and children before the tracer: they reference its programs.
     links: Vec<Link>,
+    /// Probes on a library no traced process maps yet (one to be dlopened): attached
+    /// when one maps it.
+    pending: Pending,
     children: Option<Children>,
     tables: ProcessTables,
     tracer: Tracer,
@@ -99,6 +150,8 @@ struct Traced {
 /// Phase 1: everything attached, the target held at its entry point.
 struct Prepared {
     traced: Traced,
+    /// With `alloc`: the heap timeline, and the top outstanding stacks with `--interval`.
+    heap: Option<HeapWatch>,
     /// The launched target, stopped under ptrace; `None` with `-p`.
     stopped: Option<launch::Stopped>,
 }
@@ -118,6 +171,7 @@ impl Prepared {
             // filtered to the traced ones in the program.
             filter_uprobes: follow,
             programs: programs_for(&probes),
+            alloc: cli.alloc.options(),
             max_stacks: cli.max_stacks,
             max_counts: cli.max_counts,
             record_ring_bytes: cli.ring_buffer_mib << 20,
@@ -153,14 +207,23 @@ impl Prepared {
         tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
+        let attach = AttachPlan {
+            follow,
+            unsafe_addresses: cli.unsafe_addresses,
+        };
         tracer.set_interval_target(pid);
-        let links = attach_all(&tracer, &probes, pid, follow, cli.unsafe_addresses)?;
+        let (links, pending) = attach_all(&tracer, &probes, &cli.alloc, pid, attach)?;
         let children = if follow {
             Some(Children::follow(&tracer, pid, stopped.is_none())?)
         } else {
             None
         };
+        let heap = probes
+            .iter()
+            .any(|p| p.event_spec().is_none())
+            .then(|| HeapWatch::new(cli.alloc.interval));
         Ok(Prepared {
+            heap,
             traced: Traced {
                 probes,
                 argv,
@@ -170,6 +233,7 @@ impl Prepared {
                     .ok()
                     .map(|path| path.display().to_string()),
                 links,
+                pending,
                 children,
                 tables,
                 tracer,
@@ -191,10 +255,18 @@ impl Prepared {
             Some(stopped) => Target::Launched(stopped.resume()?),
             None => Target::Attached(self.traced.pid),
         };
+        let progress = Progress::start(quiet);
+        if let Target::Attached(pid) = target {
+            // An attached process runs until Ctrl-C: say that tracing has begun.
+            progress.say(&format!(
+                "cargo-trace: tracing process {pid}; Ctrl-C stops tracing (the process runs on)"
+            ));
+        }
         Ok(Running {
             traced: self.traced,
+            heap: self.heap,
             target,
-            progress: Progress::start(quiet),
+            progress,
             processes: 1,
             timeline: Vec::new(),
             started: Instant::now(),
@@ -207,6 +279,7 @@ impl Prepared {
 /// Phase 2: the target runs.
 struct Running {
     traced: Traced,
+    heap: Option<HeapWatch>,
     target: Target,
     /// Stack walks so far, read at every refresh.
     timeline: Vec<TimelinePoint>,
@@ -221,9 +294,15 @@ struct Running {
 impl Running {
     /// Runs until the target exits (launch mode) or disappears or a stop is asked for
     /// (attach mode), or `duration` passes, registering new mappings as they appear.
-    pub fn wait(mut self, duration: Option<Duration>) -> Result<Finished> {
+    /// On SIGUSR1, `on_snapshot` gets the profile as of then.
+    pub fn wait(
+        mut self,
+        duration: Option<Duration>,
+        alloc: &AllocArgs,
+        on_snapshot: &mut dyn FnMut(&Profile),
+    ) -> Result<Finished> {
         let deadline = duration.map(|duration| self.started + duration);
-        let exit = self.wait_for_end(deadline)?;
+        let exit = self.wait_for_end(deadline, alloc, on_snapshot)?;
         let elapsed = self.started.elapsed();
         self.note_walks();
         let untraced = process::still_running(self.traced.tracer.filtered_pids(), self.traced.pid);
@@ -234,8 +313,12 @@ impl Running {
             started_at,
             timeline,
             progress,
+            heap,
             ..
         } = self;
+        let heap_timeline = heap
+            .map(|heap| heap.finish(&traced.tracer))
+            .unwrap_or_default();
         // Cleared before anything else is printed.
         drop(progress);
         let Traced {
@@ -245,6 +328,7 @@ impl Running {
             entry,
             executable,
             links,
+            pending: _,
             children,
             tables,
             tracer,
@@ -272,6 +356,7 @@ impl Running {
             elapsed,
             stats,
             untraced,
+            heap_timeline,
         })
     }
 
@@ -294,7 +379,12 @@ impl Running {
     }
 
     /// `None`: the target is still running.
-    fn wait_for_end(&mut self, deadline: Option<Instant>) -> Result<Option<Exit>> {
+    fn wait_for_end(
+        &mut self,
+        deadline: Option<Instant>,
+        alloc: &AllocArgs,
+        on_snapshot: &mut dyn FnMut(&Profile),
+    ) -> Result<Option<Exit>> {
         let mut last_refresh = Instant::now();
         let mut waiting_notice = signals::WaitingNotice::default();
         loop {
@@ -325,7 +415,13 @@ impl Running {
                 // Wakes up as soon as a child stops at its start.
                 Some(children) => {
                     children.poll(POLL_INTERVAL);
-                    children.register_started(&mut traced.tracer, &mut traced.tables);
+                    let (links, pending, probes) =
+                        (&mut traced.links, &mut traced.pending, &traced.probes);
+                    children.register_started(
+                        &mut traced.tracer,
+                        &mut traced.tables,
+                        |tracer, pid| pending.attach_in(tracer, probes, pid, links),
+                    );
                 }
                 None => std::thread::sleep(POLL_INTERVAL),
             }
@@ -335,8 +431,51 @@ impl Running {
             if last_refresh.elapsed() >= REFRESH_INTERVAL {
                 last_refresh = Instant::now();
                 self.processes = track_processes(&mut traced.tracer, &mut traced.tables);
+                if !traced.pending.is_empty() {
+                    for pid in traced.tracer.filtered_pids() {
+                        traced.pending.attach_in(
+                            &traced.tracer,
+                            &traced.probes,
+                            pid,
+                            &mut traced.links,
+                        );
+                    }
+                }
                 self.note_walks();
             }
+            let traced = &self.traced;
+            if let Some(heap) = &mut self.heap {
+                heap.tick(&traced.tracer, &traced.tables);
+            }
+            if signals::snapshot_requested() {
+                match build_profile(self.snapshot_source(), alloc) {
+                    Ok(profile) => on_snapshot(&profile),
+                    Err(error) => eprintln!("cargo-trace: error: on SIGUSR1: {error:#}"),
+                }
+            }
+        }
+    }
+
+    /// What the profile is made of as of now, for SIGUSR1.
+    fn snapshot_source(&self) -> ProfileSource<'_> {
+        let traced = &self.traced;
+        ProfileSource {
+            tracer: &traced.tracer,
+            probes: &traced.probes,
+            symbol_mappings: traced.tables.symbol_mappings().clone(),
+            without_table: traced.tables.coverage.without_table.clone(),
+            pid: traced.pid,
+            entry: traced.entry,
+            argv: traced.argv.clone(),
+            executable: traced.executable.clone(),
+            started_at: self.started_at,
+            elapsed: self.started.elapsed(),
+            timeline: self.timeline.clone(),
+            heap_timeline: self
+                .heap
+                .as_ref()
+                .map(|heap| heap.timeline().to_vec())
+                .unwrap_or_default(),
         }
     }
 }
@@ -359,89 +498,30 @@ struct Finished {
     stats: Option<std::os::fd::OwnedFd>,
     /// Traced processes other than the target still running at the end (daemons).
     untraced: Vec<u32>,
+    /// With `alloc`: memory over time.
+    heap_timeline: Vec<HeapPoint>,
 }
 
 impl Finished {
     /// The kernel's counts, symbolized.
-    pub fn profile(&mut self) -> Result<Profile> {
-        let (value_types, period) = value_types(&self.probes);
-        let raw = raw_samples(&self.tracer, &self.probes)?;
-        let mut symbolizer = Symbolizer::new();
-        // A child that exited before its mappings were read ran with its parent's (fork
-        // copies them): the target's are the best guess for it.
-        symbolizer.set_fallback(self.pid);
-        symbolizer.set_parents(self.tracer.parents());
-        for (pid, mappings) in self.tables.take_symbol_mappings() {
-            symbolizer.add_process(pid, mappings);
-        }
-        let mut not_the_targets = 0;
-        let held_at_entry = |sample: &RawSample, symbolizer: &mut Symbolizer| {
-            self.entry.is_some_and(|entry| {
-                sample.pid == self.pid
-                    && sample.user == [entry]
-                    && sample
-                        .kernel
-                        .iter()
-                        .any(|&pc| symbolizer.kernel(pc).function.ends_with("exc_int3"))
-            })
-        };
-        // Counted in events: the values that count (a time is no count of events).
-        let counts: Vec<usize> = (0..value_types.len())
-            .filter(|&index| value_types[index].unit == "count")
-            .collect();
-        let raw: Vec<RawSample> = raw
-            .into_iter()
-            .filter(|sample| {
-                let own = held_at_entry(sample, &mut symbolizer);
-                if own {
-                    not_the_targets += counts.iter().map(|&i| sample.values[i]).sum::<i64>();
-                }
-                !own
-            })
-            .collect();
-        let mut builder = ProfileBuilder::new(&mut symbolizer, value_types);
-        for sample in &raw {
-            builder.add(sample);
-        }
-        let walk_ends = self
-            .tracer
-            .walk_ends()
-            .context("reading the walk counters")?;
-        let losses = self.tracer.losses().context("reading the loss counters")?;
-        let summary = Summary {
-            failures: walk_ends
-                .failures()
-                .map(|(name, count)| (name.to_string(), count))
-                .collect(),
-            losses: Loss::ALL
-                .iter()
-                .filter(|loss| {
-                    **loss != Loss::InExec
-                        && !NO_USER_STACK.contains(loss)
-                        && losses[**loss as usize] > 0
-                })
-                .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
-                .collect(),
-            in_exec: losses[Loss::InExec as usize],
-            no_user_stack: NO_USER_STACK
-                .iter()
-                .filter(|loss| losses[**loss as usize] > 0)
-                .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
-                .collect(),
-            without_table: self.tables.coverage.without_table.clone(),
-            not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
-        };
-        let metadata = Metadata {
-            command: self.argv.clone(),
-            pid: self.pid,
-            executable: self.executable.clone(),
-            started: Some(self.started_at),
-            timeline: self.timeline.clone(),
-            duration: self.elapsed,
-            period,
-        };
-        let probes = self.probes.iter().map(|p| p.text.clone()).collect();
-        Ok(builder.finish(probes, summary, metadata))
+    pub fn profile(&mut self, alloc: &AllocArgs) -> Result<Profile> {
+        build_profile(
+            ProfileSource {
+                tracer: &self.tracer,
+                probes: &self.probes,
+                symbol_mappings: self.tables.take_symbol_mappings(),
+                without_table: self.tables.coverage.without_table.clone(),
+                pid: self.pid,
+                entry: self.entry,
+                argv: self.argv.clone(),
+                executable: self.executable.clone(),
+                started_at: self.started_at,
+                elapsed: self.elapsed,
+                timeline: self.timeline.clone(),
+                heap_timeline: std::mem::take(&mut self.heap_timeline),
+            },
+            alloc,
+        )
     }
 
     /// With `--bpf-stats`: each program's runs and nanoseconds per run.
@@ -500,6 +580,124 @@ impl Finished {
     }
 }
 
+/// What a profile is made of: the kernel's counts and what the session knows of the
+/// processes, at the end or (SIGUSR1) while the target runs.
+struct ProfileSource<'a> {
+    tracer: &'a Tracer,
+    probes: &'a [Probe],
+    symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
+    without_table: Vec<(String, String)>,
+    pid: u32,
+    entry: Option<u64>,
+    argv: Option<Vec<String>>,
+    executable: Option<String>,
+    started_at: SystemTime,
+    elapsed: Duration,
+    timeline: Vec<TimelinePoint>,
+    heap_timeline: Vec<HeapPoint>,
+}
+
+/// The kernel's counts, symbolized.
+fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile> {
+    let (mut value_types, period) = value_types(source.probes);
+    let mut raw = raw_samples(source.tracer, source.probes)?;
+    let heap = if source.probes.iter().any(|p| p.event_spec().is_none()) {
+        Some(crate::alloc::add_samples(
+            source.tracer,
+            &mut value_types,
+            &mut raw,
+            &alloc.options(),
+            source.started_at + source.elapsed,
+        )?)
+    } else {
+        None
+    };
+    let mut symbolizer = Symbolizer::new();
+    // A child that exited before its mappings were read ran with its parent's (fork
+    // copies them): the target's are the best guess for it.
+    symbolizer.set_fallback(source.pid);
+    symbolizer.set_parents(source.tracer.parents());
+    for (pid, mappings) in source.symbol_mappings {
+        symbolizer.add_process(pid, mappings);
+    }
+    let mut not_the_targets = 0;
+    let held_at_entry = |sample: &RawSample, symbolizer: &mut Symbolizer| {
+        source.entry.is_some_and(|entry| {
+            sample.pid == source.pid
+                && sample.user == [entry]
+                && sample
+                    .kernel
+                    .iter()
+                    .any(|&pc| symbolizer.kernel(pc).function.ends_with("exc_int3"))
+        })
+    };
+    // Counted in events: the values that count (a time is no count of events).
+    let counts: Vec<usize> = (0..value_types.len())
+        .filter(|&index| value_types[index].unit == "count")
+        .collect();
+    let raw: Vec<RawSample> = raw
+        .into_iter()
+        .filter(|sample| {
+            let own = held_at_entry(sample, &mut symbolizer);
+            if own {
+                not_the_targets += counts.iter().map(|&i| sample.values[i]).sum::<i64>();
+            }
+            !own
+        })
+        .collect();
+    let mut builder = ProfileBuilder::new(&mut symbolizer, value_types);
+    for sample in &raw {
+        builder.add(sample);
+    }
+    let walk_ends = source
+        .tracer
+        .walk_ends()
+        .context("reading the walk counters")?;
+    let losses = source
+        .tracer
+        .losses()
+        .context("reading the loss counters")?;
+    let summary = Summary {
+        failures: walk_ends
+            .failures()
+            .map(|(name, count)| (name.to_string(), count))
+            .collect(),
+        losses: Loss::ALL
+            .iter()
+            .filter(|loss| {
+                **loss != Loss::InExec
+                    && !NO_USER_STACK.contains(loss)
+                    && losses[**loss as usize] > 0
+            })
+            .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
+            .collect(),
+        in_exec: losses[Loss::InExec as usize],
+        no_user_stack: NO_USER_STACK
+            .iter()
+            .filter(|loss| losses[**loss as usize] > 0)
+            .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
+            .collect(),
+        without_table: source.without_table,
+        not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
+    };
+    let metadata = Metadata {
+        command: source.argv,
+        pid: source.pid,
+        executable: source.executable,
+        started: Some(source.started_at),
+        timeline: source.timeline,
+        duration: source.elapsed,
+        period,
+    };
+    let probes = source.probes.iter().map(|p| p.text.clone()).collect();
+    let mut profile = builder.finish(probes, summary, metadata);
+    profile.heap = heap.map(|heap| HeapTotals {
+        timeline: source.heap_timeline,
+        ..heap
+    });
+    Ok(profile)
+}
+
 /// The outputs the command line asks for, checked and opened: each with its format.
 fn open_outputs(cli: &Cli) -> Result<Vec<(Format, Destination)>> {
     let requested = cli.outputs();
@@ -523,15 +721,22 @@ fn write_outputs(
     profile: &Profile,
     argv: Option<&[String]>,
 ) -> output::Written {
+    let metric = profile.heap.as_ref().map(|_| cli.alloc.metric);
     let options = writers::Options {
         weighting: Weighting {
-            value: 0,
+            value: metric
+                .and_then(|metric| profile.value_index(metric.value_kind()))
+                .unwrap_or(0),
             line_numbers: cli.line_numbers,
         },
-        title: cli
-            .title
-            .clone()
-            .unwrap_or_else(|| default_title(&profile.probes, argv, profile.metadata.pid)),
+        title: cli.title.clone().unwrap_or_else(|| {
+            let title = default_title(&profile.probes, argv, profile.metadata.pid);
+            match metric {
+                Some(metric) => format!("{title} ({})", metric.describe()),
+                None => title,
+            }
+        }),
+        order_by: cli.alloc.order_by,
     };
     let mut written = output::Written::default();
     for (format, destination) in outputs {
@@ -556,6 +761,12 @@ fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
     listed
         .iter()
         .map(|text| {
+            if let Some(alloc) = AllocProbe::parse(text) {
+                return Ok(Probe {
+                    text: text.to_string(),
+                    kind: ProbeKind::Alloc(alloc?),
+                });
+            }
             let spec = probes::parse(text)?;
             // Fail before launching anything when this kernel cannot run the probe.
             match &spec {
@@ -565,7 +776,7 @@ fn parse_probes(texts: &[String]) -> Result<Vec<Probe>> {
             }
             Ok(Probe {
                 text: text.to_string(),
-                spec,
+                kind: ProbeKind::Event(spec),
             })
         })
         .collect()
@@ -593,7 +804,10 @@ fn command_line(cli: &Cli) -> Result<Vec<String>> {
 fn programs_for(probes: &[Probe]) -> std::collections::BTreeSet<EventProgram> {
     probes
         .iter()
-        .map(|probe| event_program(probe.spec.program_kind()))
+        .flat_map(|probe| match &probe.kind {
+            ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
+            ProbeKind::Alloc(_) => crate::alloc::PROGRAMS.to_vec(),
+        })
         .collect()
 }
 
@@ -605,37 +819,132 @@ fn event_program(kind: ProgramKind) -> EventProgram {
         ProgramKind::PerfEvent => EventProgram::PerfEvent,
         ProgramKind::Tracepoint => EventProgram::Tracepoint,
         ProgramKind::RawTracepoint => EventProgram::RawTracepoint,
+        ProgramKind::Kprobe | ProgramKind::Kretprobe => EventProgram::Kprobe,
         ProgramKind::OffCpu => EventProgram::OffCpu,
         ProgramKind::Interval => EventProgram::Interval,
-        ProgramKind::Kprobe | ProgramKind::Kretprobe => EventProgram::Kprobe,
     }
 }
 
+/// How the probes attach.
+#[derive(Clone, Copy, Debug)]
+struct AttachPlan {
+    /// Uprobes fire in every process (the program keeps the target and its children);
+    /// else in the target only.
+    follow: bool,
+    unsafe_addresses: bool,
+}
+
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
-/// `follow`: uprobes fire in every process (the program keeps the target and its
-/// children); else in the target only.
+/// A uprobe on a library no traced process maps and none of the library directories
+/// holds (a plugin to be dlopened) is not an error: it waits in [`Pending`].
 fn attach_all(
     tracer: &Tracer,
     probes: &[Probe],
+    alloc: &AllocArgs,
     pid: u32,
-    follow: bool,
-    unsafe_addresses: bool,
-) -> Result<Vec<Link>> {
+    plan: AttachPlan,
+) -> Result<(Vec<Link>, Pending)> {
     let mut links = Vec::new();
+    let mut pending = Pending {
+        probes: Vec::new(),
+        plan,
+        target: pid,
+    };
     for (index, probe) in probes.iter().enumerate() {
-        let program = tracer.program(event_program(probe.spec.program_kind()));
-        let options = probes::AttachOptions {
-            resolve_in: Some(pid),
-            fire_in: (!follow).then_some(pid),
-            unsafe_addresses,
-        };
-        let attached = probes::attach_probe_with(program, &probe.spec, &options, index as u64)?;
-        for notice in &attached.notices {
-            eprintln!("cargo-trace: {}: {notice}", notice.level());
+        if let ProbeKind::Alloc(heap) = &probe.kind {
+            let fire_in = (!plan.follow).then_some(pid);
+            links.extend(heap.attach(tracer, alloc, pid, fire_in, index as u32)?);
+            continue;
         }
-        links.extend(attached.links);
+        match attach_one(tracer, probe, index, pid, plan) {
+            Ok(attached) => links.extend(attached),
+            Err(error) if waits_for_a_library(&error) => {
+                eprintln!(
+                    "cargo-trace: warning: {}: {error}; it is attached when a traced process \
+                     maps it (dlopen)",
+                    probe.text
+                );
+                pending.probes.push(index);
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
-    Ok(links)
+    Ok((links, pending))
+}
+
+/// Attaches one probe, resolving its names in process `pid`; prints its notices.
+fn attach_one(
+    tracer: &Tracer,
+    probe: &Probe,
+    index: usize,
+    pid: u32,
+    plan: AttachPlan,
+) -> Result<Vec<Link>, probes::Error> {
+    // An alloc probe attaches as a whole (attach_all); it never waits for a library.
+    let Some(spec) = probe.event_spec() else {
+        return Ok(Vec::new());
+    };
+    let program = tracer.program(event_program(spec.program_kind()));
+    let options = probes::AttachOptions {
+        resolve_in: Some(pid),
+        fire_in: (!plan.follow).then_some(pid),
+        unsafe_addresses: plan.unsafe_addresses,
+    };
+    let attached = probes::attach_probe_with(program, spec, &options, index as u64)?;
+    for notice in &attached.notices {
+        eprintln!("cargo-trace: {}: {notice}", notice.level());
+    }
+    Ok(attached.links)
+}
+
+/// Whether a probe failed only because its library is nowhere yet.
+fn waits_for_a_library(error: &probes::Error) -> bool {
+    matches!(
+        error,
+        probes::Error::Resolve(probes::ResolveError::LibraryNotFound { .. })
+    )
+}
+
+/// Uprobes on libraries no traced process had mapped when the session started.
+struct Pending {
+    /// Indexes into the session's probes.
+    probes: Vec<usize>,
+    plan: AttachPlan,
+    /// Without following children, probes fire in the target only.
+    target: u32,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.probes.is_empty()
+    }
+
+    /// Attaches the pending probes whose library process `pid` maps now. `pid` is held
+    /// stopped after a dlopen (except an attached process), so nothing it runs in the
+    /// library goes uncounted.
+    fn attach_in(&mut self, tracer: &Tracer, probes: &[Probe], pid: u32, links: &mut Vec<Link>) {
+        if !self.plan.follow && pid != self.target {
+            return;
+        }
+        self.probes.retain(|&index| {
+            let probe = &probes[index];
+            match attach_one(tracer, probe, index, pid, self.plan) {
+                Ok(attached) => {
+                    eprintln!(
+                        "cargo-trace: note: {} attached: process {pid} mapped its library",
+                        probe.text
+                    );
+                    links.extend(attached);
+                    false
+                }
+                Err(error) if waits_for_a_library(&error) => true,
+                Err(error) => {
+                    eprintln!("cargo-trace: warning: {}: {error}", probe.text);
+                    false
+                }
+            }
+        });
+    }
 }
 
 /// Registers the mappings of processes that joined the filter (children the
@@ -770,7 +1079,14 @@ fn columns(weights: &[Weight]) -> Vec<Column> {
 
 /// The session's value types, and for a clock-only run the CPU time of a sample.
 fn value_types(probes: &[Probe]) -> (Vec<ValueType>, Option<(ValueType, i64)>) {
-    let weights: Vec<Weight> = probes.iter().map(|p| Weight::of(&p.spec)).collect();
+    let weights: Vec<Weight> = probes
+        .iter()
+        .filter_map(Probe::event_spec)
+        .map(Weight::of)
+        .collect();
+    if weights.is_empty() {
+        return (Vec::new(), None);
+    }
     let columns = columns(&weights);
     let types = columns.iter().map(|c| c.value_type()).collect();
     let period = match columns.as_slice() {
@@ -804,8 +1120,12 @@ fn clock_period_ns(spec: &ProbeSpec) -> Option<i64> {
 /// Every counter with its stacks, as the profile builder takes them, with the values
 /// [`value_types`] lists.
 fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
-    let weights: Vec<Weight> = probes.iter().map(|p| Weight::of(&p.spec)).collect();
-    let columns = columns(&weights);
+    // Per probe, in the probes' order (a heap probe has none: its counts are its own).
+    let weights: Vec<Option<Weight>> = probes
+        .iter()
+        .map(|p| p.event_spec().map(Weight::of))
+        .collect();
+    let columns = columns(&weights.iter().flatten().copied().collect::<Vec<_>>());
     let counts = tracer.counts().context("reading the event counts")?;
     let mut samples = Vec::with_capacity(counts.len());
     for (key, count) in counts {
@@ -830,7 +1150,8 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
         let probe = key.probe_id as usize;
         let interval = probes
             .get(probe)
-            .is_some_and(|p| matches!(p.spec, ProbeSpec::Interval(_)));
+            .and_then(Probe::event_spec)
+            .is_some_and(|spec| matches!(spec, ProbeSpec::Interval(_)));
         // An interval firing without stacks: the target ran on another CPU than the
         // timer's (or was between two of its threads' runs).
         let truncated = if interval && key.stack == StackRef::None && kernel.is_empty() {
@@ -841,6 +1162,7 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
         let weight = weights
             .get(probe)
             .copied()
+            .flatten()
             .unwrap_or(Weight::Events("events"));
         let events = i64::try_from(count.events).unwrap_or(i64::MAX);
         let amount = i64::try_from(count.amount).unwrap_or(i64::MAX);
@@ -858,6 +1180,24 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
         });
     }
     Ok(samples)
+}
+
+/// The user stack `stack` refers to, innermost first, and why it ends early if it does.
+pub(crate) fn user_stack(tracer: &Tracer, stack: StackRef) -> Result<(Vec<u64>, Option<String>)> {
+    Ok(match stack {
+        StackRef::None => (Vec::new(), None),
+        StackRef::NotStored => (Vec::new(), Some(Loss::StackNotStored.name().to_string())),
+        StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
+            Some(stack) => {
+                let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
+                (stack.pcs, truncated)
+            }
+            None => (
+                Vec::new(),
+                Some(format!("stack lost: {}", Loss::StackRingFull.name())),
+            ),
+        },
+    })
 }
 
 fn default_title(probes: &[String], argv: Option<&[String]>, pid: u32) -> String {

@@ -9,6 +9,9 @@
 //! attached to a running process with `-p`, the signal ends the session and the
 //! process runs on.
 //!
+//! SIGUSR1 asks for every output as of now: the session writes them and carries on
+//! ([`snapshot_requested`]).
+//!
 //! SIGHUP (the terminal or the SSH session went away) ends the session like SIGTERM,
 //! and cargo-trace's stderr goes to /dev/null from then on: a write to a hung-up
 //! terminal fails, and a failed `eprintln!` would panic before the outputs are written.
@@ -24,6 +27,8 @@ use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
 static TARGET: AtomicI32 = AtomicI32::new(0);
 /// How many stop signals arrived.
 static STOPS: AtomicU32 = AtomicU32::new(0);
+/// SIGUSR1s not answered yet.
+static SNAPSHOTS: AtomicU32 = AtomicU32::new(0);
 
 /// Installs the handlers. `target`: the launched process to forward signals to.
 pub fn install(target: Option<u32>) -> Result<()> {
@@ -39,7 +44,24 @@ pub fn install(target: Option<u32>) -> Result<()> {
         unsafe { signal::sigaction(signal, &action) }
             .with_context(|| format!("installing a {signal} handler"))?;
     }
+    let snapshot = SigAction::new(
+        SigHandler::Handler(on_snapshot),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only does an atomic add.
+    unsafe { signal::sigaction(Signal::SIGUSR1, &snapshot) }
+        .context("installing a SIGUSR1 handler")?;
     Ok(())
+}
+
+/// Whether SIGUSR1 arrived since the last call: the outputs are wanted as of now.
+pub fn snapshot_requested() -> bool {
+    SNAPSHOTS.swap(0, Ordering::SeqCst) > 0
+}
+
+extern "C" fn on_snapshot(_: libc::c_int) {
+    SNAPSHOTS.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Whether SIGINT, SIGTERM or SIGHUP arrived.

@@ -128,6 +128,11 @@ impl ProcessTables {
         self.registered.remove(&pid);
     }
 
+    /// The mappings of every process seen so far, for a symbolizer while tracing.
+    pub fn symbol_mappings(&self) -> &HashMap<u32, Vec<SymbolMapping>> {
+        &self.symbol_mappings
+    }
+
     /// The mappings of every process seen, for the symbolizer.
     pub fn take_symbol_mappings(&mut self) -> HashMap<u32, Vec<SymbolMapping>> {
         std::mem::take(&mut self.symbol_mappings)

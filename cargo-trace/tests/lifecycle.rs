@@ -127,7 +127,7 @@ fn attaching_to_a_running_process_profiles_it_and_leaves_it_running() {
         .unwrap();
     // Let it get past its start-up: attaching is to a process already in main.
     std::thread::sleep(Duration::from_millis(200));
-    let child = Command::new(binary())
+    let mut child = Command::new(binary())
         .args([
             "profile:hz:99",
             "-p",
@@ -139,10 +139,22 @@ fn attaching_to_a_running_process_profiles_it_and_leaves_it_running() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Interrupted once it says tracing began (a loaded machine may take seconds).
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("tracing process") {
+        said.clear();
+        assert!(
+            stderr.read_line(&mut said).unwrap() > 0,
+            "cargo-trace ended"
+        );
+    }
     interrupt_after(&child, Duration::from_millis(1500));
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let stderr = format!("{said}{rest}");
+    assert!(status.success(), "{stderr}");
     assert!(
         target.try_wait().unwrap().is_none(),
         "the target must keep running"

@@ -414,3 +414,75 @@ fn a_progress_line_on_a_terminal_only() {
         run.stderr
     );
 }
+
+/// `--open` hands the report to the desktop's opener (a stand-in `xdg-open` here, first
+/// on PATH), and says in one line what to do where there is no desktop.
+#[test]
+fn open_shows_the_report_or_says_why_not() {
+    if !bpf_available("--open") {
+        return;
+    }
+    let bin = tempfile::tempdir().unwrap();
+    let opened = bin.path().join("opened");
+    let opener = bin.path().join("xdg-open");
+    std::fs::write(
+        &opener,
+        format!("#!/bin/sh\necho \"$1\" > {}\n", opened.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&opener, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let report = scratch.path().join("report.html");
+    let cpu_split = fixtures::rust_fixture("cpu_split");
+    let run = |display: Option<&str>| {
+        let mut command = Command::new(common::binary());
+        command
+            .args(["profile:hz:99", "-c"])
+            .arg(format!("{} 0.2", quoted(&cpu_split)))
+            .arg("-o")
+            .arg(scratch.path().join("out.svg"))
+            .arg("--report")
+            .arg(&report)
+            .arg("--open")
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin.path().display(),
+                    std::env::var("PATH").unwrap()
+                ),
+            )
+            .env_remove("WAYLAND_DISPLAY")
+            .env_remove("SUDO_UID")
+            .env_remove("SUDO_GID");
+        match display {
+            Some(display) => command.env("DISPLAY", display),
+            None => command.env_remove("DISPLAY"),
+        };
+        command.output().unwrap()
+    };
+    let output = run(Some(":0"));
+    assert!(output.status.success());
+    // The opener runs in the background: wait for what it wrote.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // (a line, once the shell has written all of it).
+    let written = loop {
+        let text = std::fs::read_to_string(&opened).unwrap_or_default();
+        if text.ends_with('\n') {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "xdg-open never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(written.trim(), report.display().to_string());
+    std::fs::remove_file(&opened).unwrap();
+
+    let output = run(None);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--open: no desktop here") && stderr.contains("report.html yourself"),
+        "{stderr}"
+    );
+    assert!(!opened.exists());
+}

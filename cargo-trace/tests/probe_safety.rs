@@ -531,3 +531,58 @@ fn an_avx_instruction_the_kernel_would_skip_is_never_probed() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("the kernel refuses uprobe "), "{stderr}");
 }
+
+/// The plugin `dlopen_plugin` loads: `plug_work(i)` returns `i`.
+const PLUGIN_SOURCE: &str = "__attribute__((noipa)) unsigned long plug_work(unsigned long i) \
+                             { return i; }\n";
+
+/// A probe on a library no process maps yet and no library directory holds (a plugin
+/// to be dlopened) is accepted with a warning and attached when the traced process maps
+/// it, before it runs anything there: every call is counted.
+#[test]
+fn a_probe_on_a_plugin_waits_for_its_dlopen() {
+    if !bpf_or_skip("plugin probe") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("plugin.c");
+    std::fs::write(&source, PLUGIN_SOURCE).unwrap();
+    let plugin = dir.path().join("libplug.so");
+    let status = std::process::Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o"])
+        .arg(&plugin)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let program = fixtures::c_fixture("dlopen_plugin");
+    let run = trace(
+        "plugin",
+        &["uprobe:libplug:plug_work"],
+        &format!("{} {} 1500", quoted(&program), quoted(&plugin)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    assert!(
+        run.stdout.contains("plug_work calls 1500"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stderr.contains("warning: uprobe:libplug:plug_work")
+            && run
+                .stderr
+                .contains("attached when a traced process maps it"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("uprobe:libplug:plug_work attached"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.summary_events(), 1500, "{}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(folded.count_with("call_plugin"), 1500);
+    run.assert_every_walk_complete();
+}

@@ -174,6 +174,58 @@ pub fn parse_cpu_split(stdout: &str) -> Result<(f64, f64), String> {
     }
 }
 
+/// One `heap <function> allocs <n> bytes <b> frees <f> leaked <blocks> size <s>` line of
+/// the heap fixtures (`alloc_sites`, `alloc_c`): what the site allocated, how many of its
+/// blocks were freed (by whoever freed them) and left live at exit, and the size of each
+/// of its blocks (0 when they differ).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeapSite {
+    pub function: String,
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub leaked: u64,
+    pub size: u64,
+}
+
+impl HeapSite {
+    /// The log2 bucket cargo-trace counts its blocks in (their size's bit length), if
+    /// they all have one size.
+    pub fn size_bucket(&self) -> Option<usize> {
+        (self.size > 0).then(|| 64 - self.size.leading_zeros() as usize)
+    }
+}
+
+/// The `heap ...` lines of a fixture's stdout; a malformed one is an error.
+pub fn parse_heap_sites(stdout: &str) -> Result<Vec<HeapSite>, String> {
+    stdout
+        .lines()
+        .filter(|line| line.starts_with("heap "))
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() != 12 {
+                return Err(format!("malformed heap line {line:?}"));
+            }
+            let number = |index: usize, key: &str| -> Result<u64, String> {
+                if fields[index - 1] != key {
+                    return Err(format!("no {key} in {line:?}"));
+                }
+                fields[index]
+                    .parse()
+                    .map_err(|_| format!("bad {key} in {line:?}"))
+            };
+            Ok(HeapSite {
+                function: fields[1].to_string(),
+                allocs: number(3, "allocs")?,
+                bytes: number(5, "bytes")?,
+                frees: number(7, "frees")?,
+                leaked: number(9, "leaked")?,
+                size: number(11, "size")?,
+            })
+        })
+        .collect()
+}
+
 /// The seconds the `offcpu` fixture measured blocked in each of its functions, from its
 /// `blocked sleep <s> pipe <s> mutex <s>` line.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -230,6 +282,25 @@ mod tests {
         assert!(parse_site_counts("site x calls 1 bytes 2").is_err());
         assert!(parse_site_counts("site x calls one bytes 2 leaked 0").is_err());
         assert!(parse_site_counts("site x calls 1 octets 2 leaked 0").is_err());
+    }
+
+    #[test]
+    fn parses_heap_lines() {
+        let out = "x\nheap a::b allocs 3 bytes 30 frees 2 leaked 1 size 10\n";
+        let sites = parse_heap_sites(out).unwrap();
+        assert_eq!(sites[0].function, "a::b");
+        assert_eq!(
+            (
+                sites[0].allocs,
+                sites[0].bytes,
+                sites[0].frees,
+                sites[0].leaked
+            ),
+            (3, 30, 2, 1)
+        );
+        assert_eq!(sites[0].size_bucket(), Some(4));
+        assert!(parse_heap_sites("heap a allocs 3 bytes 30 frees 2 leaked 1").is_err());
+        assert!(parse_heap_sites("heap a allocs x bytes 30 frees 2 leaked 1 size 1").is_err());
     }
 
     #[test]

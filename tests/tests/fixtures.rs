@@ -42,6 +42,15 @@ const FIXTURES: &[(Lang, &str, &[&str])] = &[
         &["avx_first", "call_avx_first", "main"],
     ),
     (Lang::C, "paths", &["path_zero", "path_one", "main"]),
+    (Lang::C, "dlopen_plugin", &["call_plugin", "main"]),
+    (Lang::Rust, "alloc_sites", &["alloc_sites::"]),
+    (Lang::C, "alloc_c", &["site_", "report", "main"]),
+    (
+        Lang::C,
+        "heap_storm",
+        &["storm", "descend", "number", "main"],
+    ),
+    (Lang::C, "leak_rate", &["site_", "main"]),
     (
         Lang::Cpp,
         "cxx_exceptions",

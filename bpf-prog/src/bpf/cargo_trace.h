@@ -346,6 +346,143 @@ struct ct_count_record {
 };
 
 /*
+ * Heap profiling (alloc.bpf.h): the malloc family's calls paired with their
+ * returns and with the frees of their blocks.
+ *
+ *   entry (uprobe)   -> stack walked once, key kept per thread with the size
+ *   return (uretprobe) -> alloc_live[{pid, address}] = block; stats += size
+ *   free (uprobe)    -> alloc_live entry removed at entry; stats += free
+ *   stats per {user stack, pid, probe}; totals per {pid, probe}
+ *
+ * An attach cookie is the probe id | kind << CT_ALLOC_KIND_SHIFT: the kind
+ * says where the function's arguments are.
+ */
+enum ct_alloc_limits {
+	CT_ALLOC_BUCKETS = 48,	  /* log2 buckets of a size or lifetime histogram */
+	CT_ALLOC_NEST = 8,	  /* allocator calls in progress at once on one thread */
+	CT_ALLOC_KIND_SHIFT = 32, /* see above */
+	CT_ALLOC_WEIGHT_SHIFT = 16, /* fixed point of the estimated counts */
+};
+
+/* Where a function's size and addresses are (x86-64 argument registers). */
+enum ct_alloc_kind {
+	CT_ALLOC_SIZE_ARG0 = 0,	     /* malloc(size), valloc, pvalloc, mallocx(size, flags) */
+	CT_ALLOC_SIZE_ARG1 = 1,	     /* aligned_alloc(align, size), memalign(align, size) */
+	CT_ALLOC_CALLOC = 2,	     /* calloc(n, size) */
+	CT_ALLOC_REALLOC = 3,	     /* realloc(ptr, size), rallocx(ptr, size, flags) */
+	CT_ALLOC_REALLOCARRAY = 4,   /* reallocarray(ptr, n, size) */
+	CT_ALLOC_POSIX_MEMALIGN = 5, /* posix_memalign(&ptr, align, size): ptr read at return */
+	CT_ALLOC_FREE = 6,	     /* free(ptr), sdallocx(ptr, ...), dallocx(ptr, flags) */
+	CT_ALLOC_MMAP = 7,	     /* mmap(addr, len, prot, flags, fd, off): anonymous only */
+	CT_ALLOC_MUNMAP = 8,	     /* munmap(addr, len): the mapping made at addr */
+	CT_ALLOC_KIND_COUNT = 9,
+};
+
+/* What the heap programs could not pair or keep: index into the per-CPU
+ * alloc_counters array (bpf_prog::AllocCounter). */
+enum ct_alloc_counter {
+	CT_ALLOC_UNKNOWN_FREES = 0, /* frees of addresses no tracked block holds */
+	CT_ALLOC_FAILED = 1,	    /* allocations that returned NULL */
+	CT_ALLOC_LIVE_FULL = 2,	    /* blocks not tracked: the live map was full */
+	CT_ALLOC_STATS_FULL = 3,    /* events not counted: the stats map was full */
+	CT_ALLOC_NO_ENTRY = 4,	    /* returns whose entry was not kept (too nested, or
+				     * attached while the call was in progress) */
+	CT_ALLOC_REUSED = 5,	    /* an address returned again with no free seen: the
+				     * old block is counted freed then */
+	CT_ALLOC_COUNTER_COUNT = 6,
+};
+
+/* Aggregation key of the heap statistics. */
+struct ct_alloc_key {
+	__u64 stack; /* user stack key in the stacks map, as ct_count_key.stack_hash */
+	__u32 pid;   /* tgid */
+	__u32 probe_id;
+};
+
+/* What one stack of one process allocated and freed. */
+struct ct_alloc_stats {
+	__u64 allocs;
+	__u64 bytes;
+	__u64 frees; /* of its blocks, wherever they were freed */
+	__u64 freed_bytes;
+	__u64 temporaries;     /* frees within the temporary threshold of the allocation */
+	__u64 untracked;       /* blocks the live map had no room for (never freed here) */
+	__u64 untracked_bytes;
+	__s64 live_bytes;      /* of its tracked blocks */
+	__u64 live_birth_us;   /* sum of the birth times (us) of its tracked live blocks */
+	__u64 changed_seq;     /* ct_alloc_proc.seq at its last change */
+	__s64 peak_live_bytes; /* its live bytes at the process's last peak, if it
+				* changed since (see alloc.bpf.h) */
+	/* Sampling only: what the sampled events stand for (allocations and frees in
+	 * 1/65536ths, bytes), each weighed by the inverse of its chance to be sampled. */
+	__u64 est_allocs;
+	__u64 est_bytes;
+	__u64 est_frees;
+	__u64 est_freed_bytes;
+	__u64 size_hist[CT_ALLOC_BUCKETS]; /* bucket k: sizes of bit length k */
+	__u64 life_hist[CT_ALLOC_BUCKETS]; /* same, of the lifetimes (ns) of freed blocks */
+};
+
+/* Totals of one process (and probe). */
+struct ct_alloc_proc_key {
+	__u32 pid;
+	__u32 probe_id;
+};
+
+struct ct_alloc_proc {
+	__s64 live_bytes;
+	__s64 peak_bytes;
+	__u64 seq;	/* changes of live bytes so far */
+	__u64 peak_seq; /* seq of the change that reached peak_bytes */
+	__u64 allocs;
+	__u64 frees;
+	__u64 bytes;
+	__u64 freed_bytes;
+	__u64 unknown_frees;
+	__u64 pad;
+};
+
+/* A live block, by process and address. */
+struct ct_live_key {
+	__u64 address;
+	__u32 pid;
+	__u32 pad;
+};
+
+struct ct_live_block {
+	__u64 size;
+	__u64 stack;
+	__u64 born_ns; /* bpf_ktime_get_ns at the allocation's return */
+	__u32 probe_id;
+	__u32 pad;
+};
+
+/* An allocator call in progress on a thread, from its entry to its return. */
+struct ct_alloc_call {
+	__u64 sp;    /* rsp at entry: the return finds its call by it */
+	__u64 size;
+	__u64 stack; /* key of the stack walked at entry */
+	__u64 out;   /* posix_memalign: where the address is written */
+	__u64 old;   /* realloc: the block resized (0: none) */
+	struct ct_live_block old_block; /* ... as it was live, if old_known */
+	__u32 kind;  /* enum ct_alloc_kind */
+	__u32 flags; /* CT_CALL_* */
+};
+
+enum ct_alloc_call_flags {
+	CT_CALL_NESTED = 1,    /* inside another allocator call: not counted */
+	CT_CALL_OLD_KNOWN = 2, /* old_block holds the realloc'ed block */
+	CT_CALL_UNSAMPLED = 4, /* left out by sampling or by size: not counted */
+};
+
+/* Task storage: the allocator calls in progress on one thread, innermost last. */
+struct ct_alloc_thread {
+	__u32 depth;
+	__u32 pad;
+	struct ct_alloc_call calls[CT_ALLOC_NEST];
+};
+
+/*
  * Off-CPU time (offcpu.bpf.h): where a traced thread left the CPU, kept
  * until it comes back. Kernel-side only: userspace reads the counts.
  */

@@ -653,3 +653,6 @@ int on_start_main(struct pt_regs *ctx)
 		stop_for_mappings(tgid);
 	return 0;
 }
+
+/* The heap profiler: on_alloc, on_alloc_return, on_free. */
+#include "alloc.bpf.h"

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use super::Weighting;
-use crate::profile::Profile;
+use crate::profile::{Profile, Sample};
 use crate::symbolize::Frame;
 
 /// The profile's stacks folded: `root;...;leaf` → weight, merged over identical lines
@@ -19,36 +19,43 @@ pub fn fold(profile: &Profile, weighting: Weighting) -> BTreeMap<String, i64> {
         if weight == 0 {
             continue;
         }
-        let mut frames: Vec<String> = Vec::new();
-        if profile.probes.len() > 1 {
-            frames.push(profile.probes[sample.probe].replace(';', ":"));
-        }
-        if let Some(reason) = &sample.truncated {
-            // Without a frame, the reason is what the sample is (e.g. an interval
-            // firing while the target ran elsewhere), not where its stack stopped.
-            frames.push(if sample.stack.is_empty() {
-                format!("[{reason}]")
-            } else {
-                format!("[truncated: {reason}]")
-            });
-        }
-        for &id in sample.stack.iter().rev() {
-            let location = &profile.locations[id];
-            for frame in location.frames.iter().rev() {
-                let name = frame_name(frame, weighting.line_numbers);
-                frames.push(if location.kernel {
-                    format!("{name}_[k]")
-                } else {
-                    name
-                });
-            }
-        }
-        if frames.is_empty() {
-            frames.push("[no stack]".to_string());
-        }
+        let frames = frames(profile, sample, weighting.line_numbers);
         *lines.entry(frames.join(";")).or_insert(0) += weight;
     }
     lines
+}
+
+/// The frames of one sample's line, root first: its probe (when there are several), why
+/// it was truncated, its stack (`[no stack]` if that is all empty).
+pub fn frames(profile: &Profile, sample: &Sample, line_numbers: bool) -> Vec<String> {
+    let mut frames: Vec<String> = Vec::new();
+    if profile.probes.len() > 1 {
+        frames.push(profile.probes[sample.probe].replace(';', ":"));
+    }
+    if let Some(reason) = &sample.truncated {
+        // Without a frame, the reason is what the sample is (e.g. an interval firing
+        // while the target ran elsewhere), not where its stack stopped.
+        frames.push(if sample.stack.is_empty() {
+            format!("[{reason}]")
+        } else {
+            format!("[truncated: {reason}]")
+        });
+    }
+    for &id in sample.stack.iter().rev() {
+        let location = &profile.locations[id];
+        for frame in location.frames.iter().rev() {
+            let name = frame_name(frame, line_numbers);
+            frames.push(if location.kernel {
+                format!("{name}_[k]")
+            } else {
+                name
+            });
+        }
+    }
+    if frames.is_empty() {
+        frames.push("[no stack]".to_string());
+    }
+    frames
 }
 
 /// Writes [`fold`]'s lines, one per distinct stack, sorted.

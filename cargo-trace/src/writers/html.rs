@@ -30,6 +30,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> io::R
     run_section(profile, &mut html);
     summary_section(profile, &mut html);
     timeline_section(profile, &mut html);
+    heap_section(profile, &mut html);
     flamegraph_sections(profile, options, &mut html)?;
     functions_section(profile, options.weighting, &mut html);
     let _ = write!(html, "<script>{SCRIPT}</script>\n</body>\n</html>\n");
@@ -143,6 +144,10 @@ fn summary_section(profile: &Profile, html: &mut String) {
         let _ = writeln!(html, "<tr><th>{name}</th><td class=\"n\">{value}</td></tr>");
     };
     for (index, value_type) in profile.value_types.iter().enumerate() {
+        // A heap histogram's buckets are in the CSV output, not here.
+        if crate::alloc::is_bucket(&value_type.kind) {
+            continue;
+        }
         row(
             &escape(&format!("{} ({})", value_type.kind, value_type.unit)),
             profile.total(index).to_string(),
@@ -233,8 +238,65 @@ fn timeline_section(profile: &Profile, html: &mut String) {
     );
 }
 
+/// A heap profile's memory over time: live bytes of the tracked blocks and resident
+/// memory, as lines, from the timeline the session kept (every 100 ms).
+fn heap_section(profile: &Profile, html: &mut String) {
+    let Some(heap) = &profile.heap else {
+        return;
+    };
+    let points = &heap.timeline;
+    let _ = writeln!(html, "<h2>Memory over time</h2>");
+    if points.is_empty() {
+        let _ = writeln!(html, "<p>No timeline was kept.</p>");
+        return;
+    }
+    const WIDTH: f64 = 900.0;
+    const HEIGHT: f64 = 160.0;
+    let end = points.last().map_or(0.0, |p| p.at.as_secs_f64()).max(1e-3);
+    let top = points
+        .iter()
+        .map(|p| p.live_bytes.max(0) as u64)
+        .chain(points.iter().map(|p| p.rss_bytes))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let line = |value: &dyn Fn(&crate::profile::HeapPoint) -> f64| -> String {
+        points
+            .iter()
+            .map(|p| {
+                let x = p.at.as_secs_f64() / end * WIDTH;
+                let y = HEIGHT - value(p) / top * HEIGHT;
+                format!("{x:.1},{y:.1}")
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let peak_live = points.iter().map(|p| p.live_bytes).max().unwrap_or(0);
+    let peak_rss = points.iter().map(|p| p.rss_bytes).max().unwrap_or(0);
+    let _ = writeln!(
+        html,
+        "<p>Live bytes of the tracked blocks (<span style=\"color:#d9622b\">orange</span>, at \
+         most {peak_live}) and resident memory (<span style=\"color:#2b6cd9\">blue</span>, at \
+         most {peak_rss} bytes), every 100 ms.</p>\n\
+         <svg id=\"heap-timeline\" width=\"{WIDTH}\" height=\"{}\" role=\"img\">\n\
+         <polyline fill=\"none\" stroke=\"#2b6cd9\" points=\"{}\"/>\n\
+         <polyline fill=\"none\" stroke=\"#d9622b\" points=\"{}\"/>\n\
+         <line x1=\"0\" y1=\"{HEIGHT}\" x2=\"{WIDTH}\" y2=\"{HEIGHT}\" stroke=\"#888\"/>\
+         <text x=\"0\" y=\"{}\" font-size=\"12\">0 s</text>\
+         <text x=\"{WIDTH}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">{end:.2} s</text></svg>",
+        HEIGHT + 20.0,
+        line(&|p| p.rss_bytes as f64),
+        line(&|p| p.live_bytes.max(0) as f64),
+        HEIGHT + 15.0,
+        HEIGHT + 15.0,
+    );
+}
+
 fn flamegraph_sections(profile: &Profile, options: &Options, html: &mut String) -> io::Result<()> {
     for (index, value_type) in profile.value_types.iter().enumerate() {
+        if crate::alloc::is_bucket(&value_type.kind) {
+            continue;
+        }
         let weighting = Weighting {
             value: index,
             ..options.weighting
@@ -324,11 +386,43 @@ mod tests {
     }
 
     #[test]
+    fn a_heap_profile_draws_memory_over_time() {
+        use crate::profile::{HeapPoint, HeapTotals};
+        let mut profile = example();
+        profile.heap = Some(HeapTotals {
+            timeline: (0..5)
+                .map(|i| HeapPoint {
+                    at: std::time::Duration::from_millis(100 * i),
+                    live_bytes: 1000 * i as i64,
+                    allocs: 10 * i,
+                    frees: 5 * i,
+                    rss_bytes: 8192,
+                })
+                .collect(),
+            ..HeapTotals::default()
+        });
+        let mut out = Vec::new();
+        write(&profile, &Options::default(), &mut out).unwrap();
+        let html = String::from_utf8(out).unwrap();
+        let chart = html
+            .split("id=\"heap-timeline\"")
+            .nth(1)
+            .expect("the chart");
+        // Two lines: resident memory, the larger, along the top; live bytes ending
+        // at 4000 of 8192 on the scale.
+        assert_eq!(chart.matches("<polyline").count(), 2);
+        assert!(chart.contains("0.0,0.0 225.0,0.0"), "{chart}");
+        assert!(chart.contains("900.0,81.9\"/>"), "{chart}");
+        assert!(html.contains("at most 4000)"));
+    }
+
+    #[test]
     fn the_example_as_a_report() {
         let profile = example();
         let options = Options {
             weighting: Weighting::default(),
             title: "example <run>".into(),
+            ..Options::default()
         };
         let mut out = Vec::new();
         write(&profile, &options, &mut out).unwrap();

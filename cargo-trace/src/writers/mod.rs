@@ -4,7 +4,9 @@
 //! bytes to any [`std::io::Write`]. Where the bytes go (which file, created how) is the
 //! caller's business.
 
+pub mod csv;
 pub mod folded;
+pub mod heap_report;
 pub mod html;
 pub mod json;
 pub mod pprof;
@@ -32,6 +34,12 @@ pub enum Format {
     Speedscope,
     /// One self-contained HTML report (`--report`).
     Html,
+    /// The heap profile's text report (`--report-text`).
+    HeapReport,
+    /// One CSV row per stack with every value (`--csv`).
+    Csv,
+    /// The heap's memory over time, CSV (`--timeline`).
+    Timeline,
 }
 
 impl Format {
@@ -44,6 +52,9 @@ impl Format {
             Format::Json => "JSON profile",
             Format::Speedscope => "speedscope profile",
             Format::Html => "HTML report",
+            Format::HeapReport => "heap report",
+            Format::Csv => "CSV table",
+            Format::Timeline => "heap timeline",
         }
     }
 
@@ -60,6 +71,9 @@ impl Format {
             Format::Json => json::write(profile, out),
             Format::Speedscope => speedscope::write(profile, options.weighting, out),
             Format::Html => html::write(profile, options, out),
+            Format::HeapReport => heap_report::write(profile, options.order_by, out),
+            Format::Csv => csv::write(profile, options.weighting, out),
+            Format::Timeline => csv::write_timeline(profile, out),
         }
     }
 }
@@ -70,6 +84,8 @@ pub struct Options {
     pub weighting: Weighting,
     /// The flamegraph's title.
     pub title: String,
+    /// The order of the heap report's stacks.
+    pub order_by: crate::alloc::OrderBy,
 }
 
 /// Which of a sample's values a writer weighs stacks by, and how frames are named.
@@ -214,6 +230,7 @@ pub(crate) mod tests {
                 ],
                 period: None,
             },
+            heap: None,
         }
     }
 

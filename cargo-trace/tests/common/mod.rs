@@ -189,6 +189,6 @@ pub fn quoted(path: &Path) -> String {
     shell_quote(&path.display().to_string())
 }
 
-fn shell_quote(word: &str) -> String {
+pub fn shell_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }

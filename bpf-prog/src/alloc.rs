@@ -1,0 +1,436 @@
+//! Heap profiling's side of the [`Tracer`]: the kinds of allocator function the programs
+//! of `src/bpf/alloc.bpf.h` understand, the cookie that tells them apart, the maps'
+//! sizes, and readers of what they counted.
+//!
+//! An allocator function is attached as [`EventProgram::AllocEntry`] and
+//! [`EventProgram::AllocReturn`] (allocating functions) or [`EventProgram::Free`], each
+//! with the cookie [`alloc_cookie`] makes of the probe id and the function's
+//! [`AllocKind`].
+//!
+//! [`EventProgram::AllocEntry`]: crate::EventProgram::AllocEntry
+//! [`EventProgram::AllocReturn`]: crate::EventProgram::AllocReturn
+//! [`EventProgram::Free`]: crate::EventProgram::Free
+
+use std::fmt;
+
+use libbpf_rs::{MapCore, MapFlags, MapMut};
+
+use crate::error::{Error, Result};
+use crate::layout::alloc::{self as raw, CtAllocKey, CtAllocProc, CtAllocProcKey, CtAllocStats};
+use crate::layout::{from_bytes, Pod};
+use crate::records::StackRef;
+use crate::skel::OpenTraceSkel;
+use crate::tracer::Tracer;
+
+/// Buckets of the size and lifetime histograms: bucket `k` counts values of bit length
+/// `k` (`[2^(k-1), 2^k)`, bucket 0 the value 0); the last one also counts everything
+/// longer.
+pub const ALLOC_BUCKETS: usize = raw::BUCKETS;
+
+/// Where an allocator function takes its size and addresses (`enum ct_alloc_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AllocKind {
+    /// `malloc(size)`, `valloc`, `pvalloc`, `mallocx(size, flags)`, `mi_malloc`.
+    SizeArg0,
+    /// `aligned_alloc(align, size)`, `memalign(align, size)`.
+    SizeArg1,
+    /// `calloc(n, size)`.
+    Calloc,
+    /// `realloc(ptr, size)`, `rallocx(ptr, size, flags)`: a free of `ptr` and an
+    /// allocation; `realloc(NULL, n)` allocates only, `realloc(p, 0)` returning NULL frees only.
+    Realloc,
+    /// `reallocarray(ptr, n, size)`.
+    ReallocArray,
+    /// `posix_memalign(&ptr, align, size)`: the address is read from `ptr` at the return.
+    PosixMemalign,
+    /// `free(ptr)`, `sdallocx(ptr, size, flags)`, `dallocx(ptr, flags)`, `mi_free`.
+    Free,
+    /// `mmap(addr, len, prot, flags, fd, offset)`: anonymous mappings only.
+    Mmap,
+    /// `munmap(addr, len)`: ends the mapping made at `addr`; an address no mapping was
+    /// made at is not counted as an unknown free.
+    Munmap,
+}
+
+impl AllocKind {
+    fn raw(self) -> u32 {
+        use raw::kind;
+        match self {
+            AllocKind::SizeArg0 => kind::SIZE_ARG0,
+            AllocKind::SizeArg1 => kind::SIZE_ARG1,
+            AllocKind::Calloc => kind::CALLOC,
+            AllocKind::Realloc => kind::REALLOC,
+            AllocKind::ReallocArray => kind::REALLOCARRAY,
+            AllocKind::PosixMemalign => kind::POSIX_MEMALIGN,
+            AllocKind::Free => kind::FREE,
+            AllocKind::Mmap => kind::MMAP,
+            AllocKind::Munmap => kind::MUNMAP,
+        }
+    }
+
+    /// Whether the function frees only (attached at its entry, no return probe).
+    pub fn frees_only(self) -> bool {
+        matches!(self, AllocKind::Free | AllocKind::Munmap)
+    }
+}
+
+/// The attach cookie of an allocator function of kind `kind` for probe `probe_id`.
+pub fn alloc_cookie(probe_id: u32, kind: AllocKind) -> u64 {
+    u64::from(probe_id) | u64::from(kind.raw()) << raw::KIND_SHIFT
+}
+
+/// Heap profiling settings fixed at load time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocOptions {
+    /// Blocks tracked at once (all processes); an allocation beyond is counted but not
+    /// tracked ([`AllocCounter::LiveMapFull`], [`AllocStats::untracked`]).
+    pub max_live_blocks: u32,
+    /// Distinct (stack, process, probe) statistics.
+    pub max_stacks: u32,
+    /// Distinct (process, probe) totals.
+    pub max_processes: u32,
+    /// A block freed sooner than this after its allocation is a temporary.
+    pub temporary_ns: u64,
+    /// Count an outermost allocating call with a chance of 1 in this (0 or 1: every call).
+    pub sample_every: u32,
+    /// Count an allocation of `s` bytes with a chance of `s / sample_bytes` (1 from that
+    /// size up); 0: every allocation. Not with `sample_every`.
+    pub sample_bytes: u64,
+    /// Count only allocations of at least this many bytes (0: any).
+    pub min_size: u64,
+    /// Count only allocations of at most this many bytes (0: any).
+    pub max_size: u64,
+}
+
+impl AllocOptions {
+    /// Whether only some events are counted (and [`AllocStats::estimated`] holds what
+    /// they stand for).
+    pub fn sampling(&self) -> bool {
+        self.sample_every > 1 || self.sample_bytes > 0
+    }
+}
+
+impl Default for AllocOptions {
+    fn default() -> Self {
+        AllocOptions {
+            max_live_blocks: 1 << 20,
+            max_stacks: 65536,
+            max_processes: 4096,
+            temporary_ns: 1_000_000,
+            sample_every: 0,
+            sample_bytes: 0,
+            min_size: 0,
+            max_size: 0,
+        }
+    }
+}
+
+/// What the heap programs could not pair or keep: the `alloc_counters` map, indexed by
+/// `enum ct_alloc_counter`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AllocCounter {
+    /// Frees of addresses no tracked block held (allocated before the attach, by a
+    /// function not probed, or freed twice): never subtracted from a stack.
+    UnknownFrees = 0,
+    /// Allocations that returned NULL.
+    Failed = 1,
+    /// Blocks not tracked because the live map was full.
+    LiveMapFull = 2,
+    /// Events not counted because the statistics map was full.
+    StatsMapFull = 3,
+    /// Returns whose entry was not kept (calls nested too deep, or in progress at the attach).
+    NoEntry = 4,
+    /// Addresses handed out again with no free seen: the old block was counted freed then.
+    Reused = 5,
+}
+
+impl AllocCounter {
+    pub const COUNT: usize = raw::COUNTER_COUNT;
+    pub const ALL: [AllocCounter; Self::COUNT] = [
+        AllocCounter::UnknownFrees,
+        AllocCounter::Failed,
+        AllocCounter::LiveMapFull,
+        AllocCounter::StatsMapFull,
+        AllocCounter::NoEntry,
+        AllocCounter::Reused,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocCounter::UnknownFrees => "unknown frees",
+            AllocCounter::Failed => "failed allocations",
+            AllocCounter::LiveMapFull => "blocks untracked (live map full)",
+            AllocCounter::StatsMapFull => "events uncounted (stats map full)",
+            AllocCounter::NoEntry => "returns without their entry",
+            AllocCounter::Reused => "addresses reused without a free",
+        }
+    }
+}
+
+impl fmt::Display for AllocCounter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+// The enum must list the header's values in order.
+const _: () = {
+    let mut index = 0;
+    while index < AllocCounter::COUNT {
+        assert!(AllocCounter::ALL[index] as usize == index);
+        index += 1;
+    }
+};
+
+/// The key of one stack's heap statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllocKey {
+    /// The probe id of the allocating function's cookie.
+    pub probe_id: u32,
+    pub pid: u32,
+    /// The stack walked at the allocating function's entry.
+    pub stack: StackRef,
+}
+
+/// What the blocks allocated under one stack in one process did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllocStats {
+    pub allocs: u64,
+    pub bytes: u64,
+    /// Frees of its blocks, wherever they were freed.
+    pub frees: u64,
+    pub freed_bytes: u64,
+    /// Blocks freed sooner than [`AllocOptions::temporary_ns`] after their allocation.
+    pub temporaries: u64,
+    /// Blocks the live map had no room for: allocated, never seen freed.
+    pub untracked: u64,
+    pub untracked_bytes: u64,
+    /// Bytes of its tracked blocks still live.
+    pub live_bytes: i64,
+    /// Sum of the birth times of its live tracked blocks, in microseconds of
+    /// `CLOCK_MONOTONIC` (see [`AllocStats::mean_live_age_us`]).
+    pub live_birth_us: u64,
+    /// Its live bytes when its process's live bytes last peaked.
+    pub peak_bytes: i64,
+    /// Allocations by size: bucket `k` counts sizes of bit length `k` (see [`ALLOC_BUCKETS`]).
+    pub size_hist: [u64; ALLOC_BUCKETS],
+    /// Frees by lifetime in nanoseconds, bucketed as `size_hist`.
+    pub life_hist: [u64; ALLOC_BUCKETS],
+    /// Under sampling ([`AllocOptions::sampling`]): what the sampled events stand for.
+    /// The other fields count the sampled events only.
+    pub estimated: Estimated,
+}
+
+/// What sampled events stand for: each weighs the inverse of its chance to be sampled.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimated {
+    pub allocs: f64,
+    pub bytes: u64,
+    pub frees: f64,
+    pub freed_bytes: u64,
+}
+
+impl AllocStats {
+    /// Tracked blocks still live.
+    pub fn live_blocks(&self) -> u64 {
+        (self.allocs - self.untracked).saturating_sub(self.frees)
+    }
+
+    /// The mean age of its live tracked blocks at `now_us` (microseconds of
+    /// `CLOCK_MONOTONIC`), if it has any.
+    pub fn mean_live_age_us(&self, now_us: u64) -> Option<u64> {
+        let live = self.live_blocks();
+        (live > 0).then(|| (live * now_us).saturating_sub(self.live_birth_us) / live)
+    }
+}
+
+/// The totals of one process (and probe).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocProcess {
+    pub probe_id: u32,
+    pub pid: u32,
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    /// Bytes of tracked blocks live now, and at most so far.
+    pub live_bytes: i64,
+    pub peak_bytes: i64,
+    pub unknown_frees: u64,
+}
+
+/// Sizes the heap maps and sets the temporary threshold and sampling, before load. Without
+/// the heap programs (`used` false) the maps take one entry each: a hash map's buckets
+/// are allocated when it is created (16 MiB for a million live blocks).
+pub(crate) fn configure(
+    open: &mut OpenTraceSkel<'_>,
+    options: &AllocOptions,
+    used: bool,
+) -> Result<()> {
+    let rodata = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .expect("the object has a .rodata section");
+    rodata.alloc_temporary_ns = options.temporary_ns;
+    rodata.alloc_sample_every = options.sample_every;
+    rodata.alloc_sample_bytes = options.sample_bytes;
+    rodata.alloc_min_size = options.min_size;
+    rodata.alloc_max_size = options.max_size;
+    let maps = &mut open.maps;
+    for (map, name, entries) in [
+        (&mut maps.alloc_live, "alloc_live", options.max_live_blocks),
+        (&mut maps.alloc_stats, "alloc_stats", options.max_stacks),
+        (&mut maps.alloc_procs, "alloc_procs", options.max_processes),
+    ] {
+        let entries = if used { entries.max(1) } else { 1 };
+        map.set_max_entries(entries)
+            .map_err(|source| Error::Configure { map: name, source })?;
+    }
+    Ok(())
+}
+
+impl Tracer {
+    /// Every stack's heap statistics, in no particular order. A stack's live bytes at the
+    /// peak are resolved against its process's totals.
+    pub fn alloc_stats(&self) -> Result<Vec<(AllocKey, AllocStats)>> {
+        let procs: std::collections::HashMap<(u32, u32), CtAllocProc> =
+            entries::<CtAllocProcKey, CtAllocProc>(&self.skel().maps.alloc_procs, "alloc_procs")?
+                .into_iter()
+                .map(|(key, value)| ((key.pid, key.probe_id), value))
+                .collect();
+        let stats =
+            entries::<CtAllocKey, CtAllocStats>(&self.skel().maps.alloc_stats, "alloc_stats")?;
+        Ok(stats
+            .into_iter()
+            .map(|(key, raw)| {
+                let proc = procs.get(&(key.pid, key.probe_id));
+                // Unchanged since the process's last peak: its live bytes now are those.
+                let peak_bytes = match proc {
+                    Some(proc) if proc.peak_seq >= raw.changed_seq => raw.live_bytes,
+                    _ => raw.peak_live_bytes,
+                };
+                let key = AllocKey {
+                    probe_id: key.probe_id,
+                    pid: key.pid,
+                    stack: StackRef::from_raw(key.stack),
+                };
+                let stats = AllocStats {
+                    allocs: raw.allocs,
+                    bytes: raw.bytes,
+                    frees: raw.frees,
+                    freed_bytes: raw.freed_bytes,
+                    temporaries: raw.temporaries,
+                    untracked: raw.untracked,
+                    untracked_bytes: raw.untracked_bytes,
+                    live_bytes: raw.live_bytes,
+                    live_birth_us: raw.live_birth_us,
+                    peak_bytes,
+                    size_hist: raw.size_hist,
+                    life_hist: raw.life_hist,
+                    estimated: Estimated {
+                        allocs: fixed_point(raw.est_allocs),
+                        bytes: raw.est_bytes,
+                        frees: fixed_point(raw.est_frees),
+                        freed_bytes: raw.est_freed_bytes,
+                    },
+                };
+                (key, stats)
+            })
+            .collect())
+    }
+
+    /// Every process's heap totals.
+    pub fn alloc_processes(&self) -> Result<Vec<AllocProcess>> {
+        Ok(
+            entries::<CtAllocProcKey, CtAllocProc>(&self.skel().maps.alloc_procs, "alloc_procs")?
+                .into_iter()
+                .map(|(key, raw)| AllocProcess {
+                    probe_id: key.probe_id,
+                    pid: key.pid,
+                    allocs: raw.allocs,
+                    bytes: raw.bytes,
+                    frees: raw.frees,
+                    freed_bytes: raw.freed_bytes,
+                    live_bytes: raw.live_bytes,
+                    peak_bytes: raw.peak_bytes,
+                    unknown_frees: raw.unknown_frees,
+                })
+                .collect(),
+        )
+    }
+
+    /// The heap counters summed over CPUs, indexed by [`AllocCounter`].
+    pub fn alloc_counters(&self) -> Result<[u64; AllocCounter::COUNT]> {
+        let mut totals = [0u64; AllocCounter::COUNT];
+        crate::tracer::sum_per_cpu(
+            &self.skel().maps.alloc_counters,
+            "alloc_counters",
+            &mut totals,
+        )?;
+        Ok(totals)
+    }
+}
+
+fn fixed_point(value: u64) -> f64 {
+    value as f64 / f64::from(1u32 << raw::WEIGHT_SHIFT)
+}
+
+/// Every (key, value) of a hash map; entries deleted while reading are skipped.
+fn entries<K: Pod, V: Pod>(map: &MapMut<'_>, name: &'static str) -> Result<Vec<(K, V)>> {
+    let mut out = Vec::new();
+    let mut value = vec![0u8; size_of::<V>()];
+    for key in map.keys() {
+        let found = map
+            .lookup_into(&key, &mut value, MapFlags::ANY)
+            .map_err(|source| Error::Map {
+                map: name,
+                op: "lookup",
+                source,
+            })?;
+        if !found {
+            continue;
+        }
+        if let (Some(key), Some(value)) = (from_bytes::<K>(&key), from_bytes::<V>(&value)) {
+            out.push((key, value));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_carry_probe_and_kind() {
+        assert_eq!(alloc_cookie(3, AllocKind::SizeArg0), 3);
+        assert_eq!(alloc_cookie(3, AllocKind::Free), 3 | 6 << 32);
+        assert_eq!(
+            alloc_cookie(u32::MAX, AllocKind::PosixMemalign) >> 32,
+            u64::from(raw::kind::POSIX_MEMALIGN)
+        );
+    }
+
+    #[test]
+    fn mean_age_of_live_blocks() {
+        let stats = AllocStats {
+            allocs: 5,
+            bytes: 50,
+            frees: 2,
+            freed_bytes: 20,
+            temporaries: 0,
+            untracked: 1,
+            untracked_bytes: 10,
+            live_bytes: 20,
+            live_birth_us: 100 + 300,
+            peak_bytes: 0,
+            size_hist: [0; ALLOC_BUCKETS],
+            life_hist: [0; ALLOC_BUCKETS],
+            estimated: Estimated::default(),
+        };
+        assert_eq!(stats.live_blocks(), 2);
+        assert_eq!(stats.mean_live_age_us(1000), Some((2000 - 400) / 2));
+    }
+}

@@ -1,0 +1,536 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The heap profiler, included at the end of trace.bpf.c: the malloc family's
+ * calls, their returns and the frees of their blocks, aggregated per (user
+ * stack, process, probe) and per (process, probe). Userspace reads the maps
+ * (bpf_prog::Tracer::alloc_stats and friends).
+ *
+ * on_alloc (uprobe on an allocating function): walks the stack once, with
+ * take_stacks, and keeps its key and the requested size for the return in
+ * the thread's task storage; a realloc's old block leaves the live map here,
+ * at entry, because once the allocator has freed it another thread may be
+ * handed the same address before this call returns.
+ * on_alloc_return (uretprobe): the address (NULL: nothing allocated) enters
+ * the live map with its size, stack and birth time; the stack's counters and
+ * size histogram grow.
+ * All three are multi-uprobe programs: an allocator's functions in one file
+ * attach as one link per program, where a link per function costs ~65 ms to
+ * attach and ~100 ms to detach on the machines measured.
+ * on_free (uprobe on free and the like): the block leaves the live map at
+ * entry, for the same reason; its stack's frees, freed bytes and lifetime
+ * histogram grow. An address the map does not hold (allocated before the
+ * attach, by an untracked function, or twice freed) is counted apart.
+ *
+ * Nesting: an allocator may call another probed function (glibc's
+ * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
+ * Only the outermost call is what the program asked for: calls made while
+ * another is in progress on the thread are marked nested and not counted.
+ * A tail call (glibc's reallocarray jumps to realloc) enters the second
+ * function with the first one's rsp: nested too. Its stack could not be
+ * walked anyway: the first function's return address is the uretprobe
+ * trampoline's by then. Both returns fire, the inner one first.
+ * Calls in progress are a stack per thread, matched by the stack pointer:
+ * a return pops the call whose entry rsp is its own minus 8 (the return
+ * address popped), discarding deeper ones that never returned.
+ *
+ * Anonymous mmap and munmap are tracked as an allocator's functions: the
+ * mapping made at an address is a block until munmap is called at it (a
+ * partial munmap ends the whole block). malloc's own mmaps and munmaps happen
+ * inside allocator calls (nested) or inside free (an unknown address, not
+ * counted as such for munmap).
+ *
+ * Peak: each process's live bytes and their peak, and for each stack its
+ * live bytes at that peak, kept lazily: a change of a stack that comes
+ * after the process's last peak first saves the stack's live bytes as they
+ * were at it (they had not changed since). Exact for one thread; with
+ * threads racing on one process, within the races.
+ */
+#ifndef ALLOC_BPF_H
+#define ALLOC_BPF_H
+
+#define CT_MAP_ANONYMOUS 0x20
+#define CT_MAP_FAILED (~0ULL)
+
+/* Set by userspace before load (bpf_prog::AllocOptions). */
+const volatile __u64 alloc_temporary_ns = 1000000; /* frees sooner are temporaries */
+/*
+ * Sampling, when one is set: an outermost allocating call is counted with a
+ * chance of 1 in alloc_sample_every, or of size / alloc_sample_bytes (1 from
+ * that size up): unbiased estimates, each sampled event weighing the inverse
+ * of its chance (est_* in ct_alloc_stats). Frees of blocks not sampled find
+ * no block, as frees of unknown ones do, and are not counted as unknown.
+ */
+const volatile __u32 alloc_sample_every = 0;
+const volatile __u64 alloc_sample_bytes = 0;
+/* Only allocations of sizes in [alloc_min_size, alloc_max_size] are counted
+ * (0: no bound). As with sampling, the frees of the others are not unknown. */
+const volatile __u64 alloc_min_size = 0;
+const volatile __u64 alloc_max_size = 0;
+
+const volatile enum ct_alloc_limits anchor_alloc_limits;
+const volatile enum ct_alloc_kind anchor_alloc_kind;
+const volatile enum ct_alloc_counter anchor_alloc_counter;
+const volatile enum ct_alloc_call_flags anchor_alloc_call_flags;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* sized for the worst case, used by few */
+	__type(key, struct ct_live_key);
+	__type(value, struct ct_live_block);
+	__uint(max_entries, 1 << 20);
+} alloc_live SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct ct_alloc_key);
+	__type(value, struct ct_alloc_stats);
+	__uint(max_entries, 65536);
+} alloc_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_alloc_proc_key);
+	__type(value, struct ct_alloc_proc);
+	__uint(max_entries, 4096);
+} alloc_procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, CT_ALLOC_COUNTER_COUNT);
+} alloc_counters SEC(".maps");
+
+/* A zeroed ct_alloc_stats, the first value of a new key: too big for the
+ * BPF stack. Never written. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_alloc_stats);
+	__uint(max_entries, 1);
+} alloc_zero SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ct_alloc_thread);
+} alloc_threads SEC(".maps");
+
+/* Bucket of a log2 histogram: the bit length of v (0 for 0), capped. */
+static __always_inline __u32 log2_bucket(__u64 v)
+{
+	__u32 bits = 0;
+
+	if (v >> 32) {
+		v >>= 32;
+		bits += 32;
+	}
+	if (v >> 16) {
+		v >>= 16;
+		bits += 16;
+	}
+	if (v >> 8) {
+		v >>= 8;
+		bits += 8;
+	}
+	if (v >> 4) {
+		v >>= 4;
+		bits += 4;
+	}
+	if (v >> 2) {
+		v >>= 2;
+		bits += 2;
+	}
+	if (v >> 1) {
+		v >>= 1;
+		bits += 1;
+	}
+	bits += v;
+	return bits < CT_ALLOC_BUCKETS ? bits : CT_ALLOC_BUCKETS - 1;
+}
+
+static __always_inline bool sampling(void)
+{
+	return alloc_sample_every > 1 || alloc_sample_bytes > 0;
+}
+
+/* Whether some allocations are left out, by sampling or by size. */
+static __always_inline bool leaving_out(void)
+{
+	return sampling() || alloc_min_size > 0 || alloc_max_size > 0;
+}
+
+static __always_inline bool size_wanted(__u64 size)
+{
+	return size >= alloc_min_size && (alloc_max_size == 0 || size <= alloc_max_size);
+}
+
+/* Whether an allocation of size bytes is sampled. */
+static __always_inline bool sampled(__u64 size)
+{
+	if (alloc_sample_every > 1)
+		return bpf_get_prandom_u32() % alloc_sample_every == 0;
+	if (alloc_sample_bytes > 0)
+		return size >= alloc_sample_bytes ||
+		       (__u64)bpf_get_prandom_u32() * alloc_sample_bytes < size << 32;
+	return true;
+}
+
+/* What a sampled event of a block of size bytes stands for: allocations (or
+ * frees) in 1/65536ths, and bytes. */
+static __always_inline __u64 weight_count(__u64 size)
+{
+	if (alloc_sample_every > 1)
+		return (__u64)alloc_sample_every << CT_ALLOC_WEIGHT_SHIFT;
+	if (size >= alloc_sample_bytes || size == 0)
+		return 1 << CT_ALLOC_WEIGHT_SHIFT;
+	return (alloc_sample_bytes << CT_ALLOC_WEIGHT_SHIFT) / size;
+}
+
+static __always_inline __u64 weight_bytes(__u64 size)
+{
+	if (alloc_sample_every > 1)
+		return size * alloc_sample_every;
+	return size >= alloc_sample_bytes ? size : alloc_sample_bytes;
+}
+
+static __always_inline struct ct_alloc_stats *alloc_stats_of(__u64 stack, __u32 pid,
+							     __u32 probe_id)
+{
+	struct ct_alloc_key key = { .stack = stack, .pid = pid, .probe_id = probe_id };
+	struct ct_alloc_stats *stats = bpf_map_lookup_elem(&alloc_stats, &key);
+	__u32 zero = 0;
+
+	if (stats)
+		return stats;
+	struct ct_alloc_stats *empty = bpf_map_lookup_elem(&alloc_zero, &zero);
+	if (!empty)
+		return NULL;
+	long err = bpf_map_update_elem(&alloc_stats, &key, empty, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		count_in(&alloc_counters, CT_ALLOC_STATS_FULL);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&alloc_stats, &key);
+}
+
+static __always_inline struct ct_alloc_proc *alloc_proc_of(__u32 pid, __u32 probe_id)
+{
+	struct ct_alloc_proc_key key = { .pid = pid, .probe_id = probe_id };
+	struct ct_alloc_proc *proc = bpf_map_lookup_elem(&alloc_procs, &key);
+
+	if (proc)
+		return proc;
+	struct ct_alloc_proc empty = {};
+	long err = bpf_map_update_elem(&alloc_procs, &key, &empty, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		count_in(&alloc_counters, CT_ALLOC_STATS_FULL);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&alloc_procs, &key);
+}
+
+/* Adds delta to the live bytes of stats' stack and of its process, keeping
+ * the peak (see the top of this file). */
+static __always_inline void change_live(struct ct_alloc_stats *stats, struct ct_alloc_proc *proc,
+					__s64 delta)
+{
+	__u64 seq = __sync_fetch_and_add(&proc->seq, 1) + 1;
+
+	if (proc->peak_seq >= stats->changed_seq)
+		stats->peak_live_bytes = stats->live_bytes;
+	__sync_fetch_and_add(&stats->live_bytes, delta);
+	stats->changed_seq = seq;
+	__s64 live = __sync_fetch_and_add(&proc->live_bytes, delta) + delta;
+	if (live > proc->peak_bytes) {
+		proc->peak_bytes = live;
+		proc->peak_seq = seq;
+	}
+}
+
+/* Counts the free of a tracked block at time now. */
+static __always_inline void account_free(const struct ct_live_block *block, __u32 pid, __u64 now)
+{
+	struct ct_alloc_stats *stats = alloc_stats_of(block->stack, pid, block->probe_id);
+	struct ct_alloc_proc *proc = alloc_proc_of(pid, block->probe_id);
+
+	if (!stats || !proc)
+		return;
+	__u64 lifetime = now > block->born_ns ? now - block->born_ns : 0;
+	__sync_fetch_and_add(&stats->frees, 1);
+	__sync_fetch_and_add(&stats->freed_bytes, block->size);
+	if (lifetime < alloc_temporary_ns)
+		__sync_fetch_and_add(&stats->temporaries, 1);
+	__sync_fetch_and_add(&stats->life_hist[log2_bucket(lifetime)], 1);
+	__sync_fetch_and_add(&stats->live_birth_us, -(block->born_ns / 1000));
+	if (sampling()) {
+		__sync_fetch_and_add(&stats->est_frees, weight_count(block->size));
+		__sync_fetch_and_add(&stats->est_freed_bytes, weight_bytes(block->size));
+	}
+	change_live(stats, proc, -(__s64)block->size);
+	__sync_fetch_and_add(&proc->frees, 1);
+	__sync_fetch_and_add(&proc->freed_bytes, block->size);
+}
+
+static __always_inline void count_unknown_free(__u32 pid, __u32 probe_id)
+{
+	if (leaving_out())
+		return; /* most are frees of blocks left out */
+	struct ct_alloc_proc *proc = alloc_proc_of(pid, probe_id);
+
+	count_in(&alloc_counters, CT_ALLOC_UNKNOWN_FREES);
+	if (proc)
+		__sync_fetch_and_add(&proc->unknown_frees, 1);
+}
+
+/* Counts the allocation of size bytes at address under stack, and tracks the block. */
+static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack, __u32 pid,
+					  __u32 probe_id, __u64 now)
+{
+	struct ct_alloc_stats *stats = alloc_stats_of(stack, pid, probe_id);
+	struct ct_alloc_proc *proc = alloc_proc_of(pid, probe_id);
+
+	if (!stats || !proc)
+		return;
+	__sync_fetch_and_add(&stats->allocs, 1);
+	__sync_fetch_and_add(&stats->bytes, size);
+	__sync_fetch_and_add(&stats->size_hist[log2_bucket(size)], 1);
+	__sync_fetch_and_add(&proc->allocs, 1);
+	__sync_fetch_and_add(&proc->bytes, size);
+	if (sampling()) {
+		__sync_fetch_and_add(&stats->est_allocs, weight_count(size));
+		__sync_fetch_and_add(&stats->est_bytes, weight_bytes(size));
+	}
+
+	struct ct_live_key key = { .address = address, .pid = pid };
+	struct ct_live_block block = {
+		.size = size,
+		.stack = stack,
+		.born_ns = now,
+		.probe_id = probe_id,
+	};
+	long err = bpf_map_update_elem(&alloc_live, &key, &block, BPF_NOEXIST);
+	if (err == -EEXIST) {
+		/* The allocator handed out an address still live here: its block
+		 * was freed by a function not probed. Count it freed now. */
+		struct ct_live_block *old = bpf_map_lookup_elem(&alloc_live, &key);
+		if (old) {
+			struct ct_live_block gone = *old;
+			count_in(&alloc_counters, CT_ALLOC_REUSED);
+			account_free(&gone, pid, now);
+		}
+		err = bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY);
+	}
+	if (err) {
+		count_in(&alloc_counters, CT_ALLOC_LIVE_FULL);
+		__sync_fetch_and_add(&stats->untracked, 1);
+		__sync_fetch_and_add(&stats->untracked_bytes, size);
+		return;
+	}
+	__sync_fetch_and_add(&stats->live_birth_us, now / 1000);
+	change_live(stats, proc, size);
+}
+
+/* Removes the block at address from the live map into *block; 0 if it was there. */
+static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_block *block)
+{
+	struct ct_live_key key = { .address = address, .pid = pid };
+	struct ct_live_block *live = bpf_map_lookup_elem(&alloc_live, &key);
+
+	if (!live)
+		return -1;
+	*block = *live;
+	/* a concurrent free of the same address (a double free) loses here */
+	return bpf_map_delete_elem(&alloc_live, &key) == 0 ? 0 : -1;
+}
+
+/* The calls in progress on this thread, after dropping those that returned
+ * unseen: their entry rsp under sp, the stack pointer at an entry (a call in
+ * progress has its entry rsp above it, or at it when it tail-called the
+ * function entered now). */
+static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool create)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct ct_alloc_thread *t = bpf_task_storage_get(
+		&alloc_threads, task, NULL, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+
+	if (!t)
+		return NULL;
+	for (int i = 0; i < CT_ALLOC_NEST; i++) {
+		__u32 depth = t->depth;
+		if (depth == 0 || depth > CT_ALLOC_NEST ||
+		    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp >= sp)
+			break;
+		t->depth = depth - 1;
+	}
+	if (t->depth > CT_ALLOC_NEST)
+		t->depth = 0;
+	return t;
+}
+
+SEC("uprobe.multi")
+int on_alloc(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
+
+	/* Sampling 1 in N: most calls end here, before any map. A realloc goes on,
+	 * to free its old block; so do the calls of the others that the sampled
+	 * ones make (they are nested). The return of a call left here finds no
+	 * call of its own: see on_alloc_return. */
+	if (alloc_sample_every > 1 && kind != CT_ALLOC_REALLOC && kind != CT_ALLOC_REALLOCARRAY &&
+	    !sampled(0))
+		return 0;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	struct ct_alloc_thread *t = thread_calls(ctx->sp, true);
+	if (!t)
+		return 0;
+	__u32 depth = t->depth;
+	if (depth >= CT_ALLOC_NEST)
+		return 0; /* its return counts CT_ALLOC_NO_ENTRY */
+	struct ct_alloc_call *call = &t->calls[depth & (CT_ALLOC_NEST - 1)];
+	t->depth = depth + 1;
+	call->sp = ctx->sp;
+	if (depth > 0) {
+		call->flags = CT_CALL_NESTED;
+		return 0;
+	}
+
+	__u64 size = 0, old = 0, out = 0;
+
+	switch (kind) {
+	case CT_ALLOC_SIZE_ARG0:
+		size = ctx->di;
+		break;
+	case CT_ALLOC_SIZE_ARG1:
+		size = ctx->si;
+		break;
+	case CT_ALLOC_CALLOC:
+		size = ctx->di * ctx->si;
+		break;
+	case CT_ALLOC_REALLOC:
+		old = ctx->di;
+		size = ctx->si;
+		break;
+	case CT_ALLOC_REALLOCARRAY:
+		old = ctx->di;
+		size = ctx->si * ctx->dx;
+		break;
+	case CT_ALLOC_POSIX_MEMALIGN:
+		out = ctx->di;
+		size = ctx->dx;
+		break;
+	case CT_ALLOC_MMAP:
+		size = ctx->si;
+		break;
+	}
+	call->kind = kind;
+	call->size = size;
+	call->out = out;
+	call->old = old;
+	call->flags = 0;
+	if (old && take_live(old, tgid, &call->old_block) == 0)
+		call->flags = CT_CALL_OLD_KNOWN;
+	/* mmap of a file is no heap: its return is not counted */
+	bool file = kind == CT_ALLOC_MMAP && !(ctx->cx & CT_MAP_ANONYMOUS);
+	if (file || !size_wanted(size) || (alloc_sample_bytes > 0 && !sampled(size))) {
+		/* sampling's cheap path: kept for its return (a realloc's old block
+		 * is still freed there), not walked */
+		call->flags |= CT_CALL_UNSAMPLED;
+		return 0;
+	}
+	struct event_stacks stacks = take_stacks(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, ctx->di);
+	call->stack = stacks.user;
+	return 0;
+}
+
+SEC("uretprobe.multi")
+int on_alloc_return(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	/* rsp at the entry was this one less the return address popped */
+	__u64 entry_sp = ctx->sp - 8;
+	struct ct_alloc_thread *t = thread_calls(entry_sp, false);
+	__u32 depth = t ? t->depth : 0;
+	if (!t || depth == 0 || depth > CT_ALLOC_NEST ||
+	    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp != entry_sp) {
+		/* sampling 1 in N keeps no call for most entries */
+		if (alloc_sample_every <= 1)
+			count_in(&alloc_counters, CT_ALLOC_NO_ENTRY);
+		return 0;
+	}
+	t->depth = depth - 1;
+	struct ct_alloc_call *call = &t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)];
+	if (call->flags & CT_CALL_NESTED)
+		return 0;
+
+	__u32 probe_id = bpf_get_attach_cookie(ctx);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 address = ctx->ax;
+	if (call->kind == CT_ALLOC_MMAP && address == CT_MAP_FAILED)
+		address = 0;
+	if (call->kind == CT_ALLOC_POSIX_MEMALIGN) {
+		/* returns an error number; the address went to *out */
+		if (address != 0 || bpf_probe_read_user(&address, sizeof(address),
+							 (void *)call->out))
+			address = 0;
+	}
+	if (call->old) {
+		if (!address && call->size) {
+			/* failed: the old block lives on */
+			count_in(&alloc_counters, CT_ALLOC_FAILED);
+			if (call->flags & CT_CALL_OLD_KNOWN) {
+				struct ct_live_key key = { .address = call->old, .pid = tgid };
+				bpf_map_update_elem(&alloc_live, &key, &call->old_block, BPF_ANY);
+			}
+			return 0;
+		}
+		if (call->flags & CT_CALL_OLD_KNOWN)
+			account_free(&call->old_block, tgid, now);
+		else
+			count_unknown_free(tgid, probe_id);
+	}
+	if (!address) {
+		/* realloc(p, 0) freeing p is not a failure */
+		if (!call->old)
+			count_in(&alloc_counters, CT_ALLOC_FAILED);
+		return 0;
+	}
+	if (call->flags & CT_CALL_UNSAMPLED)
+		return 0;
+	account_alloc(address, call->size, call->stack, tgid, probe_id, now);
+	return 0;
+}
+
+SEC("uprobe.multi")
+int on_free(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 address = ctx->di;
+
+	if (!address || (filter_uprobes && !pid_wanted(tgid)))
+		return 0;
+	struct ct_alloc_thread *t = thread_calls(ctx->sp, false);
+	if (t && t->depth > 0)
+		return 0; /* inside an allocator call: part of it */
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 probe_id = cookie;
+	struct ct_live_block block;
+	if (take_live(address, tgid, &block)) {
+		/* most munmaps unmap files, or memory malloc mapped for itself */
+		if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
+			count_unknown_free(tgid, probe_id);
+		return 0;
+	}
+	account_free(&block, tgid, bpf_ktime_get_ns());
+	return 0;
+}
+
+#endif /* ALLOC_BPF_H */

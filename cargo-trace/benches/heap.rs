@@ -1,0 +1,219 @@
+//! What `cargo trace alloc` costs per malloc/free pair, against the same program
+//! untraced, under heaptrack (LD_PRELOAD, unwinding in the process) and under the plain
+//! `uprobe:libc:malloc` counting probe, all in one benchmark run.
+//!
+//! The `heap_storm` fixture makes N malloc(48)/free pairs at the bottom of a chain of
+//! DEPTH frames (C, -O2, no frame pointers) and times its own loop, so start-up and
+//! reports stay out of the figures. Each round runs the four ways one after the other
+//! (untraced first), at a shallow (10 frames) and a deep (60 frames) stack; the median
+//! of the rounds is printed with their range, and the µs added per pair against the
+//! untraced run of the same round.
+//!
+//! Where the time goes: one more `alloc` run with `--bpf-stats` gives the BPF time per
+//! run of each heap program (the entry walks the stack; the return and the free update
+//! maps); the rest of the added time is the kernel's: the uprobe traps at malloc's
+//! entry and free's, and malloc's return probe.
+//!
+//! Prints figures only; asserts nothing about time. Needs root, and heaptrack for its
+//! column (`apt-get install heaptrack`).
+//! `cargo bench -p cargo-trace --bench heap [-- ROUNDS]`
+
+use std::path::Path;
+use std::process::Command;
+
+use cargo_trace_tests::fixtures;
+
+/// Pairs per run.
+const PAIRS: u64 = 100_000;
+const DEPTHS: [u64; 2] = [10, 60];
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("heap benchmark skipped: loading BPF programs needs root");
+        return;
+    }
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(5);
+    let cargo_trace = Path::new(env!("CARGO_BIN_EXE_cargo-trace"));
+    let storm = fixtures::c_fixture("heap_storm");
+    let heaptrack = Command::new("heaptrack")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let scratch =
+        std::env::temp_dir().join(format!("cargo-trace-heap-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+
+    println!("cargo trace alloc: cost per malloc(48)/free pair, `heap_storm {PAIRS} DEPTH`");
+    println!("{rounds} rounds of each way, one after the other; median [min–max]");
+    for depth in DEPTHS {
+        let args = [PAIRS.to_string(), depth.to_string()];
+        let command = format!("{} {} {}", storm.display(), args[0], args[1]);
+        let traced = |probe: &str, extra: &[&str]| {
+            let output = Command::new(cargo_trace)
+                .args([
+                    probe,
+                    "-c",
+                    &command,
+                    "--no-svg",
+                    "--report-text",
+                    "/dev/null",
+                ])
+                .args(extra)
+                .current_dir(&scratch)
+                .output()
+                .expect("run cargo-trace");
+            assert!(output.status.success(), "{output:?}");
+            output
+        };
+        // Unmeasured: the first run compiles and caches the unwind tables.
+        traced("alloc", &[]);
+
+        let mut ways: Vec<(&str, Vec<f64>)> = vec![
+            ("untraced", Vec::new()),
+            ("cargo trace alloc", Vec::new()),
+            ("uprobe:libc:malloc", Vec::new()),
+        ];
+        if heaptrack {
+            ways.push(("heaptrack", Vec::new()));
+        }
+        for _ in 0..rounds {
+            for (way, times) in ways.iter_mut() {
+                let stdout = match *way {
+                    "untraced" => {
+                        let output = Command::new(&storm).args(&args).output().unwrap();
+                        assert!(output.status.success(), "{output:?}");
+                        output.stdout
+                    }
+                    "heaptrack" => {
+                        let output = Command::new("heaptrack")
+                            .arg("-o")
+                            .arg(scratch.join("heaptrack.data"))
+                            .arg(&storm)
+                            .args(&args)
+                            .output()
+                            .unwrap();
+                        assert!(output.status.success(), "{output:?}");
+                        output.stdout
+                    }
+                    probe => traced(probe.trim_start_matches("cargo trace "), &[]).stdout,
+                };
+                times.push(value_after(&String::from_utf8_lossy(&stdout), "loop_ns"));
+            }
+        }
+
+        println!(
+            "\n{depth} frames deep ({} frames walked at malloc)",
+            depth + 4
+        );
+        println!(
+            "  {:<22}{:<28}added per pair, µs (× untraced)",
+            "", "ns per pair"
+        );
+        let base = ways[0].1.clone();
+        for (way, times) in &ways {
+            let per_pair = Spread::of(times.iter().map(|ns| ns / PAIRS as f64));
+            let added = Spread::of(
+                base.iter()
+                    .zip(times)
+                    .map(|(a, b)| (b - a) / PAIRS as f64 / 1e3),
+            );
+            let ratio = Spread::of(base.iter().zip(times).map(|(a, b)| b / a));
+            let added = if *way == "untraced" {
+                String::new()
+            } else {
+                format!("+{} (×{:.0})", added.show(3), ratio.median)
+            };
+            println!("  {way:<22}{:<28}{added}", per_pair.show(1));
+        }
+        if heaptrack {
+            let alloc = &ways[1].1;
+            let heap = &ways[3].1;
+            let ratio = Spread::of(
+                base.iter()
+                    .zip(alloc.iter().zip(heap))
+                    .map(|(b, (a, h))| (a - b) / (h - b)),
+            );
+            println!(
+                "  alloc's added time / heaptrack's: {} (same rounds)",
+                ratio.show(2)
+            );
+        }
+
+        // The target alone: with children followed, the probes fire in every process
+        // that maps libc, and the runs the program filters out would dilute the figure.
+        let output = traced("alloc", &["--bpf-stats", "--no-follow-forks"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let mut bpf_ns = 0.0;
+        for program in ["on_alloc", "on_alloc_return", "on_free"] {
+            let ns = bpf_ns_per_run(&stderr, program);
+            bpf_ns += ns;
+            println!("  BPF {program:<18}{ns:.0} ns per run");
+        }
+        println!(
+            "  BPF per pair {:.2} µs; the rest of alloc's added time is the kernel's uprobe \
+             traps (malloc entry, malloc return, free entry)",
+            bpf_ns / 1e3
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The ns per run of `program` in the `--bpf-stats` lines
+/// `cargo-trace: bpf NAME: R runs, T ns per run`.
+fn bpf_ns_per_run(stderr: &str, program: &str) -> f64 {
+    let prefix = format!("cargo-trace: bpf {program}: ");
+    stderr
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| {
+            rest.split(", ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no BPF statistics of {program} in {stderr}"))
+}
+
+/// The number after `key` among the words of `text`.
+fn value_after(text: &str, key: &str) -> f64 {
+    let mut words = text.split_whitespace();
+    words
+        .find(|word| *word == key)
+        .and_then(|_| words.next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {key:?} in {text:?}"))
+}
+
+/// The median of some rounds' figures, and their range.
+#[derive(Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(values: impl IntoIterator<Item = f64>) -> Spread {
+        let mut sorted: Vec<f64> = values.into_iter().collect();
+        assert!(!sorted.is_empty(), "no rounds");
+        sorted.sort_by(f64::total_cmp);
+        Spread {
+            median: sorted[sorted.len() / 2],
+            min: sorted[0],
+            max: sorted[sorted.len() - 1],
+        }
+    }
+
+    /// `median [min–max]` with `decimals` decimals.
+    fn show(self, decimals: usize) -> String {
+        format!(
+            "{:.*} [{:.*}–{:.*}]",
+            decimals, self.median, decimals, self.min, decimals, self.max
+        )
+    }
+}

@@ -1,0 +1,551 @@
+//! Heap profiling: the `alloc[:ALLOCATOR]` probe, its options, and the heap values of the
+//! profile model.
+//!
+//! An `alloc` probe expands into uprobes on the allocator's functions ([`allocators`]):
+//! each allocating function's entry and return, each freeing function's entry, all
+//! with the probe's id in their cookies, so that it keeps its counts apart from the
+//! session's other probes. The kernel aggregates per (stack, process, probe)
+//! (`bpf-prog/src/bpf/alloc.bpf.h`); [`add_samples`] turns those statistics into samples
+//! of the profile model with the heap's value types ([`value_types`]): counts, bytes,
+//! what is left live at the end, what was live at the peak, temporaries, and the size
+//! and lifetime histograms bucket by bucket. The writers (flamegraph, folded, pprof, the
+//! text report, CSV) read only those samples and [`HeapTotals`]; nothing of them knows
+//! where the events came from.
+
+pub mod allocators;
+pub mod live;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use bpf_prog::{alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS};
+use libbpf_rs::{Link, UprobeMultiOpts};
+
+use crate::profile::{HeapProcess, HeapTotals, RawSample, ValueType};
+use allocators::{AllocFunction, Allocator};
+
+/// The programs an `alloc` probe attaches.
+pub const PROGRAMS: [EventProgram; 3] = [
+    EventProgram::AllocEntry,
+    EventProgram::AllocReturn,
+    EventProgram::Free,
+];
+
+/// Heap profiling's command-line options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AllocArgs {
+    /// With `alloc`: what the flamegraph and folded stacks weigh.
+    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
+    pub metric: Metric,
+
+    /// With `alloc`: how the text report orders its top stacks.
+    #[arg(long = "order-by", value_enum, default_value_t = OrderBy::Bytes)]
+    pub order_by: OrderBy,
+
+    /// With `alloc`: write the text report here instead of to stdout.
+    #[arg(long = "report-text", value_name = "PATH")]
+    pub report_text: Option<PathBuf>,
+
+    /// With `alloc`: write one CSV row per stack, with every counter and histogram bucket.
+    #[arg(long = "csv", value_name = "PATH")]
+    pub csv: Option<PathBuf>,
+
+    /// With `alloc`: write memory over time as CSV (every 100 ms: live bytes, allocation and
+    /// free rates, resident memory).
+    #[arg(long = "timeline", value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
+
+    /// With `alloc`: the prefix of the allocator's functions (e.g. `je_`).
+    #[arg(long = "alloc-prefix", value_name = "PREFIX")]
+    pub alloc_prefix: Option<String>,
+
+    /// With `alloc`: live blocks tracked at once; beyond, blocks are counted but not
+    /// tracked (and said so).
+    #[arg(long = "max-live-blocks", value_name = "N", default_value_t = 1 << 20)]
+    pub max_live_blocks: u32,
+
+    /// With `alloc`: print the top outstanding stacks every interval while the target
+    /// runs (e.g. 5s, 500ms), on stderr.
+    #[arg(long = "interval", value_name = "DURATION", value_parser = live::parse_interval)]
+    pub interval: Option<Duration>,
+
+    /// With `alloc`: count 1 in N allocating calls, at random; counts and bytes are
+    /// scaled estimates.
+    #[arg(
+        long = "sample-every",
+        value_name = "N",
+        conflicts_with = "sample_bytes"
+    )]
+    pub sample_every: Option<u32>,
+
+    /// With `alloc`: count about one allocation per SIZE bytes allocated (an allocation of
+    /// s bytes with a chance of s/SIZE), e.g. 512K; bytes are unbiased estimates.
+    #[arg(long = "sample-bytes", value_name = "SIZE", value_parser = parse_size)]
+    pub sample_bytes: Option<u64>,
+
+    /// With `alloc`: count only allocations of at least SIZE bytes (e.g. 64, 4K).
+    #[arg(long = "min-size", value_name = "SIZE", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+
+    /// With `alloc`: count only allocations of at most SIZE bytes (e.g. 1M).
+    #[arg(long = "max-size", value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+
+    /// With `alloc`: a block freed within this many milliseconds is a temporary.
+    #[arg(long = "temporary-ms", value_name = "MS", default_value_t = 1.0)]
+    pub temporary_ms: f64,
+}
+
+impl AllocArgs {
+    /// The BPF side's settings.
+    pub fn options(&self) -> AllocOptions {
+        AllocOptions {
+            max_live_blocks: self.max_live_blocks,
+            temporary_ns: (self.temporary_ms.max(0.0) * 1e6) as u64,
+            sample_every: self.sample_every.unwrap_or(0),
+            sample_bytes: self.sample_bytes.unwrap_or(0),
+            min_size: self.min_size.unwrap_or(0),
+            max_size: self.max_size.unwrap_or(0),
+            ..AllocOptions::default()
+        }
+    }
+}
+
+/// What the flamegraph of a heap profile weighs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Metric {
+    /// Allocations.
+    Allocs,
+    /// Bytes allocated.
+    Bytes,
+    /// Blocks still live at the end.
+    LeakedBlocks,
+    /// Bytes still live at the end.
+    LeakedBytes,
+    /// Bytes live when the process's live bytes peaked.
+    PeakBytes,
+    /// Blocks freed soon after their allocation (--temporary-ms).
+    Temporaries,
+}
+
+impl Metric {
+    /// The value type it weighs by.
+    pub fn value_kind(self) -> &'static str {
+        match self {
+            Metric::Allocs => ALLOCS,
+            Metric::Bytes => ALLOC_SPACE,
+            Metric::LeakedBlocks => LEAKED_BLOCKS,
+            Metric::LeakedBytes => LEAKED_BYTES,
+            Metric::PeakBytes => PEAK_BYTES,
+            Metric::Temporaries => TEMPORARIES,
+        }
+    }
+
+    /// How titles name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Metric::Allocs => "allocations",
+            Metric::Bytes => "bytes allocated",
+            Metric::LeakedBlocks => "blocks leaked",
+            Metric::LeakedBytes => "bytes leaked",
+            Metric::PeakBytes => "bytes live at the peak",
+            Metric::Temporaries => "temporary allocations",
+        }
+    }
+}
+
+/// How the text report orders its stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OrderBy {
+    /// Allocations.
+    Count,
+    /// Bytes allocated.
+    #[default]
+    Bytes,
+    /// Bytes leaked.
+    Leaked,
+}
+
+impl OrderBy {
+    pub fn value_kind(self) -> &'static str {
+        match self {
+            OrderBy::Count => ALLOCS,
+            OrderBy::Bytes => ALLOC_SPACE,
+            OrderBy::Leaked => LEAKED_BYTES,
+        }
+    }
+}
+
+/// `512K`, `1M`, `64` (bytes); K, M and G are powers of 1024. At most 4 GiB.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => {
+            let unit = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("'{text}': the unit is K, M or G")),
+            };
+            (&text[..at], unit)
+        }
+        _ => (text, 1),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|size| (1..=1 << 32).contains(size))
+        .ok_or_else(|| format!("'{text}' is not a size from 1 byte to 4G (e.g. 512K)"))
+}
+
+/// The heap's value types, by kind.
+pub const ALLOCS: &str = "allocs";
+pub const ALLOC_SPACE: &str = "alloc_space";
+pub const FREES: &str = "frees";
+pub const FREED_SPACE: &str = "freed_space";
+pub const LEAKED_BLOCKS: &str = "leaked_blocks";
+pub const LEAKED_BYTES: &str = "leaked_bytes";
+pub const TEMPORARIES: &str = "temporaries";
+pub const PEAK_BYTES: &str = "peak_bytes";
+/// The sum of the ages of the blocks leaked, at the end: their mean age is this over
+/// their count.
+pub const LEAKED_AGE: &str = "leaked_age";
+pub const UNTRACKED: &str = "untracked";
+/// `size_bucket_K`: allocations of sizes of bit length K.
+pub const SIZE_BUCKET: &str = "size_bucket_";
+/// `lifetime_bucket_K`: frees of blocks whose lifetime in nanoseconds has bit length K.
+pub const LIFETIME_BUCKET: &str = "lifetime_bucket_";
+
+/// Whether a value type is one bucket of a heap histogram: a value for tables and
+/// reports, not one to draw a flamegraph of.
+pub fn is_bucket(kind: &str) -> bool {
+    kind.starts_with(SIZE_BUCKET) || kind.starts_with(LIFETIME_BUCKET)
+}
+
+/// The value types of a heap sample, in order: counters, then the size histogram's
+/// buckets, then the lifetime histogram's.
+pub fn value_types() -> Vec<ValueType> {
+    let mut types: Vec<ValueType> = [
+        (ALLOCS, "count"),
+        (ALLOC_SPACE, "bytes"),
+        (FREES, "count"),
+        (FREED_SPACE, "bytes"),
+        (LEAKED_BLOCKS, "count"),
+        (LEAKED_BYTES, "bytes"),
+        (TEMPORARIES, "count"),
+        (PEAK_BYTES, "bytes"),
+        (LEAKED_AGE, "microseconds"),
+        (UNTRACKED, "count"),
+    ]
+    .iter()
+    .map(|(kind, unit)| ValueType::new(kind, unit))
+    .collect();
+    types.extend((0..ALLOC_BUCKETS).map(|k| ValueType::new(&format!("{SIZE_BUCKET}{k}"), "count")));
+    types.extend(
+        (0..ALLOC_BUCKETS).map(|k| ValueType::new(&format!("{LIFETIME_BUCKET}{k}"), "count")),
+    );
+    types
+}
+
+/// An `alloc[:ALLOCATOR]` probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocProbe {
+    allocator: Allocator,
+}
+
+impl AllocProbe {
+    /// The probe `text` names if it is an `alloc` probe, `None` if it is another kind.
+    pub fn parse(text: &str) -> Option<Result<AllocProbe>> {
+        let rest = match text.strip_prefix("alloc") {
+            Some("") => None,
+            Some(rest) => Some(rest.strip_prefix(':')?),
+            None => return None,
+        };
+        Some(Allocator::parse(rest).map(|allocator| AllocProbe { allocator }))
+    }
+
+    /// Attaches the allocator's functions in process `pid` (uprobes firing in `fire_in`
+    /// only, or in every process mapping the files if `None`), with probe id `probe_id`.
+    pub fn attach(
+        &self,
+        tracer: &Tracer,
+        args: &AllocArgs,
+        pid: u32,
+        fire_in: Option<u32>,
+        probe_id: u32,
+    ) -> Result<Vec<Link>> {
+        let functions = allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid)?;
+        let fire_in = fire_in.map_or(-1, |pid| pid as i32);
+        // One link per program and file: the functions of one allocator file attach at once.
+        let mut by_file: BTreeMap<&Path, Vec<&AllocFunction>> = BTreeMap::new();
+        for function in &functions {
+            by_file
+                .entry(&function.target.path)
+                .or_default()
+                .push(function);
+        }
+        let mut links = Vec::new();
+        for (path, functions) in by_file {
+            let (frees, allocs): (Vec<&AllocFunction>, Vec<&AllocFunction>) =
+                functions.into_iter().partition(|f| f.kind.frees_only());
+            for (program, functions, retprobe) in [
+                (EventProgram::AllocEntry, &allocs, false),
+                (EventProgram::AllocReturn, &allocs, true),
+                (EventProgram::Free, &frees, false),
+            ] {
+                if functions.is_empty() {
+                    continue;
+                }
+                let opts = UprobeMultiOpts {
+                    offsets: functions
+                        .iter()
+                        .map(|f| f.target.file_offset as usize)
+                        .collect(),
+                    cookies: functions
+                        .iter()
+                        .map(|f| alloc_cookie(probe_id, f.kind))
+                        .collect(),
+                    retprobe,
+                    ..UprobeMultiOpts::default()
+                };
+                let link = tracer
+                    .program(program)
+                    .attach_uprobe_multi_with_opts(fire_in, path, "", opts)
+                    .with_context(|| {
+                        let names: Vec<&str> =
+                            functions.iter().map(|f| f.target.symbol.as_str()).collect();
+                        format!(
+                            "attaching {} to {} in {}",
+                            program.name(),
+                            names.join(", "),
+                            path.display()
+                        )
+                    })?;
+                links.push(link);
+            }
+        }
+        Ok(links)
+    }
+}
+
+/// Adds the heap statistics of the kernel as samples: the heap value types go after
+/// `value_types`' (the other probes'), whose values the heap samples leave 0, as the
+/// others leave the heap's. Blocks still live are aged as of `stopped`, when tracing
+/// stopped. Returns the heap totals.
+pub fn add_samples(
+    tracer: &Tracer,
+    value_types: &mut Vec<ValueType>,
+    samples: &mut Vec<RawSample>,
+    options: &AllocOptions,
+    stopped: SystemTime,
+) -> Result<HeapTotals> {
+    let before = value_types.len();
+    let heap_types = self::value_types();
+    for sample in samples.iter_mut() {
+        sample.values.resize(before + heap_types.len(), 0);
+    }
+    value_types.extend(heap_types);
+
+    let since_stop = SystemTime::now()
+        .duration_since(stopped)
+        .unwrap_or_default()
+        .as_micros() as u64;
+    let now_us = monotonic_us().saturating_sub(since_stop);
+    let value = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    // What one sampled event stands for where every event weighs the same (1 in N);
+    // with --sample-bytes, histograms, temporaries and peaks count the sampled blocks.
+    let scale = i64::from(options.sample_every.max(1));
+    let first_heap_sample = samples.len();
+    for (key, stats) in tracer
+        .alloc_stats()
+        .context("reading the heap statistics")?
+    {
+        let (user, truncated) = crate::session::user_stack(tracer, key.stack)?;
+        let live = stats.live_blocks();
+        let age = value((live * now_us).saturating_sub(stats.live_birth_us));
+        let mut values = vec![0; before];
+        if options.sampling() {
+            let estimated = &stats.estimated;
+            let allocs = estimated.allocs.round() as i64;
+            let frees = estimated.frees.round() as i64;
+            values.extend([
+                allocs,
+                value(estimated.bytes),
+                frees,
+                value(estimated.freed_bytes),
+                (allocs - frees - value(stats.untracked) * scale).max(0),
+                value(estimated.bytes) - value(estimated.freed_bytes),
+            ]);
+        } else {
+            values.extend([
+                value(stats.allocs),
+                value(stats.bytes),
+                value(stats.frees),
+                value(stats.freed_bytes),
+                value(live),
+                stats.live_bytes,
+            ]);
+        }
+        values.extend([
+            value(stats.temporaries) * scale,
+            stats.peak_bytes * scale,
+            age * scale,
+            value(stats.untracked) * scale,
+        ]);
+        values.extend(stats.size_hist.iter().map(|&n| value(n) * scale));
+        values.extend(stats.life_hist.iter().map(|&n| value(n) * scale));
+        samples.push(RawSample {
+            probe: key.probe_id as usize,
+            pid: key.pid,
+            user,
+            truncated,
+            kernel: Vec::new(),
+            values,
+        });
+    }
+
+    let counters = tracer
+        .alloc_counters()
+        .context("reading the heap counters")?;
+    let mut processes: Vec<HeapProcess> = tracer
+        .alloc_processes()
+        .context("reading the heap totals")?
+        .into_iter()
+        .map(|p| HeapProcess {
+            probe: p.probe_id as usize,
+            pid: p.pid,
+            allocs: p.allocs,
+            bytes: p.bytes,
+            frees: p.frees,
+            freed_bytes: p.freed_bytes,
+            live_bytes: p.live_bytes,
+            peak_bytes: p.peak_bytes * scale,
+            unknown_frees: p.unknown_frees,
+        })
+        .collect();
+    if options.sampling() {
+        // The process's totals from its stacks' estimates.
+        for process in &mut processes {
+            let mut totals = [0i64; 4];
+            for sample in samples[first_heap_sample..]
+                .iter()
+                .filter(|s| s.pid == process.pid && s.probe == process.probe)
+            {
+                for (total, value) in totals.iter_mut().zip(&sample.values[before..before + 4]) {
+                    *total += value;
+                }
+            }
+            let [allocs, bytes, frees, freed_bytes] = totals.map(|v| v.max(0) as u64);
+            *process = HeapProcess {
+                allocs,
+                bytes,
+                frees,
+                freed_bytes,
+                live_bytes: bytes as i64 - freed_bytes as i64,
+                ..process.clone()
+            };
+        }
+    }
+    Ok(HeapTotals {
+        processes,
+        lost: AllocCounter::ALL
+            .iter()
+            .filter(|c| counters[**c as usize] > 0)
+            .map(|c| (c.name().to_string(), counters[*c as usize]))
+            .collect(),
+        temporary_threshold: Duration::from_nanos(options.temporary_ns),
+        sampling: sampling_note(options),
+        size_filter: size_filter_note(options),
+        timeline: Vec::new(),
+    })
+}
+
+/// How a sampled profile's figures came to be, for the report.
+fn sampling_note(options: &AllocOptions) -> Option<String> {
+    if options.sample_every > 1 {
+        Some(format!(
+            "1 in {} allocating calls counted, at random: every figure is an estimate (×{})",
+            options.sample_every, options.sample_every
+        ))
+    } else if options.sample_bytes > 0 {
+        Some(format!(
+            "an allocation of s bytes counted with a chance of s/{}: allocations, frees and \
+             bytes are unbiased estimates; temporaries, peaks and histograms count the \
+             sampled blocks only",
+            options.sample_bytes
+        ))
+    } else {
+        None
+    }
+}
+
+/// Which sizes were counted, when not all were.
+fn size_filter_note(options: &AllocOptions) -> Option<String> {
+    match (options.min_size, options.max_size) {
+        (0, 0) => None,
+        (min, 0) => Some(format!("allocations of {min} bytes or more")),
+        (min, max) => Some(format!("allocations of {min} to {max} bytes")),
+    }
+}
+
+/// Microseconds of `CLOCK_MONOTONIC`, the BPF program's clock (`bpf_ktime_get_ns`).
+fn monotonic_us() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer to ours.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("64"), Ok(64));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("5G").is_err());
+        assert!(parse_size("3X").is_err());
+    }
+
+    #[test]
+    fn alloc_probes_parse() {
+        assert_eq!(
+            AllocProbe::parse("alloc").unwrap().unwrap().allocator,
+            Allocator::Auto
+        );
+        assert_eq!(
+            AllocProbe::parse("alloc:jemalloc")
+                .unwrap()
+                .unwrap()
+                .allocator,
+            Allocator::Jemalloc
+        );
+        assert!(AllocProbe::parse("allocate").is_none());
+        assert!(AllocProbe::parse("uprobe:libc:malloc").is_none());
+        assert!(AllocProbe::parse("alloc:nonsense").unwrap().is_err());
+    }
+
+    #[test]
+    fn every_metric_has_a_value_type() {
+        let kinds: Vec<String> = value_types().into_iter().map(|t| t.kind).collect();
+        for metric in [
+            Metric::Allocs,
+            Metric::Bytes,
+            Metric::LeakedBlocks,
+            Metric::LeakedBytes,
+            Metric::PeakBytes,
+            Metric::Temporaries,
+        ] {
+            assert!(kinds.iter().any(|k| k == metric.value_kind()), "{metric:?}");
+        }
+        assert_eq!(kinds.len(), 10 + 2 * ALLOC_BUCKETS);
+    }
+}

@@ -1,0 +1,782 @@
+//! `cargo trace alloc` end to end: the heap fixtures' sites counted exactly (allocations,
+//! bytes, frees, leaks, size buckets, temporaries) with their whole stacks, read from the
+//! CSV output, the text report and the folded stacks of the chosen metric.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use cargo_trace_tests::expected::{self, HeapSite};
+use cargo_trace_tests::fixtures;
+use common::{bpf_available, quoted, trace, Run};
+
+/// One CSV row of `--csv`: its stack's frames (root first) and values by column name.
+#[derive(Clone)]
+struct Row {
+    probe: String,
+    pid: u32,
+    frames: Vec<String>,
+    truncated: String,
+    values: BTreeMap<String, i64>,
+}
+
+impl Row {
+    fn value(&self, name: &str) -> i64 {
+        *self
+            .values
+            .get(name)
+            .unwrap_or_else(|| panic!("no column {name}"))
+    }
+}
+
+/// RFC 4180 fields of one line (quoted fields may hold commas and doubled quotes).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(std::mem::take(&mut field)),
+            _ => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+fn read_csv(run: &Run, name: &str) -> Vec<Row> {
+    let path = run.scratch.path(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("no CSV {}: {e}\n{}", path.display(), run.stderr));
+    let mut lines = text.lines();
+    let header = csv_fields(lines.next().expect("a header"));
+    lines
+        .map(|line| {
+            let fields = csv_fields(line);
+            assert_eq!(fields.len(), header.len(), "{line}");
+            let values = header[4..]
+                .iter()
+                .zip(&fields[4..])
+                .map(|(name, value)| (name.clone(), value.parse().unwrap()))
+                .collect();
+            Row {
+                probe: fields[0].clone(),
+                pid: fields[1].parse().unwrap(),
+                truncated: fields[2].clone(),
+                frames: fields[3].split(';').map(str::to_string).collect(),
+                values,
+            }
+        })
+        .collect()
+}
+
+/// The rows of a site: stacks through its function.
+fn rows_of<'a>(rows: &'a [Row], site: &HeapSite) -> Vec<&'a Row> {
+    rows.iter()
+        .filter(|row| row.frames.contains(&site.function))
+        .collect()
+}
+
+fn sum(rows: &[&Row], column: &str) -> i64 {
+    rows.iter().map(|row| row.value(column)).sum()
+}
+
+/// A child ended with `signal` (twice: a session kills a target that ignores the first)
+/// and reaped should the test end first, by a panic: a session left running keeps its
+/// probes in every process, and changes what other sessions see.
+struct EndOnDrop(Option<std::process::Child>, i32);
+
+impl EndOnDrop {
+    fn take(&mut self) -> std::process::Child {
+        self.0.take().expect("the child")
+    }
+}
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            for _ in 0..2 {
+                // SAFETY: kill(2) on our own unreaped child.
+                unsafe { libc::kill(child.id() as i32, self.1) };
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Every site's allocations, bytes, frees and leaks exactly as the fixture counted them,
+/// each in its size's histogram bucket, and every walk complete.
+fn check_sites(run: &Run, rows: &[Row]) -> Vec<HeapSite> {
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    run.assert_every_walk_complete();
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert!(!sites.is_empty(), "no heap lines in {}", run.stdout);
+    for site in &sites {
+        let rows = rows_of(rows, site);
+        let name = &site.function;
+        assert_eq!(
+            sum(&rows, "allocs") as u64,
+            site.allocs,
+            "{name} allocations"
+        );
+        assert_eq!(sum(&rows, "alloc_space") as u64, site.bytes, "{name} bytes");
+        assert_eq!(sum(&rows, "frees") as u64, site.frees, "{name} frees");
+        assert_eq!(
+            sum(&rows, "leaked_blocks") as u64,
+            site.leaked,
+            "{name} leaks"
+        );
+        if let Some(bucket) = site.size_bucket() {
+            assert_eq!(
+                sum(&rows, &format!("size_bucket_{bucket}")) as u64,
+                site.allocs,
+                "{name}: every block in bucket {bucket}"
+            );
+            assert_eq!(
+                sum(&rows, "leaked_bytes") as u64,
+                site.leaked * site.size,
+                "{name} leaked bytes"
+            );
+        }
+        assert!(rows.iter().all(|row| row.truncated.is_empty()), "{name}");
+    }
+    sites
+}
+
+fn alloc_run(name: &str, fixture: &std::path::Path, extra: &[&str]) -> Run {
+    let mut args = vec!["--csv", "heap.csv", "--report-text", "report.txt"];
+    args.extend(extra);
+    trace(name, &["alloc"], &quoted(fixture), &args)
+}
+
+#[test]
+fn every_libc_function_is_counted_exactly() {
+    if !bpf_available("every_libc_function_is_counted_exactly") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run("alloc-c", &path, &[]);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    assert_eq!(sites.len(), 14, "{}", run.stdout);
+    // Live at the peak: site_peak's three blocks, and nothing of any other stack.
+    let peak_site = sites.iter().find(|s| s.function == "site_peak").unwrap();
+    assert_eq!(sum(&rows_of(&rows, peak_site), "peak_bytes"), 3 * 20011);
+    assert_eq!(
+        rows.iter().map(|r| r.value("peak_bytes")).sum::<i64>(),
+        3 * 20011
+    );
+    // Outstanding at exit: the leaking site's blocks and nothing else (the fixture writes
+    // with write(2), so stdio allocates no buffer).
+    let leaked = sites.iter().find(|s| s.leaked > 0).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.value("leaked_bytes")).sum::<i64>() as u64,
+        leaked.leaked * leaked.size
+    );
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(report.contains("unknown frees 0"), "{report}");
+    assert!(report.contains("peak 60033 B"), "{report}");
+    let leaks = report
+        .split("top 10 leaks")
+        .nth(1)
+        .expect("a leaks section");
+    assert!(
+        leaks.contains("#1 7 blocks, 7651 B") && leaks.contains("site_leak <- main"),
+        "{report}"
+    );
+}
+
+#[test]
+fn rust_sites_are_exact_with_their_whole_stacks() {
+    if !bpf_available("rust_sites_are_exact_with_their_whole_stacks") {
+        return;
+    }
+    let path = fixtures::rust_fixture("alloc_sites");
+    // Temporaries are blocks freed within 10 ms here: the fast site frees at once, with
+    // room for a preemption; the slow one holds its blocks 30 ms.
+    let run = alloc_run("alloc-rust", &path, &["--temporary-ms", "10"]);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    let site = |name: &str| {
+        sites
+            .iter()
+            .find(|s| s.function == format!("alloc_sites::{name}"))
+            .unwrap_or_else(|| panic!("no site {name}"))
+    };
+
+    // The leaks, under the leaking site's whole chain from _start.
+    let leaky = rows_of(&rows, site("leaky_site"));
+    for row in leaky.iter().filter(|row| row.value("leaked_blocks") > 0) {
+        assert_eq!(row.frames.first().map(String::as_str), Some("_start"));
+        assert!(row.frames.contains(&"alloc_sites::main".to_string()));
+    }
+    // 70 frames of recursion and more.
+    for row in rows_of(&rows, site("deep_site")) {
+        let dives = row
+            .frames
+            .iter()
+            .filter(|f| *f == "alloc_sites::dive")
+            .count();
+        assert_eq!(dives, 70, "{:?}", row.frames);
+        assert_eq!(row.frames[0], "_start");
+    }
+    // The second thread's stacks start at its thread's start.
+    for row in rows_of(&rows, site("thread_site")) {
+        assert!(
+            row.frames.iter().any(|f| f == "start_thread"),
+            "{:?}",
+            row.frames
+        );
+    }
+    // Temporaries: every block of the fast site, none of the slow one's.
+    assert_eq!(sum(&rows_of(&rows, site("fast_site")), "temporaries"), 50);
+    assert_eq!(sum(&rows_of(&rows, site("slow_site")), "temporaries"), 0);
+    // Lifetimes: the slow site's blocks lived 30 ms or more (bit length >= 25 in ns).
+    let slow = rows_of(&rows, site("slow_site"));
+    let long_lived: i64 = (25..48)
+        .map(|k| sum(&slow, &format!("lifetime_bucket_{k}")))
+        .sum();
+    assert_eq!(long_lived, 10);
+}
+
+#[test]
+fn the_metric_weighs_the_flamegraph() {
+    if !bpf_available("the_metric_weighs_the_flamegraph") {
+        return;
+    }
+    let path = fixtures::rust_fixture("alloc_sites");
+    let run = alloc_run("alloc-metric", &path, &["--metric", "leaked-bytes"]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(folded.count_with("alloc_sites::leaky_site"), 37 * 3001);
+    assert_eq!(folded.count_with("alloc_sites::fast_site"), 0);
+    let svg = std::fs::read_to_string(&run.svg).unwrap();
+    assert!(svg.contains("(bytes leaked)"), "the title names the metric");
+    assert!(
+        svg.contains("leaked_bytes"),
+        "the count name is the metric's"
+    );
+}
+
+/// A counting probe beside `alloc` keeps its own counts, and the heap's stay exact.
+#[test]
+fn alloc_beside_another_probe() {
+    if !bpf_available("alloc_beside_another_probe") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = trace(
+        "alloc-beside",
+        &["alloc", "uprobe:libc:posix_memalign"],
+        &quoted(&path),
+        &["--csv", "heap.csv"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    check_sites(&run, &rows);
+    let uprobe: Vec<&Row> = rows
+        .iter()
+        .filter(|row| row.probe == "uprobe:libc:posix_memalign")
+        .collect();
+    assert_eq!(sum(&uprobe, "events"), 4);
+    assert_eq!(sum(&uprobe, "allocs"), 0);
+    let heap: Vec<&Row> = rows.iter().filter(|row| row.probe == "alloc").collect();
+    assert_eq!(sum(&heap, "events"), 0);
+}
+
+/// More live blocks than a deliberately small live map holds: the blocks left out are
+/// counted and said so, and every other figure stays right.
+#[test]
+fn a_full_live_map_is_counted_and_reported() {
+    if !bpf_available("a_full_live_map_is_counted_and_reported") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    // alloc_c holds at most one block at a time until its 7 leaks.
+    let run = alloc_run("alloc-full", &path, &["--max-live-blocks", "3"]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    for site in &sites {
+        let rows = rows_of(&rows, site);
+        assert_eq!(
+            sum(&rows, "allocs") as u64,
+            site.allocs,
+            "{}",
+            site.function
+        );
+        assert_eq!(sum(&rows, "frees") as u64, site.frees, "{}", site.function);
+    }
+    let leak = sites.iter().find(|s| s.leaked > 0).unwrap();
+    let leak_rows = rows_of(&rows, leak);
+    assert_eq!(sum(&leak_rows, "leaked_blocks"), 3);
+    assert_eq!(sum(&leak_rows, "untracked"), 4);
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(
+        report.contains("blocks untracked (live map full): 4")
+            && report.contains("raise --max-live-blocks"),
+        "{report}"
+    );
+}
+
+/// `alloc:PATH` probes the allocator of that file: libc by its path counts as `alloc` does.
+#[test]
+fn an_allocator_named_by_its_path() {
+    if !bpf_available("an_allocator_named_by_its_path") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let libc = process_image::mapped_files(std::process::id())
+        .unwrap()
+        .into_iter()
+        .find(|p| p.ends_with("libc.so.6"))
+        .expect("this test process maps libc.so.6");
+    let probe = format!("alloc:{}", libc.display());
+    let run = trace(
+        "alloc-path",
+        &[&probe],
+        &quoted(&path),
+        &["--csv", "heap.csv"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    check_sites(&run, &rows);
+}
+
+/// Attached to a running process that leaks 100 blocks a second at one site and frees
+/// everything else: that site is the top outstanding stack, with a count the rate allows,
+/// the live view names it while tracing, and the frees of blocks allocated before the
+/// attach are counted apart, not subtracted from anything.
+#[test]
+fn attached_to_a_leaking_server() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    if !bpf_available("attached_to_a_leaking_server") {
+        return;
+    }
+    let path = fixtures::c_fixture("leak_rate");
+    let mut server = EndOnDrop(
+        Some(
+            Command::new(&path)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start leak_rate"),
+        ),
+        libc::SIGKILL,
+    );
+    let server_pid = server.0.as_ref().unwrap().id();
+    let mut ready = String::new();
+    std::io::BufReader::new(server.0.as_mut().unwrap().stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+
+    let scratch = common::Scratch::new("alloc-attach");
+    let seconds = 2.0;
+    let started = std::time::Instant::now();
+    let output = Command::new(common::binary())
+        .args([
+            "alloc",
+            "-p",
+            &server_pid.to_string(),
+            "-d",
+            &seconds.to_string(),
+        ])
+        .args(["--interval", "500ms", "--no-svg", "--csv", "heap.csv"])
+        .args(["--report-text", "report.txt", "--timeline", "timeline.csv"])
+        .args(["--report", "report.html"])
+        .current_dir(&scratch.0)
+        .output()
+        .expect("run cargo-trace");
+    // The probes are attached for less than the whole command: from before tracing starts
+    // to after it stops, they count what the target did in at most this long.
+    let attached = started.elapsed().as_secs_f64();
+    drop(server);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stderr}");
+    assert!(output.status.success(), "cargo-trace failed: {stderr}");
+
+    let live = stderr
+        .lines()
+        .skip_while(|line| !line.contains("cargo-trace: live at"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no live view in {stderr}"));
+    assert!(live.contains("site_leak_tick"), "{live}");
+
+    let run = Run {
+        status: output.status,
+        stdout: String::new(),
+        stderr: stderr.to_string(),
+        svg: scratch.path("none.svg"),
+        folded_path: scratch.path("none.folded"),
+        scratch,
+    };
+    let rows = read_csv(&run, "heap.csv");
+    let top = rows
+        .iter()
+        .max_by_key(|row| row.value("leaked_blocks"))
+        .unwrap();
+    assert!(
+        top.frames.iter().any(|f| f == "site_leak_tick"),
+        "{:?}",
+        top.frames
+    );
+    // 100 a second at most, while attached; a loaded machine sleeps longer between ticks.
+    let leaked = top.value("leaked_blocks") as f64;
+    assert!(
+        (0.1 * 100.0 * seconds..=100.0 * attached + 1.0).contains(&leaked),
+        "{leaked} blocks leaked in {seconds} s of tracing ({attached:.2} s attached)"
+    );
+    // The churn site's blocks: each freed one was allocated while attached.
+    let churn: Vec<&Row> = rows
+        .iter()
+        .filter(|row| row.frames.iter().any(|f| f == "site_churn"))
+        .collect();
+    assert!(sum(&churn, "frees") <= sum(&churn, "allocs"));
+    assert!(sum(&churn, "leaked_blocks") <= 50);
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    let unknown: u64 = report
+        .split("unknown frees ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no unknown frees in {report}"));
+    assert!(unknown >= 1, "{report}");
+
+    // The timeline: a point every 100 ms, live bytes growing with the leak, the process's
+    // resident memory while it ran.
+    let timeline = std::fs::read_to_string(run.scratch.path("timeline.csv")).unwrap();
+    let points: Vec<Vec<i64>> = timeline
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert!(points.len() >= 5, "{timeline}");
+    let live: Vec<i64> = points.iter().map(|p| p[1]).collect();
+    assert!(
+        live.last() > live.first() && live.windows(2).filter(|w| w[1] < w[0]).count() <= 2,
+        "live bytes grow with the leak:\n{timeline}"
+    );
+    assert!(points.iter().any(|p| p[4] > 0), "{timeline}");
+    // The HTML report draws the same points.
+    let html = std::fs::read_to_string(run.scratch.path("report.html")).unwrap();
+    let chart = html
+        .split("id=\"heap-timeline\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no memory chart in the HTML report"));
+    let polyline = chart.split("points=\"").nth(1).unwrap();
+    let drawn = polyline[..polyline.find('"').unwrap()].split(' ').count();
+    assert_eq!(drawn, points.len());
+}
+
+/// The storm site's estimate under sampling, against the fixture's own count: within five
+/// standard deviations of the binomial number of sampled calls (a failure by chance once
+/// in about 1.7 million runs).
+fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
+    let path = fixtures::c_fixture("heap_storm");
+    let run = trace(
+        "alloc-sampled",
+        &["alloc"],
+        &format!("{} 200000 10", quoted(&path)),
+        &[
+            &["--csv", "heap.csv", "--report-text", "report.txt"],
+            option,
+        ]
+        .concat(),
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let site = expected::parse_heap_sites(&run.stdout).unwrap().remove(0);
+    let estimate = sum(&rows_of(&rows, &site), column) as f64;
+    assert!(
+        (estimate - exact).abs() <= 5.0 * sigma,
+        "{option:?}: {column} estimated {estimate}, exactly {exact} (sigma {sigma:.0})"
+    );
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(
+        report.contains("sampled: "),
+        "the report says it is sampled:\n{report}"
+    );
+}
+
+#[test]
+fn sampling_one_call_in_n_estimates_the_counts() {
+    if !bpf_available("sampling_one_call_in_n_estimates_the_counts") {
+        return;
+    }
+    // 200000 calls, each counted with a chance of 1/100, worth 100.
+    let (n, p) = (200_000.0, 0.01);
+    let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
+    check_estimate(&["--sample-every", "100"], "allocs", n, sigma);
+}
+
+#[test]
+fn sampling_by_bytes_estimates_the_bytes() {
+    if !bpf_available("sampling_by_bytes_estimates_the_bytes") {
+        return;
+    }
+    // 200000 blocks of 48 bytes, each counted with a chance of 48/4096, worth 4096 bytes.
+    let (n, p) = (200_000.0, 48.0 / 4096.0);
+    let sigma = (n * p * (1.0f64 - p)).sqrt() * 4096.0;
+    check_estimate(&["--sample-bytes", "4K"], "alloc_space", n * 48.0, sigma);
+}
+
+/// Children that fork and exec are profiled as processes of their own: each run of the
+/// fixture under a shell has its sites exact under its own pid.
+#[test]
+fn children_are_their_own_processes() {
+    if !bpf_available("children_are_their_own_processes") {
+        return;
+    }
+    let path = quoted(&fixtures::c_fixture("alloc_c"));
+    let script = format!("{path} && {path}");
+    let run = trace(
+        "alloc-children",
+        &["alloc"],
+        &format!("/bin/sh -c {}", common::shell_quote(&script)),
+        &["--csv", "heap.csv"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert_eq!(sites.len(), 28, "two runs of 14 sites: {}", run.stdout);
+    let pids: std::collections::BTreeSet<u32> = rows
+        .iter()
+        .filter(|row| row.frames.iter().any(|f| f == "site_malloc"))
+        .map(|row| row.pid)
+        .collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in pids {
+        let own: Vec<Row> = rows.iter().filter(|row| row.pid == pid).cloned().collect();
+        for site in &sites[..14] {
+            let rows = rows_of(&own, site);
+            assert_eq!(
+                sum(&rows, "allocs") as u64,
+                site.allocs,
+                "{} in {pid}",
+                site.function
+            );
+            assert_eq!(
+                sum(&rows, "frees") as u64,
+                site.frees,
+                "{} in {pid}",
+                site.function
+            );
+            assert_eq!(
+                sum(&rows, "leaked_blocks") as u64,
+                site.leaked,
+                "{} in {pid}",
+                site.function
+            );
+        }
+    }
+}
+
+/// A fixture linked with a library of .ci/setup.sh's, or `None` (with the reason printed)
+/// where the library is missing outside CI.
+fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::PathBuf> {
+    if !std::path::Path::new(header).exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{header} is missing: .ci/setup.sh installs it"
+        );
+        eprintln!("skipping {name}: no {header} (bash .ci/setup.sh installs it)");
+        return None;
+    }
+    Some(
+        fixtures::build(fixtures::Lang::C, name, flags)
+            .unwrap_or_else(|error| panic!("building {name}: {error}")),
+    )
+}
+
+/// jemalloc linked into the executable, as tikv-jemallocator links it: its malloc API and
+/// its own (mallocx, rallocx, sdallocx, dallocx) counted exactly, found without a flag and
+/// with `alloc:jemalloc`.
+#[test]
+fn jemalloc_in_the_executable() {
+    if !bpf_available("jemalloc_in_the_executable") {
+        return;
+    }
+    let Some(path) = fixture_with(
+        "alloc_jemalloc",
+        "/usr/include/jemalloc/jemalloc.h",
+        &[
+            "-Wl,--whole-archive",
+            "-l:libjemalloc.a",
+            "-Wl,--no-whole-archive",
+            "-lstdc++",
+            "-lm",
+        ],
+    ) else {
+        return;
+    };
+    for probe in ["alloc", "alloc:jemalloc"] {
+        let run = trace(
+            "alloc-jemalloc",
+            &[probe],
+            &quoted(&path),
+            &["--csv", "heap.csv"],
+        );
+        let rows = read_csv(&run, "heap.csv");
+        let sites = check_sites(&run, &rows);
+        assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
+        // Every counted block is jemalloc's: the fixture's libc never allocates.
+        assert!(
+            rows.iter()
+                .filter(|row| row.value("allocs") > 0)
+                .all(|row| !row.frames.iter().any(|f| f == "__GI___libc_malloc")),
+            "{probe}"
+        );
+    }
+}
+
+/// mimalloc as a shared library: its API and the malloc it overrides, counted exactly,
+/// found without a flag and with `alloc:mimalloc`.
+#[test]
+fn mimalloc_as_a_library() {
+    if !bpf_available("mimalloc_as_a_library") {
+        return;
+    }
+    let Some(path) = fixture_with(
+        "alloc_mimalloc",
+        "/usr/include/mimalloc.h",
+        &["-Wl,--no-as-needed", "-lmimalloc"],
+    ) else {
+        return;
+    };
+    for probe in ["alloc", "alloc:mimalloc"] {
+        let run = trace(
+            "alloc-mimalloc",
+            &[probe],
+            &quoted(&path),
+            &["--csv", "heap.csv"],
+        );
+        let rows = read_csv(&run, "heap.csv");
+        let sites = check_sites(&run, &rows);
+        assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
+    }
+}
+
+/// `--min-size` and `--max-size`: the sites whose blocks are in the range are exact, the
+/// others are not counted, and their frees are not taken for unknown ones.
+#[test]
+fn a_size_range_counts_its_sites_only() {
+    if !bpf_available("a_size_range_counts_its_sites_only") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run(
+        "alloc-sizes",
+        &path,
+        &["--min-size", "1050", "--max-size", "1100"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    let mut counted = 0;
+    for site in &sites {
+        let rows = rows_of(&rows, site);
+        let name = &site.function;
+        // The realloc chain's sizes (1021, 2041, 4093) are all outside.
+        if (1050..=1100).contains(&site.size) {
+            counted += 1;
+            assert_eq!(sum(&rows, "allocs") as u64, site.allocs, "{name}");
+            assert_eq!(sum(&rows, "frees") as u64, site.frees, "{name}");
+            assert_eq!(sum(&rows, "leaked_blocks") as u64, site.leaked, "{name}");
+        } else {
+            assert_eq!(sum(&rows, "allocs"), 0, "{name}");
+        }
+    }
+    assert_eq!(
+        counted, 5,
+        "memalign, valloc, pvalloc, aligned_alloc and the leak"
+    );
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(
+        report.contains("counted: allocations of 1050 to 1100 bytes only")
+            && report.contains("unknown frees 0"),
+        "{report}"
+    );
+}
+
+/// SIGUSR1 writes every output as of then and tracing goes on: the leak counted in the
+/// snapshot grows by the end.
+#[test]
+fn sigusr1_writes_the_outputs_as_of_now() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    if !bpf_available("sigusr1_writes_the_outputs_as_of_now") {
+        return;
+    }
+    let path = fixtures::c_fixture("leak_rate");
+    let scratch = common::Scratch::new("alloc-sigusr1");
+    let session = Command::new(common::binary())
+        .args([
+            "alloc",
+            "-c",
+            &quoted(&path),
+            "--no-svg",
+            "--csv",
+            "heap.csv",
+        ])
+        .current_dir(&scratch.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cargo-trace");
+    let mut session = EndOnDrop(Some(session), libc::SIGINT);
+    let pid = session.0.as_ref().unwrap().id() as i32;
+    let mut stdout = std::io::BufReader::new(session.0.as_mut().unwrap().stdout.take().unwrap());
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).unwrap();
+    assert_eq!(ready, "ready\n");
+    let csv = scratch.path("heap.csv");
+    assert!(!csv.exists());
+
+    let leaked_in = |text: &str| -> i64 {
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let column = header.iter().position(|h| *h == "leaked_blocks").unwrap();
+        lines
+            .filter(|line| line.contains("site_leak_tick"))
+            .map(|line| line.split(',').nth(column).unwrap().parse::<i64>().unwrap())
+            .sum()
+    };
+    // SIGUSR1 until a snapshot (written whole, then renamed into place) counts more than
+    // `floor` leaked blocks: the target leaks one every 10 ms while it is traced.
+    let snapshot_above = |floor: i64| -> i64 {
+        for _ in 0..300 {
+            // SAFETY: kill(2) on our own child.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if let Ok(text) = std::fs::read_to_string(&csv) {
+                let leaked = leaked_in(&text);
+                if leaked > floor {
+                    return leaked;
+                }
+            }
+        }
+        panic!("no snapshot counted more than {floor} leaked blocks");
+    };
+    let early = snapshot_above(0);
+    // Tracing went on after the snapshot.
+    let later = snapshot_above(early);
+
+    // SAFETY: as above; the session forwards it to the target, which ends.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let output = session.take().wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("on SIGUSR1"), "{stderr}");
+    let last = leaked_in(&std::fs::read_to_string(&csv).unwrap());
+    assert!(
+        last >= later,
+        "{last} blocks at the end, {later} in a snapshot"
+    );
+}
