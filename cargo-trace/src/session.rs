@@ -623,12 +623,11 @@ fn attach_all(
 /// (dlopen) and forgets those that exited. Returns how many are traced.
 fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
     let mut traced = 0;
+    let mut exited = Vec::new();
     for pid in tracer.filtered_pids() {
         let known = tables.knows(pid);
         if !process::alive(pid) {
-            // Its counts stay; its filter and mappings entries are freed.
-            let _ = tracer.unfilter_pid(pid);
-            let _ = tracer.remove_process(pid);
+            exited.push(pid);
             continue;
         }
         traced += 1;
@@ -638,6 +637,17 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
         }
         // The process may be exiting: a failed read is not an error.
         let _ = tables.sync(tracer, pid);
+    }
+    if !exited.is_empty() {
+        // Every stack an exited process sent is in the ring buffer by now.
+        let _ = tracer.drain_records();
+    }
+    for pid in exited {
+        // Its counts stay; its filter and mappings entries are freed, and what was kept
+        // for it unless its samples need its mappings.
+        let _ = tracer.unfilter_pid(pid);
+        let _ = tracer.remove_process(pid);
+        tables.release(pid, tracer.sent_stacks(pid));
     }
     traced
 }
