@@ -65,6 +65,8 @@ fn main() {
     let mut rss = Vec::new();
     let mut maps = Vec::new();
     let mut first_maps: Option<BTreeMap<String, u64>> = None;
+    // Processes the loop started, by time.
+    let mut started_at = Vec::new();
     while started.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(SAMPLE_EVERY);
         let at = started.elapsed().as_secs_f64();
@@ -90,6 +92,9 @@ fn main() {
             total / 1024,
             movers.join(", ")
         );
+        if let Ok(started) = processes.trim().parse::<f64>() {
+            started_at.push((at, started));
+        }
         rss.push((at, rss_kib as f64 * 1024.0));
         maps.push((at, total as f64));
     }
@@ -118,16 +123,20 @@ fn main() {
     }
     let stderr = reader.join().unwrap();
     let report = report_started.elapsed();
+    // Processes started per minute: growth per process does not move with the load.
+    let processes_per_minute = slope(&started_at) * 60.0;
+    println!("processes started: {processes_per_minute:.0} a minute");
     for (name, samples) in [("cargo-trace RSS", &rss), ("kernel maps", &maps)] {
         let (first, last) = (samples.first().unwrap().1, samples.last().unwrap().1);
         let per_minute = slope(samples) * 60.0;
         let share = per_minute / first * 100.0;
         println!(
-            "{name}: {:.1} MiB at the first sample, {:.1} MiB at the last; {:+.1} KiB/min ({share:+.2}%/min): {}",
+            "{name}: {:.1} MiB at the first sample, {:.1} MiB at the last; {:+.1} KiB/min ({share:+.2}%/min), {:.0} B per process started: {}",
             first / 1048576.0,
             last / 1048576.0,
             per_minute / 1024.0,
-            if share.abs() < 1.0 { "flat" } else { "GROWS" }
+            per_minute / processes_per_minute,
+            if share.abs() < 1.0 { "flat" } else { "grows" }
         );
     }
     println!(
