@@ -477,7 +477,7 @@ pub struct CtStack {
     pub check: u64,
     pub error: u16,
     pub reason: u16,
-    pub tgid: u32,
+    pub pad: u32,
     pub pcs: [u64; MAX_FRAMES],
 }
 mirror!(
@@ -488,7 +488,7 @@ mirror!(
         check: u64,
         error: u16,
         reason: u16,
-        tgid: u32,
+        pad: u32,
         pcs: [u64; MAX_FRAMES],
     }
 );

@@ -195,14 +195,8 @@ impl Stack {
 /// A record of the records ring buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Record {
-    /// A stack sent once: its key, its check (the second hash), the stack and the
-    /// process whose event sent it.
-    Stack {
-        key: u64,
-        check: u64,
-        stack: Stack,
-        tgid: u32,
-    },
+    /// A stack sent once: its key, its check (the second hash) and the stack.
+    Stack { key: u64, check: u64, stack: Stack },
     /// An event the counts map had no room for.
     Count(CountKey, Count),
 }
@@ -234,7 +228,6 @@ impl Record {
                     key: u64_at(offset_of!(CtStack, key))?,
                     check: u64_at(offset_of!(CtStack, check))?,
                     stack: Stack { pcs, end },
-                    tgid: u32_at(offset_of!(CtStack, tgid))?,
                 })
             }
             layout::record_kind::COUNT => {
@@ -388,20 +381,15 @@ mod tests {
             check: 0xc0de,
             error: layout::walk_end::UNSUPPORTED,
             reason: UnsupportedReason::CfaRegister as u16,
-            tgid: 77,
+            pad: 0,
             pcs: [0; layout::MAX_FRAMES],
         });
         raw.pcs[..4].copy_from_slice(&[10, 20, 30, 40]);
-        let Some(Record::Stack {
-            key,
-            check,
-            stack,
-            tgid,
-        }) = Record::parse(&stack_record(&raw, 3))
+        let Some(Record::Stack { key, check, stack }) = Record::parse(&stack_record(&raw, 3))
         else {
             panic!("not a stack record");
         };
-        assert_eq!((key, check, tgid), (0xfeed, 0xc0de, 77));
+        assert_eq!((key, check), (0xfeed, 0xc0de));
         assert_eq!(stack.pcs, [10, 20, 30]);
         assert_eq!(
             stack.end,

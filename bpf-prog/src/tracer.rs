@@ -1,7 +1,7 @@
 //! [`Tracer`]: the loaded BPF object, the tables and mappings it walks with,
 //! and readers of what it counted.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -146,28 +146,18 @@ struct Received {
     conflicts: u64,
     /// Records that could not be read.
     malformed: u64,
-    /// The processes whose events sent a stack.
-    senders: HashSet<u32>,
 }
 
 impl Received {
     fn add(&mut self, data: &[u8]) {
         match Record::parse(data) {
-            Some(Record::Stack {
-                key,
-                check,
-                stack,
-                tgid,
-            }) => {
-                self.senders.insert(tgid);
-                match self.stacks.get(&key) {
-                    None => {
-                        self.stacks.insert(key, (check, stack));
-                    }
-                    Some((known, _)) if *known == check => self.repeats += 1,
-                    Some(_) => self.conflicts += 1,
+            Some(Record::Stack { key, check, stack }) => match self.stacks.get(&key) {
+                None => {
+                    self.stacks.insert(key, (check, stack));
                 }
-            }
+                Some((known, _)) if *known == check => self.repeats += 1,
+                Some(_) => self.conflicts += 1,
+            },
             Some(Record::Count(key, count)) => {
                 let total = self.counts.entry(key).or_default();
                 total.events += count.events;
@@ -577,13 +567,6 @@ impl Tracer {
             });
         }
         Ok(consumed as usize)
-    }
-
-    /// Whether an event of process `pid` sent a stack (drained so far): one that did not
-    /// has every sample under stacks other processes sent (a forked child, with its
-    /// parent's), so its own mappings are not needed to symbolize them.
-    pub fn sent_stacks(&self, pid: u32) -> bool {
-        self.received().senders.contains(&pid)
     }
 
     fn received(&self) -> std::sync::MutexGuard<'_, Received> {

@@ -638,16 +638,11 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
         // The process may be exiting: a failed read is not an error.
         let _ = tables.sync(tracer, pid);
     }
-    if !exited.is_empty() {
-        // Every stack an exited process sent is in the ring buffer by now.
-        let _ = tracer.drain_records();
-    }
     for pid in exited {
-        // Its counts stay; its filter and mappings entries are freed, and what was kept
-        // for it unless its samples need its mappings.
+        // Its counts stay; its filter and mappings entries are freed.
         let _ = tracer.unfilter_pid(pid);
         let _ = tracer.remove_process(pid);
-        tables.release(pid, tracer.sent_stacks(pid));
+        tables.release(pid);
     }
     traced
 }

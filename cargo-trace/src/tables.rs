@@ -133,16 +133,13 @@ impl ProcessTables {
         self.registered.remove(&pid);
     }
 
-    /// Releases what is kept for `pid`, which exited: its registered mappings, and,
-    /// unless `symbolize` (its samples need them), the mappings kept for the
-    /// symbolizer. A long run of short processes then holds only those with samples of
-    /// their own; the objects and their tables stay, shared by every process mapping
-    /// them.
-    pub fn release(&mut self, pid: u32, symbolize: bool) {
+    /// Releases what is kept for `pid`, which exited, to compare its next mappings
+    /// with. Its mappings stay for the symbolizer: which processes have samples is
+    /// known only at the end, and a child with its parent's stacks is symbolized
+    /// through its own mappings or its ancestors'. The objects and their tables stay,
+    /// shared by every process mapping them.
+    pub fn release(&mut self, pid: u32) {
         self.registered.remove(&pid);
-        if !symbolize {
-            self.symbol_mappings.remove(&pid);
-        }
     }
 
     /// The mappings of every process seen, for the symbolizer.

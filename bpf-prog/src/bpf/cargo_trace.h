@@ -313,7 +313,7 @@ struct ct_stack {
 	__u64 check;		  /* second, independent hash of the frames: detects collisions */
 	__u16 error;		  /* enum ct_walk_end of the walk (0: complete) */
 	__u16 reason;		  /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
-	__u32 tgid;		  /* the process whose event sent it */
+	__u32 pad;
 	__u64 pcs[CT_MAX_FRAMES]; /* pcs[0] = innermost; return addresses as read */
 };
 

@@ -178,8 +178,6 @@ static __always_inline bool send_stack(struct ct_stack *stack, __u64 key)
 		len = CT_MAX_FRAMES;
 	stack->kind = CT_RECORD_STACK;
 	stack->key = key;
-	/* Userspace keeps an exited process's mappings only if it sent a stack. */
-	stack->tgid = bpf_get_current_pid_tgid() >> 32;
 	__u64 size = sizeof(*stack) - sizeof(stack->pcs) + len * sizeof(__u64);
 	return bpf_ringbuf_output(&records, stack, size, BPF_RB_NO_WAKEUP) == 0;
 }
