@@ -932,12 +932,11 @@ impl Pending {
 /// (dlopen) and forgets those that exited. Returns how many are traced.
 fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
     let mut traced = 0;
+    let mut exited = Vec::new();
     for pid in tracer.filtered_pids() {
         let known = tables.knows(pid);
         if !process::alive(pid) {
-            // Its counts stay; its filter and mappings entries are freed.
-            let _ = tracer.unfilter_pid(pid);
-            let _ = tracer.remove_process(pid);
+            exited.push(pid);
             continue;
         }
         traced += 1;
@@ -947,6 +946,12 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
         }
         // The process may be exiting: a failed read is not an error.
         let _ = tables.sync(tracer, pid);
+    }
+    for pid in exited {
+        // Its counts stay; its filter and mappings entries are freed.
+        let _ = tracer.unfilter_pid(pid);
+        let _ = tracer.remove_process(pid);
+        tables.release(pid);
     }
     traced
 }

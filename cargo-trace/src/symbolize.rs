@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use object::Object;
 use process_image::demangle;
@@ -35,18 +36,45 @@ pub struct SymbolMapping {
     pub start: u64,
     pub end: u64,
     pub bias: u64,
+    /// File offset of `start`.
+    pub file_offset: u64,
+    /// The object's names, one copy shared by every mapping of it: a long run keeps
+    /// the mappings of many processes.
+    pub names: Arc<MappedNames>,
+}
+
+/// What names a mapped object.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct MappedNames {
     /// File to read symbols from (for the vDSO, a copy of its image).
     pub path: Option<PathBuf>,
     /// Short name for unsymbolized frames (`libc.so.6`, `[vdso]`).
     pub label: String,
     /// The object as the process mapped it: its path, `[vdso]`, or `[anon]`.
     pub name: String,
-    /// File offset of `start`.
-    pub file_offset: u64,
 }
 
 impl SymbolMapping {
+    #[cfg(test)]
     pub fn new(mapping: &MapsEntry, bias: u64, path: Option<PathBuf>) -> Self {
+        Self::with_names(mapping, bias, Arc::new(MappedNames::of(mapping, path)))
+    }
+
+    /// `mapping` of the object named by `names` ([`MappedNames::of`] the mapping).
+    pub fn with_names(mapping: &MapsEntry, bias: u64, names: Arc<MappedNames>) -> Self {
+        SymbolMapping {
+            start: mapping.start,
+            end: mapping.end,
+            bias,
+            file_offset: mapping.offset,
+            names,
+        }
+    }
+}
+
+impl MappedNames {
+    /// The names of `mapping`'s object; `path`: the file to read its symbols from.
+    pub fn of(mapping: &MapsEntry, path: Option<PathBuf>) -> Self {
         let (label, name) = match mapping.object() {
             MappedObject::File(file) => (
                 file.file_name()
@@ -60,15 +88,7 @@ impl SymbolMapping {
             }
             MappedObject::Anonymous(name) => (name.clone(), name),
         };
-        SymbolMapping {
-            start: mapping.start,
-            end: mapping.end,
-            bias,
-            path,
-            label,
-            name,
-            file_offset: mapping.offset,
-        }
+        MappedNames { path, label, name }
     }
 }
 
@@ -145,10 +165,10 @@ impl Symbolizer {
                 start: mapping.start,
                 end: mapping.end,
                 file_offset: mapping.file_offset,
-                path: mapping.name.clone(),
+                path: mapping.names.name.clone(),
                 build_id: None,
             },
-            object: mapping.path.clone(),
+            object: mapping.names.path.clone(),
         })
     }
 
@@ -186,8 +206,8 @@ impl Symbolizer {
             return Err(Frame::named(format!("[unknown] {address:#x}")));
         };
         let elf_address = address.wrapping_sub(mapping.bias);
-        let label = mapping.label.clone();
-        let Some(path) = mapping.path.clone() else {
+        let label = mapping.names.label.clone();
+        let Some(path) = mapping.names.path.clone() else {
             return Err(Frame::named(format!("[{label}]")));
         };
         let object = self

@@ -3,18 +3,19 @@
 //! build-id cache), the pid's executable mappings with their load biases, and
 //! the same mappings for the symbolizer, which runs after the process is gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use bpf_prog::{Mapping, TableId, Tracer};
 use unwind_tables::cache::{Cache, Outcome};
 
-use crate::symbolize::SymbolMapping;
+use crate::symbolize::{MappedNames, SymbolMapping};
 use process_image::{MappedObject, MapsEntry};
 
 /// What the process's objects are, as far as the unwinder is concerned.
@@ -50,6 +51,8 @@ pub struct ProcessTables {
     registered: HashMap<u32, Vec<MapsEntry>>,
     /// Every mapping seen per pid, for symbolization at the end.
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
+    /// The objects' names, one copy each for all the mappings of the object.
+    names: HashSet<Arc<MappedNames>>,
     /// Every object file loaded, open until the session ends (see `symbols`), and the
     /// in-memory copies of vDSO images.
     held_files: Vec<File>,
@@ -78,6 +81,7 @@ impl ProcessTables {
             held_files: Vec::new(),
             registered: HashMap::new(),
             symbol_mappings: HashMap::new(),
+            names: HashSet::new(),
             coverage: Coverage::default(),
         }
     }
@@ -105,9 +109,10 @@ impl ProcessTables {
                 bias: bias.unwrap_or(0),
                 table: bias.and(object.table),
             });
+            let names = self.intern(MappedNames::of(mapping, object.symbols));
             self.remember(
                 pid,
-                SymbolMapping::new(mapping, bias.unwrap_or(0), object.symbols),
+                SymbolMapping::with_names(mapping, bias.unwrap_or(0), names),
             );
         }
         tracer
@@ -133,9 +138,28 @@ impl ProcessTables {
         &self.symbol_mappings
     }
 
+    /// Releases what is kept for `pid`, which exited, to compare its next mappings
+    /// with. Its mappings stay for the symbolizer: which processes have samples is
+    /// known only at the end, and a child with its parent's stacks is symbolized
+    /// through its own mappings or its ancestors'. The objects and their tables stay,
+    /// shared by every process mapping them.
+    pub fn release(&mut self, pid: u32) {
+        self.registered.remove(&pid);
+    }
+
     /// The mappings of every process seen, for the symbolizer.
     pub fn take_symbol_mappings(&mut self) -> HashMap<u32, Vec<SymbolMapping>> {
         std::mem::take(&mut self.symbol_mappings)
+    }
+
+    /// The shared copy of `names`.
+    fn intern(&mut self, names: MappedNames) -> Arc<MappedNames> {
+        if let Some(known) = self.names.get(&names) {
+            return Arc::clone(known);
+        }
+        let names = Arc::new(names);
+        self.names.insert(Arc::clone(&names));
+        names
     }
 
     /// Keeps `mapping` for symbolization, replacing what it overlaps (the process

@@ -758,6 +758,9 @@ fn a_daemon_left_running_by_the_target_is_named() {
     unsafe { libc::kill(daemon, libc::SIGKILL) };
     assert!(output.status.success(), "{text}");
     assert!(running, "the daemon {daemon} did not outlive the session");
+    let svg = std::fs::read_to_string(out.path("out.svg")).expect("the flamegraph");
+    assert!(svg.trim_end().ends_with("</svg>"), "{text}");
+    assert!(out.path("out.folded").is_file(), "{text}");
     assert!(
         text.contains(&format!("process {daemon} still running, untraced")),
         "{text}"
