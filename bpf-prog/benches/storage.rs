@@ -15,9 +15,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer, WalkEnd};
-use common::{executable_mappings, register_process, tracer_or_skip, Figure, Target};
-use libbpf_rs::{Link, UprobeOpts};
+use bpf_prog::{EventProgram, Loss, Options, StackRef, WalkEnd};
+use common::{
+    attach_to_function, executable_mappings, register_process, tracer_or_skip, Figure, Target,
+};
 
 /// How often the records ring buffer is drained, as the session's wait loop does.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -61,7 +62,14 @@ fn traced(paths: &Path, bits: u32) -> Traced {
         .stack_storage()
         .expect("storage figures")
         .kernel_bytes;
-    let _link = attach(&tracer, pid, &libc_path(pid));
+    let _link = attach_to_function(
+        tracer.program(EventProgram::Uprobe),
+        pid,
+        &libc_path(pid),
+        "malloc",
+        false,
+        1,
+    );
     let started = Instant::now();
     let mut running = target.start();
     while !running.exited() {
@@ -105,22 +113,6 @@ fn libc_path(pid: u32) -> PathBuf {
         .map(|m| m.path)
         .find(|path| path.to_string_lossy().contains("libc.so"))
         .expect("the fixture maps libc")
-}
-
-fn attach(tracer: &Tracer, pid: u32, libc: &Path) -> Link {
-    tracer
-        .program(EventProgram::Uprobe)
-        .attach_uprobe_with_opts(
-            pid as i32,
-            libc,
-            0,
-            UprobeOpts {
-                cookie: 1,
-                func_name: Some("malloc".to_string()),
-                ..UprobeOpts::default()
-            },
-        )
-        .expect("attach to malloc")
 }
 
 fn main() {

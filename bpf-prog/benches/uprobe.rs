@@ -15,15 +15,15 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use bpf_prog::{EventProgram, Options, ProgramStats, StackRef, TableId, Tracer, WalkEnd};
 use common::{
-    build_c, executable_mappings, register_process_with, scratch_dir, tracer_or_skip, Figure,
-    Target,
+    attach_to_function, build_c, executable_mappings, register_process_with, scratch_dir,
+    tracer_or_skip, Figure, Target,
 };
-use libbpf_rs::{Link, UprobeOpts};
+use libbpf_rs::Link;
 
 const STORM_C: &str = r#"
 #include <stdio.h>
@@ -101,15 +101,21 @@ impl Bench {
         let before = self.tracer.program_stats().expect("program stats");
         let link: Option<Link> = match mode {
             Mode::NoProbe => None,
-            Mode::CountOnly => Some(attach(
+            Mode::CountOnly => Some(attach_to_function(
                 self.tracer.program(EventProgram::UprobeCount),
                 pid,
                 &libc,
+                "malloc",
+                false,
+                1,
             )),
-            Mode::Unwind => Some(attach(
+            Mode::Unwind => Some(attach_to_function(
                 self.tracer.program(EventProgram::Uprobe),
                 pid,
                 &libc,
+                "malloc",
+                false,
+                1,
             )),
         };
         let output = target.run_to_end();
@@ -164,21 +170,6 @@ fn libc_path(pid: u32) -> PathBuf {
         .map(|m| m.path)
         .find(|path| path.to_string_lossy().contains("libc.so"))
         .expect("the fixture maps libc")
-}
-
-fn attach(program: &libbpf_rs::ProgramMut<'_>, pid: u32, libc: &Path) -> Link {
-    program
-        .attach_uprobe_with_opts(
-            pid as i32,
-            libc,
-            0,
-            UprobeOpts {
-                cookie: 1,
-                func_name: Some("malloc".to_string()),
-                ..UprobeOpts::default()
-            },
-        )
-        .expect("attach to malloc")
 }
 
 fn main() {

@@ -9,7 +9,6 @@ use std::collections::HashSet;
 
 use bpf_prog::{EventProgram, Loss, Options, StackRef, WalkEnd};
 use common::{executable_mappings, register_process, serial, tracer_or_skip, Target};
-use libbpf_rs::UprobeOpts;
 
 /// The `paths` fixture's 2^8 paths (each taken twice) into a ring buffer of one page that
 /// nobody drains while they run: it fills after a few stacks. Every event is counted all
@@ -37,19 +36,14 @@ fn a_full_ring_buffer_loses_no_event_and_says_which_stacks_are_missing() {
         .map(|m| m.path)
         .find(|path| path.to_string_lossy().contains("libc.so"))
         .expect("the fixture maps libc");
-    let _link = tracer
-        .program(EventProgram::Uprobe)
-        .attach_uprobe_with_opts(
-            pid as i32,
-            &libc,
-            0,
-            UprobeOpts {
-                cookie: 1,
-                func_name: Some("malloc".to_string()),
-                ..UprobeOpts::default()
-            },
-        )
-        .expect("attach to malloc");
+    let _link = common::attach_to_function(
+        tracer.program(EventProgram::Uprobe),
+        pid,
+        &libc,
+        "malloc",
+        false,
+        1,
+    );
     target.start().wait_for_exit();
 
     let counts = tracer.counts().expect("read the counts");

@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use bpf_prog::{CountKey, EventProgram, Options, Stack, StackRef, Tracer, WalkEnd};
 use common::{
     assert_complete, chain_below, chain_fixture as fixture, register_process, serial,
@@ -29,7 +27,7 @@ const PROBE_ID: u32 = 7;
 fn attach(
     tracer: &Tracer,
     pid: u32,
-    binary: &PathBuf,
+    binary: &std::path::Path,
     function: &str,
     ret: bool,
 ) -> libbpf_rs::Link {
@@ -38,19 +36,7 @@ fn attach(
     } else {
         tracer.program(EventProgram::Uprobe)
     };
-    program
-        .attach_uprobe_with_opts(
-            pid as i32,
-            binary,
-            0,
-            UprobeOpts {
-                cookie: PROBE_ID.into(),
-                retprobe: ret,
-                func_name: Some(function.to_string()),
-                ..UprobeOpts::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("attach to {function}: {e}"))
+    common::attach_to_function(program, pid, binary, function, ret, PROBE_ID.into())
 }
 
 /// The counts of `pid`, and the one stack they all share.

@@ -18,10 +18,13 @@
 //! column (`apt-get install heaptrack`).
 //! `cargo bench -p cargo-trace --bench heap [-- ROUNDS]`
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
 use cargo_trace_tests::fixtures;
+use common::Spread;
 
 /// Pairs per run.
 const PAIRS: u64 = 100_000;
@@ -187,33 +190,4 @@ fn value_after(text: &str, key: &str) -> f64 {
         .find(|word| *word == key)
         .and_then(|_| words.next()?.parse().ok())
         .unwrap_or_else(|| panic!("no number after {key:?} in {text:?}"))
-}
-
-/// The median of some rounds' figures, and their range.
-#[derive(Clone, Copy)]
-struct Spread {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-impl Spread {
-    fn of(values: impl IntoIterator<Item = f64>) -> Spread {
-        let mut sorted: Vec<f64> = values.into_iter().collect();
-        assert!(!sorted.is_empty(), "no rounds");
-        sorted.sort_by(f64::total_cmp);
-        Spread {
-            median: sorted[sorted.len() / 2],
-            min: sorted[0],
-            max: sorted[sorted.len() - 1],
-        }
-    }
-
-    /// `median [min–max]` with `decimals` decimals.
-    fn show(self, decimals: usize) -> String {
-        format!(
-            "{:.*} [{:.*}–{:.*}]",
-            decimals, self.median, decimals, self.min, decimals, self.max
-        )
-    }
 }

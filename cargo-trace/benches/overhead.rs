@@ -32,11 +32,14 @@
 //! Prints figures only; asserts nothing about time. Needs root.
 //! `cargo bench -p cargo-trace --bench overhead [-- ROUNDS] [storm|profile|offcpu...]`
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
 use cargo_trace_tests::fixtures::{self, Lang};
+use common::Spread;
 
 /// Mallocs per storm run: about 2 s traced.
 const MALLOC_CALLS: u64 = 1_000_000;
@@ -426,44 +429,6 @@ fn bpf_run_time_ns(stderr: &str) -> f64 {
 
 fn ms(ns: &[f64]) -> Spread {
     Spread::of(ns.iter().map(|ns| ns / 1e6))
-}
-
-/// The median of some rounds' figures, and their range.
-#[derive(Clone, Copy)]
-struct Spread {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-impl Spread {
-    fn of(values: impl IntoIterator<Item = f64>) -> Spread {
-        let mut sorted: Vec<f64> = values.into_iter().collect();
-        assert!(!sorted.is_empty(), "no rounds");
-        sorted.sort_by(f64::total_cmp);
-        Spread {
-            median: sorted[sorted.len() / 2],
-            min: sorted[0],
-            max: sorted[sorted.len() - 1],
-        }
-    }
-
-    /// For a function that keeps the order of values (a unit's change).
-    fn map(self, f: impl Fn(f64) -> f64) -> Spread {
-        Spread {
-            median: f(self.median),
-            min: f(self.min),
-            max: f(self.max),
-        }
-    }
-
-    /// `median [min–max]` with `decimals` decimals.
-    fn show(self, decimals: usize) -> String {
-        format!(
-            "{:.*} [{:.*}–{:.*}]",
-            decimals, self.median, decimals, self.min, decimals, self.max
-        )
-    }
 }
 
 /// One line of a table: a label and three columns.

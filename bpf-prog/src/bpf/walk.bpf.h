@@ -399,8 +399,12 @@ static __always_inline __u64 uretprobe_trampoline(void)
 
 	if (!bpf_core_field_exists(task->utask))
 		return 0;
-	struct xol_area *area = BPF_CORE_READ(task, mm, uprobes_state.xol_area);
-	return area ? BPF_CORE_READ(area, vaddr) : 0;
+	/* BTF loads, not probe-read helpers: this runs at every walk */
+	struct mm_struct *mm = task->mm;
+	if (!mm)
+		return 0;
+	struct xol_area *area = mm->uprobes_state.xol_area;
+	return area ? area->vaddr : 0;
 }
 
 /*

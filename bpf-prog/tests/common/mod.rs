@@ -457,3 +457,28 @@ impl Figure {
         }
     }
 }
+
+/// Attaches `program` at the entry (or with `retprobe`, the return) of `function` in the
+/// file `binary`, for process `pid`, with `cookie` as the probe id.
+pub fn attach_to_function(
+    program: &libbpf_rs::ProgramMut<'_>,
+    pid: u32,
+    binary: &Path,
+    function: &str,
+    retprobe: bool,
+    cookie: u64,
+) -> libbpf_rs::Link {
+    program
+        .attach_uprobe_with_opts(
+            pid as i32,
+            binary,
+            0,
+            libbpf_rs::UprobeOpts {
+                cookie,
+                retprobe,
+                func_name: Some(function.to_string()),
+                ..libbpf_rs::UprobeOpts::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("attach to {function}: {e}"))
+}
