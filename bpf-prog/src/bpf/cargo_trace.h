@@ -490,6 +490,7 @@ struct ct_off_cpu_start {
 	__u64 user_stack;   /* key of the user stack at the switch out */
 	__u64 kernel_stack; /* key of its kernel stack */
 	__u64 since;	    /* bpf_ktime_get_ns() once the stacks were taken */
+	__u64 ran;	    /* the thread's time on a CPU until then (ns) */
 	__u32 tgid;
 	__u32 probe_id; /* the attach cookie */
 };
