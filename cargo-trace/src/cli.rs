@@ -132,6 +132,27 @@ pub struct Cli {
     #[arg(long = "max-processes", value_name = "N", default_value_t = bpf_prog::Options::default().max_procs)]
     pub max_processes: u32,
 
+    /// Unwind-table rows the kernel holds, summed over every object traced (4 bytes each,
+    /// allocated at load). An object whose table does not fit walks without it: the run
+    /// says which, and walks through it end with "no table" or "no row".
+    #[arg(long = "max-table-rows", value_name = "N", default_value_t = bpf_prog::Options::default().max_rows)]
+    pub max_table_rows: u32,
+
+    /// Unwind-table pages (4 KiB of code each) the kernel indexes, summed over every
+    /// object traced (8 bytes each, allocated at load). Past it, as for --max-table-rows.
+    #[arg(long = "max-table-pages", value_name = "N", default_value_t = bpf_prog::Options::default().max_pages)]
+    pub max_table_pages: u32,
+
+    /// Distinct unwind rules the kernel holds, summed over every object traced (16 bytes
+    /// each, allocated at load). Past it, as for --max-table-rows.
+    #[arg(long = "max-table-rules", value_name = "N", default_value_t = bpf_prog::Options::default().max_rules)]
+    pub max_table_rules: u32,
+
+    /// Objects (executables and libraries, one table each however many processes map
+    /// them) the kernel holds tables for. Past it, as for --max-table-rows.
+    #[arg(long = "max-tables", value_name = "N", default_value_t = bpf_prog::Options::default().max_tables)]
+    pub max_tables: u32,
+
     /// Size of the ring buffer that brings new stacks to cargo-trace, in MiB (a power of 2,
     /// at most 1024). When it fills, stacks are late ("stack ring full" in the summary;
     /// one that never arrives is shown as lost).

@@ -275,7 +275,16 @@ impl ProcessTables {
             }
             None => unwind_tables::compile_file(path)?,
         };
-        let id = tracer.add_table(&object.table)?;
+        let id = tracer
+            .add_table(&object.table)
+            .map_err(|error| match error {
+                bpf_prog::Error::MapFull { map, needed, free } => anyhow::anyhow!(
+                    "the kernel's unwind-table {map} map is full: this table needs {needed} \
+                     entries, {free} are free (raise {})",
+                    table_map_option(map)
+                ),
+                other => other.into(),
+            })?;
         self.coverage.objects += 1;
         Ok(id)
     }
@@ -370,4 +379,14 @@ fn read_process_memory(pid: u32, address: u64, len: u64) -> Result<Vec<u8>> {
     let mut buffer = vec![0; len as usize];
     mem.read_exact_at(&mut buffer, address)?;
     Ok(buffer)
+}
+
+/// The option that raises the capacity of one of the kernel's table maps.
+fn table_map_option(map: bpf_prog::TableMap) -> &'static str {
+    match map {
+        bpf_prog::TableMap::Rows => "--max-table-rows",
+        bpf_prog::TableMap::Pages => "--max-table-pages",
+        bpf_prog::TableMap::Rules => "--max-table-rules",
+        bpf_prog::TableMap::Tables => "--max-tables",
+    }
 }

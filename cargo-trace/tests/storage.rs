@@ -66,6 +66,42 @@ fn full_kernel_maps_say_so_and_lose_nothing() {
     );
 }
 
+/// A table map too small for libc's table: the run says which object has no table and
+/// the option that raises the map, walks through libc end "no row", and every event is
+/// still counted, each under the part of its stack walked before libc.
+#[test]
+fn full_table_maps_say_which_object_and_what_to_raise() {
+    if !bpf_available("table map full") {
+        return;
+    }
+    let levels = fixtures::c_fixture("levels");
+    let probe = format!("uprobe:{}:level3", levels.display());
+    let command = format!("{} 1000", quoted(&levels));
+    let run = trace("table-rows", &[&probe], &command, &["--max-table-rows", "0"]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    assert_eq!(run.stdout, "calls 1000 sum 6000\n");
+    let note = run
+        .stderr
+        .lines()
+        .find(|line| line.contains("no unwind table for") && line.contains("libc.so.6"))
+        .unwrap_or_else(|| panic!("no note for libc: {}", run.stderr));
+    assert!(
+        note.contains("rows map is full") && note.ends_with("(raise --max-table-rows)"),
+        "{note}"
+    );
+    assert!(
+        run.stderr.contains(&format!("{} 1000", WalkEnd::NoRow.name())),
+        "{}",
+        run.stderr
+    );
+    let folded = run.folded();
+    assert_eq!(folded.total(), 1000, "{}", run.stderr);
+    assert_eq!(folded.count_with("level1"), 1000, "{}", run.stderr);
+    let roomy = trace("table-rows", &[&probe], &command, &[]);
+    assert!(!roomy.stderr.contains("no unwind table for"), "{}", roomy.stderr);
+    assert_eq!(roomy.folded().count_with("_start"), 1000, "{}", roomy.stderr);
+}
+
 /// Every loss but the events that had no user stack to walk (inside execve, exiting
 /// processes, kernel threads, interval firings elsewhere): those are counted as what
 /// they are, and lose nothing.
