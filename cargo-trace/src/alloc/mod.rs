@@ -57,6 +57,12 @@ pub struct AllocArgs {
     #[arg(long = "timeline", value_name = "PATH")]
     pub timeline: Option<PathBuf>,
 
+    /// With `alloc`: write a heaptrack data file for heaptrack_gui and heaptrack_print,
+    /// zstd-compressed if PATH ends in .zst, gzip if .gz, else plain text (as heaptrack
+    /// reads it). Its event order and timestamps are synthesized from the totals.
+    #[arg(long = "heaptrack", value_name = "PATH")]
+    pub heaptrack: Option<PathBuf>,
+
     /// With `alloc`: the prefix of the allocator's functions (e.g. `je_`).
     #[arg(long = "alloc-prefix", value_name = "PREFIX")]
     pub alloc_prefix: Option<String>,

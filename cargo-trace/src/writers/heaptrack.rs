@@ -1,0 +1,906 @@
+//! A heap profile as a heaptrack data file, for `heaptrack_print` and heaptrack_gui.
+//!
+//! heaptrack's file is a line format (what `heaptrack_interpret` writes, what
+//! `AccumulatedTraceData` reads): `s` strings, `i` instruction pointers (module, then
+//! function, file and line, then the frames inlined there, innermost first), `t` trace
+//! nodes (an instruction pointer and the parent node: stacks as a tree from the root),
+//! `a` allocation infos (a size and a trace), then the event stream: `+ INFO` for an
+//! allocation, `- INFO` for the free of a block allocated with that info, `c` timestamps
+//! (milliseconds), `R` resident pages. All numbers are hex; strings carry their length
+//! (file format 3). Indexes of strings, pointers and traces count from 1 in the order of
+//! their lines, infos from 0. heaptrack reads the file by its name: `.zst` is zstd,
+//! `.gz` gzip, anything else plain text; [`Compression::for_path`] follows it.
+//!
+//! heaptrack computes its figures by replaying the stream: calls are the `+` lines,
+//! leaked bytes what is live at the end, the peak the most ever live (and each
+//! stack's share of it, what was live when the total first reached it), a temporary a
+//! `-` right after the `+` of its own info. cargo-trace keeps per-stack totals, not the
+//! events, so the stream is synthesized ([`plan`]) to replay into the same figures:
+//! - exact: each stack's allocations, bytes, frees; leaked blocks and bytes per stack
+//!   and in total; the peak, and each stack's live bytes at it, when the stack's blocks
+//!   can be split into the bytes live at the peak and the rest (always, unless one
+//!   block must carry both); temporaries, except those that were live at the peak (of
+//!   those, at most one replays as a temporary);
+//! - synthesized: the order of events and their timestamps (blocks that are freed come
+//!   before the peak, the peak is placed at the heap timeline's highest point, the
+//!   leaks after it); the sizes of single blocks (a stack's bytes split evenly among
+//!   its blocks of one kind: exact when they had one size, as most sites do);
+//! - left out: frees of unknown blocks (heaptrack never subtracts them either); blocks
+//!   the live map could not track are freed where they cannot move the peak or the
+//!   leaks; the frames of the allocator itself (heaptrack's stacks start at its caller);
+//!   processes but one (a heaptrack file is one process: the target, or the process that
+//!   allocated most if the target allocated nothing). A sampled profile's estimates are
+//!   written as counted events, rounded.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::path::Path;
+
+use crate::alloc;
+use crate::profile::{HeapProcess, Profile, Sample};
+
+/// heaptrack's version (1.4.0) and file format (3: sized strings) the file claims.
+const HEAPTRACK_VERSION: u32 = 0x010400;
+const FILE_FORMAT: u32 = 3;
+const PAGE_SIZE: u64 = 4096;
+
+/// How the file is compressed: as heaptrack expects from its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    Zstd,
+    Gzip,
+    Plain,
+}
+
+impl Compression {
+    /// `.zst`: zstd, `.gz`: gzip, anything else: plain text (heaptrack reads a file by
+    /// its extension).
+    pub fn for_path(path: &Path) -> Compression {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("zst") => Compression::Zstd,
+            Some("gz") => Compression::Gzip,
+            _ => Compression::Plain,
+        }
+    }
+}
+
+pub fn write(profile: &Profile, compression: Compression, out: &mut dyn Write) -> io::Result<()> {
+    let text = render(profile)?;
+    match compression {
+        Compression::Plain => out.write_all(&text),
+        Compression::Gzip => {
+            let mut encoder = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+            encoder.write_all(&text)?;
+            encoder.finish().map(|_| ())
+        }
+        Compression::Zstd => out.write_all(&ruzstd::encoding::compress_to_vec(
+            &text[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        )),
+    }
+}
+
+/// One stack's heap figures, as the profile has them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackFigures {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub leaked_blocks: u64,
+    pub leaked_bytes: u64,
+    pub temporaries: u64,
+    /// Its live bytes when its process's live bytes peaked.
+    pub peak_bytes: u64,
+}
+
+/// One event of the synthesized stream. A block is named by its stack, its size and a
+/// variant: blocks with the same three share an allocation info, and a free right after
+/// an allocation of the same info is what heaptrack counts as a temporary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    Alloc(BlockKey),
+    Free(BlockKey),
+    /// The rise to the peak starts: its timestamp goes here.
+    PeakTime,
+}
+
+/// The variant of leaked blocks: never freed, they must not share an info with a freed
+/// block that could be freed right after one of them is allocated.
+const LEAKED: u8 = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockKey {
+    pub stack: usize,
+    pub size: u64,
+    pub variant: u8,
+}
+
+/// The text of the file (before compression).
+fn render(profile: &Profile) -> io::Result<Vec<u8>> {
+    let heap = profile.heap.as_ref().ok_or_else(|| {
+        io::Error::other("no heap profile to write for heaptrack (trace with the alloc probe)")
+    })?;
+    let mut out = Vec::new();
+    writeln!(out, "v {HEAPTRACK_VERSION:x} {FILE_FORMAT:x}")?;
+    writeln!(
+        out,
+        "# written by cargo-trace from per-stack totals: the event order, timestamps and \
+         single block sizes are synthesized"
+    )?;
+    let debuggee = match &profile.metadata.command {
+        Some(argv) => argv.join(" "),
+        None => profile.metadata.executable.clone().unwrap_or_default(),
+    };
+    writeln!(out, "X {}", one_line(&debuggee))?;
+    if profile.metadata.command.is_none() {
+        // heaptrack's mark of a run attached to a running process.
+        writeln!(out, "A")?;
+    }
+    let rss_pages = heap
+        .timeline
+        .iter()
+        .map(|p| p.rss_bytes.div_ceil(PAGE_SIZE))
+        .max()
+        .unwrap_or(0);
+    writeln!(out, "I {PAGE_SIZE:x} {:x}", physical_pages())?;
+
+    let Some(process) = chosen_process(profile, &heap.processes) else {
+        writeln!(out, "c 0")?;
+        return Ok(out);
+    };
+    let samples: Vec<&Sample> = profile
+        .samples
+        .iter()
+        .filter(|s| s.pid == process.pid && s.probe == process.probe)
+        .filter(|s| figures(profile, s).allocs > 0)
+        .collect();
+    let stacks: Vec<StackFigures> = samples.iter().map(|s| figures(profile, s)).collect();
+
+    let mut tables = Tables::default();
+    let traces: Vec<u64> = samples.iter().map(|s| tables.trace(profile, s)).collect();
+    out.extend_from_slice(&tables.lines);
+
+    let events = plan(&stacks, process.peak_bytes.max(0) as u64);
+    // Allocation info 0 is never used: heaptrack takes a `-` of info 0 right after
+    // another `-` for a temporary.
+    writeln!(out, "a 0 {:x}", traces.first().copied().unwrap_or(0))?;
+    let mut infos: HashMap<BlockKey, usize> = HashMap::new();
+    for event in &events {
+        if let Event::Alloc(key) = event {
+            if !infos.contains_key(key) {
+                infos.insert(*key, infos.len() + 1);
+                writeln!(out, "a {:x} {:x}", key.size, traces[key.stack])?;
+            }
+        }
+    }
+
+    let duration_ms = profile.metadata.duration.as_millis() as u64;
+    let peak_ms = heap
+        .timeline
+        .iter()
+        .max_by_key(|p| p.live_bytes)
+        .map_or(duration_ms / 2, |p| p.at.as_millis() as u64)
+        .min(duration_ms);
+    writeln!(out, "c 0")?;
+    if rss_pages > 0 {
+        writeln!(out, "R {rss_pages:x}")?;
+    }
+    for event in &events {
+        match event {
+            Event::Alloc(key) => writeln!(out, "+ {:x}", infos[key])?,
+            Event::Free(key) => writeln!(out, "- {:x}", infos[key])?,
+            Event::PeakTime => writeln!(out, "c {peak_ms:x}")?,
+        }
+    }
+    if duration_ms > peak_ms {
+        writeln!(out, "c {duration_ms:x}")?;
+    }
+    Ok(out)
+}
+
+/// The target's heap if it has one, else the process that allocated most.
+fn chosen_process<'a>(profile: &Profile, processes: &'a [HeapProcess]) -> Option<&'a HeapProcess> {
+    processes
+        .iter()
+        .filter(|p| p.pid == profile.metadata.pid && p.allocs > 0)
+        .max_by_key(|p| p.allocs)
+        .or_else(|| processes.iter().max_by_key(|p| p.allocs))
+}
+
+fn figures(profile: &Profile, sample: &Sample) -> StackFigures {
+    let value = |kind: &str| -> u64 {
+        profile
+            .value_index(kind)
+            .map_or(0, |index| sample.values[index].max(0) as u64)
+    };
+    StackFigures {
+        allocs: value(alloc::ALLOCS),
+        bytes: value(alloc::ALLOC_SPACE),
+        frees: value(alloc::FREES),
+        freed_bytes: value(alloc::FREED_SPACE),
+        leaked_blocks: value(alloc::LEAKED_BLOCKS),
+        leaked_bytes: value(alloc::LEAKED_BYTES),
+        temporaries: value(alloc::TEMPORARIES),
+        peak_bytes: value(alloc::PEAK_BYTES),
+    }
+}
+
+/// A string as one line of the file (heaptrack reads a line at a time).
+fn one_line(text: &str) -> String {
+    text.replace(['\n', '\r'], " ")
+}
+
+/// The machine's memory in pages, for heaptrack's system line.
+fn physical_pages() -> u64 {
+    // SAFETY: sysconf only reads a system setting.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    pages.max(0) as u64
+}
+
+/// The string, instruction pointer and trace lines, each written once, in an order
+/// where every index is defined before it is used.
+#[derive(Default)]
+struct Tables {
+    lines: Vec<u8>,
+    strings: HashMap<String, usize>,
+    /// Location id → instruction pointer index.
+    ips: HashMap<usize, usize>,
+    /// (instruction pointer, parent trace) → trace index.
+    traces: HashMap<(usize, usize), usize>,
+}
+
+impl Tables {
+    fn string(&mut self, text: &str) -> usize {
+        if let Some(&index) = self.strings.get(text) {
+            return index;
+        }
+        let text = one_line(text);
+        let index = self.strings.len() + 1;
+        // Writing to a Vec cannot fail.
+        let _ = writeln!(self.lines, "s {:x} {text}", text.len());
+        self.strings.insert(text, index);
+        index
+    }
+
+    fn ip(&mut self, profile: &Profile, location: usize) -> usize {
+        if let Some(&index) = self.ips.get(&location) {
+            return index;
+        }
+        let found = &profile.locations[location];
+        let module = found
+            .mapping
+            .map_or(0, |m| self.string(&profile.mappings[m].path));
+        let mut line = format!("i {:x} {module:x}", found.address);
+        for frame in &found.frames {
+            let function = self.string(&frame.function);
+            let file = frame.file.as_deref().map_or(0, |f| self.string(f));
+            line.push_str(&format!(
+                " {function:x} {file:x} {:x}",
+                frame.line.unwrap_or(0)
+            ));
+        }
+        let _ = writeln!(self.lines, "{line}");
+        let index = self.ips.len() + 1;
+        self.ips.insert(location, index);
+        index
+    }
+
+    /// The trace of a heap sample's stack, without its innermost user location: the
+    /// allocating function's entry, where heaptrack's own stacks start at its caller.
+    fn trace(&mut self, profile: &Profile, sample: &Sample) -> u64 {
+        let user: Vec<usize> = sample
+            .stack
+            .iter()
+            .copied()
+            .filter(|&id| !profile.locations[id].kernel)
+            .collect();
+        let mut parent = 0;
+        for &location in user.iter().skip(1).rev() {
+            let ip = self.ip(profile, location);
+            parent = match self.traces.get(&(ip, parent)) {
+                Some(&index) => index,
+                None => {
+                    let index = self.traces.len() + 1;
+                    let _ = writeln!(self.lines, "t {ip:x} {parent:x}");
+                    self.traces.insert((ip, parent), index);
+                    index
+                }
+            };
+        }
+        parent as u64
+    }
+}
+
+/// How one stack's blocks are split for the stream.
+#[derive(Clone, Copy, Debug, Default)]
+struct Split {
+    /// Leaked blocks live at the peak, and allocated after it.
+    leaked_at_peak: Group,
+    leaked_late: Group,
+    /// Freed blocks live at the peak, freed right after it.
+    freed_at_peak: Group,
+    /// Freed blocks never live at the peak: the first `temporaries` of them freed right
+    /// after their allocation.
+    freed_other: Group,
+    temporaries: u64,
+    /// Temporaries live at the peak, which the stream can show as one at most.
+    temporaries_at_peak: u64,
+    /// Blocks counted but neither freed nor leaked (untracked): freed, not temporaries.
+    untracked: Group,
+}
+
+/// Blocks and their bytes; sizes split evenly (the first `bytes % count` one byte larger).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Group {
+    count: u64,
+    bytes: u64,
+}
+
+impl Group {
+    fn sizes(self) -> impl Iterator<Item = u64> {
+        let (each, larger) = match self.count {
+            0 => (0, 0),
+            n => (self.bytes / n, self.bytes % n),
+        };
+        (0..self.count).map(move |i| each + u64::from(i < larger))
+    }
+}
+
+/// The number of a group's `count` blocks (of `bytes`) that can carry `part` of its
+/// bytes, the rest carrying the rest: `None` when one block would have to carry both.
+fn blocks_for(count: u64, bytes: u64, part: u64) -> Option<u64> {
+    if part == 0 {
+        Some(0)
+    } else if part == bytes {
+        Some(count)
+    } else if count >= 2 && part < bytes {
+        let share = (count as u128 * part as u128 + bytes as u128 / 2) / bytes as u128;
+        Some((share as u64).clamp(1, count - 1))
+    } else {
+        None
+    }
+}
+
+/// Splits a stack's blocks into the groups of the stream, `peak` of its bytes live at
+/// the peak; `None` when its blocks cannot carry exactly that.
+fn split(stack: &Normalized, peak: u64) -> Option<Split> {
+    let leaked = Group {
+        count: stack.leaked,
+        bytes: stack.leaked_bytes,
+    };
+    let freed = Group {
+        count: stack.freed,
+        bytes: stack.freed_bytes,
+    };
+    // Prefer leaked blocks at the peak (long-lived), else as few of them as possible.
+    let mut candidates = vec![leaked.bytes.min(peak), peak.saturating_sub(freed.bytes)];
+    candidates.dedup();
+    candidates.into_iter().find_map(|from_leaked| {
+        let from_freed = peak.checked_sub(from_leaked)?;
+        if from_freed > freed.bytes || from_leaked > leaked.bytes {
+            return None;
+        }
+        let leaked_count = blocks_for(leaked.count, leaked.bytes, from_leaked)?;
+        let mut freed_count = blocks_for(freed.count, freed.bytes, from_freed)?;
+        // Leave room outside the peak for the temporaries when the bytes allow it.
+        let room = freed.count.saturating_sub(stack.temporaries).max(1);
+        if freed_count > room && from_freed < freed.bytes {
+            freed_count = room;
+        }
+        let other = freed.count - freed_count;
+        let temporaries = stack.temporaries.min(other);
+        Some(Split {
+            leaked_at_peak: Group {
+                count: leaked_count,
+                bytes: from_leaked,
+            },
+            leaked_late: Group {
+                count: leaked.count - leaked_count,
+                bytes: leaked.bytes - from_leaked,
+            },
+            freed_at_peak: Group {
+                count: freed_count,
+                bytes: from_freed,
+            },
+            freed_other: Group {
+                count: other,
+                bytes: freed.bytes - from_freed,
+            },
+            temporaries,
+            temporaries_at_peak: stack.temporaries - temporaries,
+            untracked: stack.untracked,
+        })
+    })
+}
+
+/// A stack's figures made consistent: every block allocated is leaked, freed or
+/// untracked, and bytes go with blocks.
+#[derive(Clone, Copy, Debug)]
+struct Normalized {
+    leaked: u64,
+    leaked_bytes: u64,
+    freed: u64,
+    freed_bytes: u64,
+    temporaries: u64,
+    untracked: Group,
+    peak: u64,
+}
+
+fn normalize(stack: &StackFigures) -> Normalized {
+    let leaked = stack.leaked_blocks.min(stack.allocs);
+    let leaked_bytes = if leaked > 0 {
+        stack.leaked_bytes.min(stack.bytes)
+    } else {
+        0
+    };
+    let freed = stack.frees.min(stack.allocs - leaked);
+    let mut freed_bytes = if freed > 0 {
+        stack.freed_bytes.min(stack.bytes - leaked_bytes)
+    } else {
+        0
+    };
+    let mut untracked = Group {
+        count: stack.allocs - leaked - freed,
+        bytes: stack.bytes - leaked_bytes - freed_bytes,
+    };
+    if untracked.count == 0 && untracked.bytes > 0 && freed > 0 {
+        // Bytes without blocks (estimates): carried by the freed blocks.
+        freed_bytes += untracked.bytes;
+        untracked.bytes = 0;
+    }
+    Normalized {
+        leaked,
+        leaked_bytes,
+        freed,
+        freed_bytes,
+        temporaries: stack.temporaries.min(freed),
+        untracked,
+        peak: stack.peak_bytes.min(leaked_bytes + freed_bytes),
+    }
+}
+
+/// The event stream that replays, in heaptrack's accounting, into `stacks`' figures and
+/// a peak of `peak` live bytes (see the module's documentation for what is exact).
+pub fn plan(stacks: &[StackFigures], peak: u64) -> Vec<Event> {
+    let mut normalized: Vec<Normalized> = stacks.iter().map(normalize).collect();
+    // The stacks' shares of the peak add up to the process's peak (they may not, by a
+    // race between threads): the difference goes to the stacks with room.
+    let total: u64 = normalized.iter().map(|s| s.peak).sum();
+    if total < peak {
+        let mut missing = peak - total;
+        for stack in &mut normalized {
+            let add = (stack.leaked_bytes + stack.freed_bytes - stack.peak).min(missing);
+            stack.peak += add;
+            missing -= add;
+        }
+    } else {
+        let mut excess = total - peak;
+        for stack in &mut normalized {
+            let take = stack.peak.min(excess);
+            stack.peak -= take;
+            excess -= take;
+        }
+    }
+    let splits: Vec<Split> = normalized
+        .iter()
+        .map(|stack| {
+            split(stack, stack.peak).unwrap_or_else(|| {
+                // No split carries exactly its share: whole groups, nearest below it.
+                let leaked = Group {
+                    count: stack.leaked,
+                    bytes: stack.leaked_bytes,
+                };
+                let freed = Group {
+                    count: stack.freed,
+                    bytes: stack.freed_bytes,
+                };
+                let options = [0, leaked.bytes, freed.bytes, leaked.bytes + freed.bytes];
+                let best = options
+                    .into_iter()
+                    .filter(|&bytes| bytes <= stack.peak)
+                    .max()
+                    .unwrap_or(0);
+                split(stack, best).unwrap_or_default()
+            })
+        })
+        .collect();
+    let peak: u64 = splits
+        .iter()
+        .map(|s| s.leaked_at_peak.bytes + s.freed_at_peak.bytes)
+        .sum();
+
+    // Freed blocks never live at the peak: temporaries as allocation-free pairs, the
+    // others in batches, each freed from its first block, whose info differs from the
+    // batch's last (variant 1). Before the peak they must stay below it; after it, with
+    // the leaks live at the peak still live, they may reach it: where there is more room.
+    let leaked_at_peak_bytes: u64 = splits.iter().map(|s| s.leaked_at_peak.bytes).sum();
+    let after_peak = leaked_at_peak_bytes == 0;
+    let cap = if after_peak {
+        peak
+    } else {
+        peak.saturating_sub(1)
+    };
+    let mut pairs: Vec<BlockKey> = Vec::new();
+    let mut others: Vec<BlockKey> = Vec::new();
+    for (stack, split) in splits.iter().enumerate() {
+        for (i, size) in split.freed_other.sizes().enumerate() {
+            let key = BlockKey {
+                stack,
+                size,
+                variant: 0,
+            };
+            if (i as u64) < split.temporaries {
+                pairs.push(key);
+            } else {
+                others.push(key);
+            }
+        }
+        others.extend(split.untracked.sizes().map(|size| BlockKey {
+            stack,
+            size,
+            variant: 0,
+        }));
+    }
+    let mut batches: Vec<Vec<BlockKey>> = Vec::new();
+    let mut live = 0;
+    for key in others {
+        match batches.last_mut() {
+            Some(batch) if live + key.size <= cap => batch.push(key),
+            _ => {
+                batches.push(vec![key]);
+                live = 0;
+            }
+        }
+        live += key.size;
+    }
+    // A last batch of one block takes one from the batch before, if it fits.
+    if let [.., before, last] = &mut batches[..] {
+        if last.len() == 1 && before.len() > 2 {
+            let moved = before[before.len() - 1];
+            if moved.size + last[0].size <= cap {
+                before.pop();
+                last.insert(0, moved);
+            }
+        }
+    }
+    let mut unpeaked = Vec::new();
+    for batch in &mut batches {
+        flush(batch, &mut pairs, cap, &mut unpeaked);
+    }
+    for key in pairs {
+        unpeaked.push(Event::Alloc(key));
+        unpeaked.push(Event::Free(key));
+    }
+    let mut events = Vec::new();
+    if !after_peak {
+        events.append(&mut unpeaked);
+    }
+
+    // The rise to the peak: blocks freed after it, then leaked ones. When a stack has
+    // temporaries live at the peak, one of its blocks is allocated last and freed
+    // first: heaptrack counts that one as a temporary.
+    let mut freed_at_peak: Vec<BlockKey> = Vec::new();
+    let mut leaked_at_peak: Vec<BlockKey> = Vec::new();
+    for (stack, split) in splits.iter().enumerate() {
+        freed_at_peak.extend(split.freed_at_peak.sizes().map(|size| BlockKey {
+            stack,
+            size,
+            variant: 0,
+        }));
+        leaked_at_peak.extend(split.leaked_at_peak.sizes().map(|size| BlockKey {
+            stack,
+            size,
+            variant: LEAKED,
+        }));
+    }
+    let temporary_last = splits
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.temporaries_at_peak > 0)
+        .find_map(|(stack, _)| freed_at_peak.iter().rposition(|k| k.stack == stack));
+    match temporary_last {
+        Some(at) => {
+            let last = freed_at_peak.remove(at);
+            events.push(Event::PeakTime);
+            for key in freed_at_peak.iter().chain(&leaked_at_peak) {
+                events.push(Event::Alloc(*key));
+            }
+            events.push(Event::Alloc(last));
+            events.push(Event::Free(last));
+        }
+        None => {
+            if leaked_at_peak.is_empty() && freed_at_peak.len() > 1 {
+                // The last allocated is freed last, under an info of its own.
+                if let Some(last) = freed_at_peak.last_mut() {
+                    last.variant = 1;
+                }
+            }
+            events.push(Event::PeakTime);
+            for key in freed_at_peak.iter().chain(&leaked_at_peak) {
+                events.push(Event::Alloc(*key));
+            }
+        }
+    }
+    for key in &freed_at_peak {
+        events.push(Event::Free(*key));
+    }
+    events.append(&mut unpeaked);
+    // After the peak: the leaks allocated since.
+    for (stack, split) in splits.iter().enumerate() {
+        for size in split.leaked_late.sizes() {
+            events.push(Event::Alloc(BlockKey {
+                stack,
+                size,
+                variant: LEAKED,
+            }));
+        }
+    }
+    events
+}
+
+/// Allocates a batch of blocks that are not temporaries, then frees them: each free
+/// follows a free, or an allocation of another info. A batch of one block takes a
+/// temporary pair inside it when one fits.
+fn flush(batch: &mut Vec<BlockKey>, pairs: &mut Vec<BlockKey>, cap: u64, events: &mut Vec<Event>) {
+    match batch.len() {
+        0 => {}
+        1 => {
+            let key = batch[0];
+            events.push(Event::Alloc(key));
+            if let Some(at) = pairs.iter().position(|p| key.size + p.size <= cap) {
+                let pair = pairs.remove(at);
+                events.push(Event::Alloc(pair));
+                events.push(Event::Free(pair));
+            }
+            events.push(Event::Free(key));
+        }
+        n => {
+            batch[n - 1].variant = 1;
+            events.extend(batch.iter().map(|key| Event::Alloc(*key)));
+            events.extend(batch.iter().map(|key| Event::Free(*key)));
+        }
+    }
+    batch.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// heaptrack's accounting (AccumulatedTraceData::read) replayed over a stream.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    struct Replayed {
+        allocations: u64,
+        temporaries: u64,
+        peak: u64,
+        leaked: u64,
+        /// Per stack: allocations, bytes, frees, temporaries, leaked, live at the peak.
+        stacks: HashMap<usize, [u64; 6]>,
+    }
+
+    fn replay(events: &[Event]) -> Replayed {
+        let mut r = Replayed::default();
+        let mut last: Option<BlockKey> = None;
+        let mut live: HashMap<usize, u64> = HashMap::new();
+        let mut first_peak: Option<HashMap<usize, u64>> = None;
+        let mut total: u64 = 0;
+        for event in events {
+            match *event {
+                Event::Alloc(key) => {
+                    r.allocations += 1;
+                    total += key.size;
+                    *live.entry(key.stack).or_default() += key.size;
+                    let s = r.stacks.entry(key.stack).or_default();
+                    s[0] += 1;
+                    s[1] += key.size;
+                    if total > r.peak {
+                        r.peak = total;
+                        first_peak = Some(live.clone());
+                    }
+                    last = Some(key);
+                }
+                Event::Free(key) => {
+                    total -= key.size;
+                    *live.get_mut(&key.stack).unwrap() -= key.size;
+                    let s = r.stacks.entry(key.stack).or_default();
+                    s[2] += 1;
+                    if last == Some(key) {
+                        r.temporaries += 1;
+                        s[3] += 1;
+                    }
+                    last = None;
+                }
+                Event::PeakTime => {}
+            }
+        }
+        r.leaked = total;
+        for (stack, bytes) in live {
+            r.stacks.get_mut(&stack).unwrap()[4] = bytes;
+        }
+        for (stack, bytes) in first_peak.unwrap_or_default() {
+            r.stacks.get_mut(&stack).unwrap()[5] = bytes;
+        }
+        r
+    }
+
+    fn stack(
+        allocs: u64,
+        size: u64,
+        frees: u64,
+        temporaries: u64,
+        at_peak_blocks: u64,
+    ) -> StackFigures {
+        let leaked = allocs - frees;
+        StackFigures {
+            allocs,
+            bytes: allocs * size,
+            frees,
+            freed_bytes: frees * size,
+            leaked_blocks: leaked,
+            leaked_bytes: leaked * size,
+            temporaries,
+            peak_bytes: at_peak_blocks * size,
+        }
+    }
+
+    /// Every figure of every stack replays exactly.
+    fn check_exact(stacks: &[StackFigures], peak: u64) -> Replayed {
+        let events = plan(stacks, peak);
+        let r = replay(&events);
+        assert_eq!(r.peak, peak, "{stacks:?}");
+        assert_eq!(r.allocations, stacks.iter().map(|s| s.allocs).sum::<u64>());
+        assert_eq!(r.leaked, stacks.iter().map(|s| s.leaked_bytes).sum::<u64>());
+        for (i, s) in stacks.iter().enumerate() {
+            let got = r.stacks.get(&i).copied().unwrap_or_default();
+            assert_eq!(got[0], s.allocs, "stack {i} allocations");
+            assert_eq!(got[1], s.bytes, "stack {i} bytes");
+            assert_eq!(got[2], s.frees, "stack {i} frees");
+            assert_eq!(got[4], s.leaked_bytes, "stack {i} leaked");
+            assert_eq!(got[5], s.peak_bytes, "stack {i} at the peak");
+        }
+        r
+    }
+
+    #[test]
+    fn the_c_fixture_replays_exactly() {
+        // alloc_c's sites: temporaries freed at once, three peak blocks, seven leaks.
+        let stacks = [
+            stack(10, 1001, 10, 10, 0),
+            stack(5, 1011, 5, 5, 0),
+            stack(4, 40961, 4, 4, 0),
+            stack(3, 20011, 3, 0, 3),
+            stack(7, 1093, 0, 0, 0),
+        ];
+        let r = check_exact(&stacks, 3 * 20011);
+        assert_eq!(r.temporaries, 19);
+    }
+
+    #[test]
+    fn temporaries_are_exact_when_none_was_live_at_the_peak() {
+        let stacks = [
+            stack(6, 100, 6, 2, 1),
+            stack(3, 50, 1, 1, 2),
+            stack(2, 90, 2, 0, 0),
+            stack(9, 10, 9, 9, 0),
+        ];
+        let peak = 100 + 2 * 50;
+        let r = check_exact(&stacks, peak);
+        assert_eq!(r.temporaries, 2 + 1 + 9);
+        for (i, s) in stacks.iter().enumerate() {
+            assert_eq!(r.stacks[&i][3], s.temporaries, "stack {i}");
+        }
+    }
+
+    #[test]
+    fn one_temporary_live_at_the_peak_replays_as_one() {
+        // A buffer freed within the threshold that made the peak.
+        let stacks = [stack(4, 1000, 4, 4, 1), stack(2, 10, 0, 0, 2)];
+        let r = check_exact(&stacks, 1020);
+        assert_eq!(r.temporaries, 4);
+    }
+
+    #[test]
+    fn sizes_that_differ_keep_their_bytes() {
+        // A realloc chain: blocks of 1021, 2041 and 4093 bytes; 4093 live at the peak.
+        let chain = StackFigures {
+            allocs: 3,
+            bytes: 1021 + 2041 + 4093,
+            frees: 3,
+            freed_bytes: 1021 + 2041 + 4093,
+            temporaries: 3,
+            peak_bytes: 4093,
+            ..StackFigures::default()
+        };
+        check_exact(&[chain], 4093);
+    }
+
+    #[test]
+    fn a_single_block_that_must_split_takes_whole_groups() {
+        // One leaked block that was not live at the peak, while another stack's was.
+        let stacks = [stack(1, 300, 0, 0, 0), stack(2, 400, 2, 0, 1)];
+        check_exact(&stacks, 400);
+    }
+
+    #[test]
+    fn the_peak_of_racing_threads_is_kept() {
+        // The stacks' shares add up to less than the process's peak.
+        let stacks = [stack(4, 100, 4, 0, 1), stack(4, 100, 4, 0, 1)];
+        let r = replay(&plan(&stacks, 300));
+        assert_eq!(r.peak, 300);
+        assert_eq!(r.allocations, 8);
+    }
+
+    #[test]
+    fn untracked_blocks_move_neither_peak_nor_leaks() {
+        let mut s = stack(11, 64, 4, 0, 3);
+        s.leaked_blocks = 3; // four blocks untracked
+        s.leaked_bytes = 192;
+        let r = replay(&plan(&[s], 192));
+        assert_eq!(
+            (r.allocations, r.peak, r.leaked, r.temporaries),
+            (11, 192, 192, 0)
+        );
+    }
+
+    #[test]
+    fn many_random_consistent_profiles_replay_exactly() {
+        // A small generator (no dependency): stacks of one size each.
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let (mut cases, mut exact) = (0, 0);
+        for _ in 0..500 {
+            let count = 1 + next(6) as usize;
+            let mut stacks = Vec::new();
+            for _ in 0..count {
+                let allocs = 1 + next(20);
+                let size = next(5000);
+                let frees = next(allocs + 1);
+                let temporaries = next(frees + 1);
+                let leaked = allocs - frees;
+                let non_temporary = allocs - temporaries;
+                let at_peak = next(non_temporary.min(leaked + frees - temporaries) + 1);
+                stacks.push(stack(allocs, size, frees, temporaries, at_peak));
+            }
+            let peak: u64 = stacks.iter().map(|s| s.peak_bytes).sum();
+            let largest = stacks
+                .iter()
+                .map(|s| s.bytes.checked_div(s.allocs).unwrap_or(0))
+                .max()
+                .unwrap_or(0);
+            let leaked: u64 = stacks.iter().map(|s| s.leaked_bytes).sum();
+            if peak <= largest || peak < leaked {
+                continue; // not a heap any run could have
+            }
+            let r = check_exact(&stacks, peak);
+            let expected: u64 = stacks.iter().map(|s| s.temporaries).sum();
+            // A block that must be alone between its allocation and its free (the
+            // peak was one block, or no two fit below it) replays as a temporary.
+            assert!(r.temporaries <= expected + 1, "{stacks:?}");
+            cases += 1;
+            exact += u32::from(r.temporaries == expected);
+        }
+        assert!(
+            cases > 100 && exact * 100 >= cases * 95,
+            "{exact} of {cases}"
+        );
+    }
+
+    #[test]
+    fn compression_follows_the_name() {
+        assert_eq!(Compression::for_path(Path::new("h.zst")), Compression::Zstd);
+        assert_eq!(
+            Compression::for_path(Path::new("a/h.gz")),
+            Compression::Gzip
+        );
+        assert_eq!(
+            Compression::for_path(Path::new("h.txt")),
+            Compression::Plain
+        );
+    }
+}
