@@ -780,3 +780,191 @@ fn sigusr1_writes_the_outputs_as_of_now() {
         "{last} blocks at the end, {later} in a snapshot"
     );
 }
+
+/// The figures of the text report's totals: allocations, bytes, frees, freed bytes,
+/// peak, leaked blocks, leaked bytes, temporaries, unknown frees.
+fn report_totals(report: &str) -> [i64; 9] {
+    let after = |text: &str, key: &str| -> i64 {
+        let rest = text
+            .split(key)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {key:?} in {report}"));
+        let number: String = rest
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        number
+            .parse()
+            .unwrap_or_else(|_| panic!("{key:?} in {report}"))
+    };
+    let totals = report
+        .lines()
+        .find(|l| l.starts_with("allocations "))
+        .unwrap_or_else(|| panic!("no totals in {report}"));
+    let peak = report
+        .lines()
+        .find(|l| l.starts_with("peak "))
+        .unwrap_or_else(|| panic!("no peak in {report}"));
+    [
+        after(totals, "allocations"),
+        after(totals, "("),
+        after(totals, "frees"),
+        after(totals.split("frees").nth(1).unwrap(), "("),
+        after(peak, "peak"),
+        after(peak, "leaked"),
+        after(peak.split("leaked").nth(1).unwrap(), "("),
+        after(peak, "temporaries"),
+        after(peak, "unknown frees"),
+    ]
+}
+
+/// heaptrack_print's output on `file` with `args`.
+fn heaptrack_print(file: &std::path::Path, args: &[&str]) -> String {
+    let output = std::process::Command::new("heaptrack_print")
+        .arg("-f")
+        .arg(file)
+        .args(args)
+        .output()
+        .expect("heaptrack_print (the heaptrack package; .ci/setup.sh installs it)");
+    assert!(output.status.success(), "heaptrack_print {args:?} failed");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The sum of a cost over heaptrack_print's flamegraph lines (`frames COST`): exact
+/// bytes and counts, where its summary rounds them (60.03K).
+fn heaptrack_cost(file: &std::path::Path, cost: &str, scratch: &common::Scratch) -> i64 {
+    let stacks = scratch.path(&format!("heaptrack-{cost}.txt"));
+    heaptrack_print(
+        file,
+        &[
+            "--flamegraph-cost-type",
+            cost,
+            "-F",
+            stacks.to_str().unwrap(),
+        ],
+    );
+    std::fs::read_to_string(&stacks)
+        .unwrap()
+        .lines()
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<i64>().unwrap())
+        .sum()
+}
+
+/// The function heaptrack_print names first in one of its top lists.
+fn first_named(output: &str, section: &str) -> String {
+    let mut lines = output
+        .split(section)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {section} in {output}"))
+        .lines()
+        .skip_while(|l| !l.contains(" from"));
+    lines.next();
+    lines.next().unwrap_or_default().trim().to_string()
+}
+
+#[test]
+fn heaptrack_and_json_state_the_reports_totals() {
+    if !bpf_available("heaptrack_and_json_state_the_reports_totals") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run(
+        "alloc-heaptrack",
+        &path,
+        &["--heaptrack", "heap.zst", "--json", "heap.json"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    let totals = report_totals(&report);
+
+    // The JSON's heap totals: the report's, and the fixture's own counts.
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
+    let heap = &json["heap"];
+    let keys = [
+        "allocations",
+        "bytes_allocated",
+        "frees",
+        "bytes_freed",
+        "peak_live_bytes",
+        "leaked_blocks",
+        "leaked_bytes",
+        "temporaries",
+        "unknown_frees",
+    ];
+    for (key, total) in keys.iter().zip(totals) {
+        assert_eq!(heap[key].as_i64(), Some(total), "{key}: {heap}\n{report}");
+    }
+    let site_sum = |f: fn(&expected::HeapSite) -> u64| sites.iter().map(f).sum::<u64>() as i64;
+    assert_eq!(totals[0], site_sum(|s| s.allocs));
+    assert_eq!(totals[1], site_sum(|s| s.bytes));
+    assert_eq!(totals[2], site_sum(|s| s.frees));
+    assert_eq!(totals[4], 3 * 20011, "the fixture's peak");
+    assert_eq!(totals[5], site_sum(|s| s.leaked));
+    assert_eq!(totals[6], site_sum(|s| s.leaked * s.size));
+    assert_eq!(heap["sampling"], serde_json::Value::Null);
+    assert_eq!(heap["processes"].as_array().map(Vec::len), Some(1));
+    assert_eq!(heap["processes"][0]["pid"], json["pid"]);
+
+    // heaptrack_print on the export: the same calls, peak and leaks, exactly.
+    let file = run.scratch.path("heap.zst");
+    let summary = heaptrack_print(&file, &[]);
+    assert!(
+        summary.contains(&format!("calls to allocation functions: {} (", totals[0])),
+        "{summary}"
+    );
+    assert_eq!(
+        heaptrack_cost(&file, "allocations", &run.scratch),
+        totals[0]
+    );
+    assert_eq!(heaptrack_cost(&file, "peak", &run.scratch), totals[4]);
+    assert_eq!(heaptrack_cost(&file, "leaked", &run.scratch), totals[6]);
+    // Its rounded summary says the same: 60033 B is "60.03K", 7651 B "7.65K".
+    let kilo = |bytes: i64| format!("{:.2}K", bytes as f64 / 1000.0);
+    assert!(
+        summary.contains(&format!(
+            "peak heap memory consumption: {}",
+            kilo(totals[4])
+        )) && summary.contains(&format!("total memory leaked: {}", kilo(totals[6]))),
+        "{summary}"
+    );
+    // Temporaries live at the peak (site_peak's, freed at once) replay as one at most.
+    let temporaries: i64 = summary
+        .split("temporary memory allocations: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    let peak_site = sites.iter().find(|s| s.function == "site_peak").unwrap();
+    let at_peak = sum(&rows_of(&rows, peak_site), "temporaries");
+    assert!(
+        temporaries <= totals[7] && temporaries >= totals[7] - at_peak,
+        "{temporaries} temporaries in heaptrack, {} in the report\n{summary}",
+        totals[7]
+    );
+
+    // Its top lists name the fixture's functions: the most calls, the peak, the leak.
+    let most_calls = sites.iter().max_by_key(|s| s.allocs).unwrap();
+    let calls = heaptrack_print(&file, &["-a", "-p", "-l"]);
+    assert_eq!(
+        first_named(&calls, "MOST CALLS TO ALLOCATION FUNCTIONS"),
+        most_calls.function,
+        "{calls}"
+    );
+    assert_eq!(first_named(&calls, "PEAK MEMORY CONSUMERS"), "site_peak");
+    assert_eq!(first_named(&calls, "MEMORY LEAKS"), "site_leak", "{calls}");
+}
+
+#[test]
+fn heaptrack_needs_the_alloc_probe() {
+    let (status, stderr) =
+        common::run_args(&["profile:hz:99", "--heaptrack", "h.zst", "-c", "true"]);
+    assert!(!status.success());
+    assert_eq!(
+        stderr.trim(),
+        "cargo-trace: error: --heaptrack writes a heap profile: trace with the alloc probe \
+         (cargo trace alloc ...)",
+    );
+}
