@@ -65,18 +65,26 @@ impl Compression {
 }
 
 pub fn write(profile: &Profile, compression: Compression, out: &mut dyn Write) -> io::Result<()> {
-    let text = render(profile)?;
+    // The events are expanded as they are compressed: a file can hold far more lines
+    // than the profile has stacks.
+    let mut text = render(profile)?;
     match compression {
-        Compression::Plain => out.write_all(&text),
+        Compression::Plain => io::copy(&mut text, out).map(|_| ()),
         Compression::Gzip => {
             let mut encoder = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-            encoder.write_all(&text)?;
+            io::copy(&mut text, &mut encoder)?;
             encoder.finish().map(|_| ())
         }
-        Compression::Zstd => out.write_all(&ruzstd::encoding::compress_to_vec(
-            &text[..],
-            ruzstd::encoding::CompressionLevel::Fastest,
-        )),
+        Compression::Zstd => {
+            // ruzstd panics on a failing writer: it writes to memory, then to `out`.
+            let mut compressed = Vec::new();
+            ruzstd::encoding::compress(
+                text,
+                &mut compressed,
+                ruzstd::encoding::CompressionLevel::Fastest,
+            );
+            out.write_all(&compressed)
+        }
     }
 }
 
@@ -105,6 +113,71 @@ pub enum Event {
     PeakTime,
 }
 
+/// The stream in runs of events: a few steps per stack, however many events they stand
+/// for, expanded only as the file is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `count` allocations of blocks of one info.
+    Alloc(BlockKey, u64),
+    /// `count` frees of such blocks.
+    Free(BlockKey, u64),
+    /// `count` times a block allocated and freed at once: a temporary.
+    Pairs(BlockKey, u64),
+    /// `batches` times: `per_batch` blocks allocated, the last under variant 1, then
+    /// freed from the first.
+    Batches {
+        key: BlockKey,
+        per_batch: u64,
+        batches: u64,
+    },
+    PeakTime,
+}
+
+impl Step {
+    fn is_empty(&self) -> bool {
+        match *self {
+            Step::Alloc(_, count) | Step::Free(_, count) | Step::Pairs(_, count) => count == 0,
+            Step::Batches { batches, .. } => batches == 0,
+            Step::PeakTime => false,
+        }
+    }
+
+    /// The allocation infos it uses.
+    fn keys(&self) -> Vec<BlockKey> {
+        match *self {
+            Step::Alloc(key, _) | Step::Free(key, _) | Step::Pairs(key, _) => vec![key],
+            Step::Batches { key, .. } => vec![key, BlockKey { variant: 1, ..key }],
+            Step::PeakTime => vec![],
+        }
+    }
+
+    pub fn events(self) -> Box<dyn Iterator<Item = Event>> {
+        use std::iter::{once, repeat_n};
+        let n = |count: u64| usize::try_from(count).unwrap_or(usize::MAX);
+        match self {
+            Step::Alloc(key, count) => Box::new(repeat_n(Event::Alloc(key), n(count))),
+            Step::Free(key, count) => Box::new(repeat_n(Event::Free(key), n(count))),
+            Step::Pairs(key, count) => {
+                Box::new((0..count).flat_map(move |_| [Event::Alloc(key), Event::Free(key)]))
+            }
+            Step::Batches {
+                key,
+                per_batch,
+                batches,
+            } => {
+                let last = BlockKey { variant: 1, ..key };
+                Box::new((0..batches).flat_map(move |_| {
+                    repeat_n(Event::Alloc(key), n(per_batch - 1))
+                        .chain(once(Event::Alloc(last)))
+                        .chain(repeat_n(Event::Free(key), n(per_batch - 1)))
+                        .chain(once(Event::Free(last)))
+                }))
+            }
+            Step::PeakTime => Box::new(once(Event::PeakTime)),
+        }
+    }
+}
+
 /// The variant of leaked blocks: never freed, they must not share an info with a freed
 /// block that could be freed right after one of them is allocated.
 const LEAKED: u8 = 2;
@@ -116,8 +189,45 @@ pub struct BlockKey {
     pub variant: u8,
 }
 
-/// The text of the file (before compression).
-fn render(profile: &Profile) -> io::Result<Vec<u8>> {
+/// The text of the file (before compression), read as it is generated.
+struct Text {
+    buffer: Vec<u8>,
+    read: usize,
+    events: Box<dyn Iterator<Item = Event>>,
+    /// Allocation info of each block key.
+    infos: HashMap<BlockKey, usize>,
+    peak_ms: u64,
+    /// The lines after the events.
+    tail: Option<Vec<u8>>,
+}
+
+impl io::Read for Text {
+    fn read(&mut self, into: &mut [u8]) -> io::Result<usize> {
+        if self.read == self.buffer.len() {
+            self.buffer.clear();
+            self.read = 0;
+            while self.buffer.len() < 1 << 16 {
+                match self.events.next() {
+                    Some(Event::Alloc(key)) => writeln!(self.buffer, "+ {:x}", self.infos[&key])?,
+                    Some(Event::Free(key)) => writeln!(self.buffer, "- {:x}", self.infos[&key])?,
+                    Some(Event::PeakTime) => writeln!(self.buffer, "c {:x}", self.peak_ms)?,
+                    None => {
+                        if let Some(tail) = self.tail.take() {
+                            self.buffer.extend_from_slice(&tail);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        let n = into.len().min(self.buffer.len() - self.read);
+        into[..n].copy_from_slice(&self.buffer[self.read..self.read + n]);
+        self.read += n;
+        Ok(n)
+    }
+}
+
+fn render(profile: &Profile) -> io::Result<Text> {
     let heap = profile.heap.as_ref().ok_or_else(|| {
         io::Error::other("no heap profile to write for heaptrack (trace with the alloc probe)")
     })?;
@@ -145,9 +255,18 @@ fn render(profile: &Profile) -> io::Result<Vec<u8>> {
         .unwrap_or(0);
     writeln!(out, "I {PAGE_SIZE:x} {:x}", physical_pages())?;
 
+    let mut text = Text {
+        buffer: Vec::new(),
+        read: 0,
+        events: Box::new(std::iter::empty()),
+        infos: HashMap::new(),
+        peak_ms: 0,
+        tail: None,
+    };
     let Some(process) = chosen_process(profile, &heap.processes) else {
         writeln!(out, "c 0")?;
-        return Ok(out);
+        text.buffer = out;
+        return Ok(text);
     };
     let samples: Vec<&Sample> = profile
         .samples
@@ -161,22 +280,19 @@ fn render(profile: &Profile) -> io::Result<Vec<u8>> {
     let traces: Vec<u64> = samples.iter().map(|s| tables.trace(profile, s)).collect();
     out.extend_from_slice(&tables.lines);
 
-    let events = plan(&stacks, process.peak_bytes.max(0) as u64);
+    let steps = plan(&stacks, process.peak_bytes.max(0) as u64);
     // Allocation info 0 is never used: heaptrack takes a `-` of info 0 right after
     // another `-` for a temporary.
     writeln!(out, "a 0 {:x}", traces.first().copied().unwrap_or(0))?;
-    let mut infos: HashMap<BlockKey, usize> = HashMap::new();
-    for event in &events {
-        if let Event::Alloc(key) = event {
-            if !infos.contains_key(key) {
-                infos.insert(*key, infos.len() + 1);
-                writeln!(out, "a {:x} {:x}", key.size, traces[key.stack])?;
-            }
+    for key in steps.iter().flat_map(Step::keys) {
+        if !text.infos.contains_key(&key) {
+            text.infos.insert(key, text.infos.len() + 1);
+            writeln!(out, "a {:x} {:x}", key.size, traces[key.stack])?;
         }
     }
 
     let duration_ms = profile.metadata.duration.as_millis() as u64;
-    let peak_ms = heap
+    text.peak_ms = heap
         .timeline
         .iter()
         .max_by_key(|p| p.live_bytes)
@@ -186,17 +302,12 @@ fn render(profile: &Profile) -> io::Result<Vec<u8>> {
     if rss_pages > 0 {
         writeln!(out, "R {rss_pages:x}")?;
     }
-    for event in &events {
-        match event {
-            Event::Alloc(key) => writeln!(out, "+ {:x}", infos[key])?,
-            Event::Free(key) => writeln!(out, "- {:x}", infos[key])?,
-            Event::PeakTime => writeln!(out, "c {peak_ms:x}")?,
-        }
+    text.buffer = out;
+    text.events = Box::new(steps.into_iter().flat_map(Step::events));
+    if duration_ms > text.peak_ms {
+        text.tail = Some(format!("c {duration_ms:x}\n").into_bytes());
     }
-    if duration_ms > peak_ms {
-        writeln!(out, "c {duration_ms:x}")?;
-    }
-    Ok(out)
+    Ok(text)
 }
 
 /// The target's heap if it has one, else the process that allocated most.
@@ -338,12 +449,25 @@ struct Group {
 }
 
 impl Group {
-    fn sizes(self) -> impl Iterator<Item = u64> {
+    /// Its blocks as runs of one size: `bytes % count` blocks one byte larger first.
+    fn runs(self, stack: usize, variant: u8) -> impl Iterator<Item = (BlockKey, u64)> {
         let (each, larger) = match self.count {
             0 => (0, 0),
             n => (self.bytes / n, self.bytes % n),
         };
-        (0..self.count).map(move |i| each + u64::from(i < larger))
+        [(each + 1, larger), (each, self.count - larger)]
+            .into_iter()
+            .filter(|&(_, count)| count > 0)
+            .map(move |(size, count)| {
+                (
+                    BlockKey {
+                        stack,
+                        size,
+                        variant,
+                    },
+                    count,
+                )
+            })
     }
 }
 
@@ -462,7 +586,7 @@ fn normalize(stack: &StackFigures) -> Normalized {
 
 /// The event stream that replays, in heaptrack's accounting, into `stacks`' figures and
 /// a peak of `peak` live bytes (see the module's documentation for what is exact).
-pub fn plan(stacks: &[StackFigures], peak: u64) -> Vec<Event> {
+pub fn plan(stacks: &[StackFigures], peak: u64) -> Vec<Step> {
     let mut normalized: Vec<Normalized> = stacks.iter().map(normalize).collect();
     // The stacks' shares of the peak add up to the process's peak (they may not, by a
     // race between threads): the difference goes to the stacks with room.
@@ -521,147 +645,208 @@ pub fn plan(stacks: &[StackFigures], peak: u64) -> Vec<Event> {
     } else {
         peak.saturating_sub(1)
     };
-    let mut pairs: Vec<BlockKey> = Vec::new();
-    let mut others: Vec<BlockKey> = Vec::new();
+    let mut pairs: Vec<(BlockKey, u64)> = Vec::new();
+    let mut others: Vec<(BlockKey, u64)> = Vec::new();
     for (stack, split) in splits.iter().enumerate() {
-        for (i, size) in split.freed_other.sizes().enumerate() {
-            let key = BlockKey {
-                stack,
-                size,
-                variant: 0,
-            };
-            if (i as u64) < split.temporaries {
-                pairs.push(key);
-            } else {
-                others.push(key);
-            }
+        let mut temporaries = split.temporaries;
+        for (key, count) in split.freed_other.runs(stack, 0) {
+            let paired = count.min(temporaries);
+            temporaries -= paired;
+            pairs.push((key, paired));
+            others.push((key, count - paired));
         }
-        others.extend(split.untracked.sizes().map(|size| BlockKey {
-            stack,
-            size,
-            variant: 0,
-        }));
+        others.extend(split.untracked.runs(stack, 0));
     }
-    let mut batches: Vec<Vec<BlockKey>> = Vec::new();
-    let mut live = 0;
-    for key in others {
-        match batches.last_mut() {
-            Some(batch) if live + key.size <= cap => batch.push(key),
-            _ => {
-                batches.push(vec![key]);
-                live = 0;
-            }
-        }
-        live += key.size;
+    pairs.retain(|&(_, count)| count > 0);
+    others.retain(|&(_, count)| count > 0);
+    let mut unpeaked = Batcher {
+        cap,
+        pairs,
+        steps: Vec::new(),
+        open: Vec::new(),
+        live: 0,
+    };
+    for (key, count) in others {
+        unpeaked.add(key, count);
     }
-    // A last batch of one block takes one from the batch before, if it fits.
-    if let [.., before, last] = &mut batches[..] {
-        if last.len() == 1 && before.len() > 2 {
-            let moved = before[before.len() - 1];
-            if moved.size + last[0].size <= cap {
-                before.pop();
-                last.insert(0, moved);
-            }
-        }
-    }
-    let mut unpeaked = Vec::new();
-    for batch in &mut batches {
-        flush(batch, &mut pairs, cap, &mut unpeaked);
-    }
-    for key in pairs {
-        unpeaked.push(Event::Alloc(key));
-        unpeaked.push(Event::Free(key));
-    }
-    let mut events = Vec::new();
+    let mut unpeaked = unpeaked.finish();
+    let mut steps = Vec::new();
     if !after_peak {
-        events.append(&mut unpeaked);
+        steps.append(&mut unpeaked);
     }
 
     // The rise to the peak: blocks freed after it, then leaked ones. When a stack has
     // temporaries live at the peak, one of its blocks is allocated last and freed
     // first: heaptrack counts that one as a temporary.
-    let mut freed_at_peak: Vec<BlockKey> = Vec::new();
-    let mut leaked_at_peak: Vec<BlockKey> = Vec::new();
+    let mut freed_at_peak: Vec<(BlockKey, u64)> = Vec::new();
+    let mut leaked_at_peak: Vec<(BlockKey, u64)> = Vec::new();
     for (stack, split) in splits.iter().enumerate() {
-        freed_at_peak.extend(split.freed_at_peak.sizes().map(|size| BlockKey {
-            stack,
-            size,
-            variant: 0,
-        }));
-        leaked_at_peak.extend(split.leaked_at_peak.sizes().map(|size| BlockKey {
-            stack,
-            size,
-            variant: LEAKED,
-        }));
+        freed_at_peak.extend(split.freed_at_peak.runs(stack, 0));
+        leaked_at_peak.extend(split.leaked_at_peak.runs(stack, LEAKED));
     }
     let temporary_last = splits
         .iter()
         .enumerate()
         .filter(|(_, s)| s.temporaries_at_peak > 0)
-        .find_map(|(stack, _)| freed_at_peak.iter().rposition(|k| k.stack == stack));
-    match temporary_last {
-        Some(at) => {
-            let last = freed_at_peak.remove(at);
-            events.push(Event::PeakTime);
-            for key in freed_at_peak.iter().chain(&leaked_at_peak) {
-                events.push(Event::Alloc(*key));
-            }
-            events.push(Event::Alloc(last));
-            events.push(Event::Free(last));
-        }
-        None => {
-            if leaked_at_peak.is_empty() && freed_at_peak.len() > 1 {
-                // The last allocated is freed last, under an info of its own.
-                if let Some(last) = freed_at_peak.last_mut() {
-                    last.variant = 1;
-                }
-            }
-            events.push(Event::PeakTime);
-            for key in freed_at_peak.iter().chain(&leaked_at_peak) {
-                events.push(Event::Alloc(*key));
-            }
+        .find_map(|(stack, _)| freed_at_peak.iter().rposition(|(k, _)| k.stack == stack));
+    steps.push(Step::PeakTime);
+    let mut last = None;
+    if let Some(at) = temporary_last {
+        freed_at_peak[at].1 -= 1;
+        last = Some(freed_at_peak[at].0);
+    } else if leaked_at_peak.is_empty() && freed_at_peak.iter().map(|r| r.1).sum::<u64>() > 1 {
+        // The last allocated is freed last, under an info of its own.
+        if let Some((key, count)) = freed_at_peak.last_mut() {
+            *count -= 1;
+            let mut own = *key;
+            own.variant = 1;
+            freed_at_peak.push((own, 1));
         }
     }
-    for key in &freed_at_peak {
-        events.push(Event::Free(*key));
+    for &(key, count) in freed_at_peak.iter().chain(&leaked_at_peak) {
+        steps.push(Step::Alloc(key, count));
     }
-    events.append(&mut unpeaked);
+    if let Some(key) = last {
+        steps.push(Step::Pairs(key, 1));
+    }
+    for &(key, count) in &freed_at_peak {
+        steps.push(Step::Free(key, count));
+    }
+    steps.append(&mut unpeaked);
     // After the peak: the leaks allocated since.
     for (stack, split) in splits.iter().enumerate() {
-        for size in split.leaked_late.sizes() {
-            events.push(Event::Alloc(BlockKey {
-                stack,
-                size,
-                variant: LEAKED,
-            }));
-        }
+        steps.extend(
+            split
+                .leaked_late
+                .runs(stack, LEAKED)
+                .map(|(key, count)| Step::Alloc(key, count)),
+        );
     }
-    events
+    steps.retain(|step| !step.is_empty());
+    steps
 }
 
-/// Allocates a batch of blocks that are not temporaries, then frees them: each free
-/// follows a free, or an allocation of another info. A batch of one block takes a
-/// temporary pair inside it when one fits.
-fn flush(batch: &mut Vec<BlockKey>, pairs: &mut Vec<BlockKey>, cap: u64, events: &mut Vec<Event>) {
-    match batch.len() {
-        0 => {}
-        1 => {
-            let key = batch[0];
-            events.push(Event::Alloc(key));
-            if let Some(at) = pairs.iter().position(|p| key.size + p.size <= cap) {
-                let pair = pairs.remove(at);
-                events.push(Event::Alloc(pair));
-                events.push(Event::Free(pair));
-            }
-            events.push(Event::Free(key));
+/// Forms the batches of freed blocks that are not temporaries: as many blocks as fit
+/// below `cap` allocated, then freed from the first, so that each free follows a free
+/// or an allocation of another info. A batch of one block takes a temporary pair inside
+/// it when one fits (else it replays as a temporary).
+struct Batcher {
+    cap: u64,
+    /// Temporaries not yet written, as runs.
+    pairs: Vec<(BlockKey, u64)>,
+    steps: Vec<Step>,
+    /// The batch being filled, as runs, and its bytes.
+    open: Vec<(BlockKey, u64)>,
+    live: u64,
+}
+
+impl Batcher {
+    fn add(&mut self, key: BlockKey, mut count: u64) {
+        let fits = |room: u64, count: u64| match key.size {
+            0 => count,
+            size => (room / size).min(count),
+        };
+        // Fill the open batch.
+        let into_open = fits(self.cap.saturating_sub(self.live), count);
+        if into_open > 0 {
+            self.open.push((key, into_open));
+            self.live += into_open * key.size;
+            count -= into_open;
         }
-        n => {
-            batch[n - 1].variant = 1;
-            events.extend(batch.iter().map(|key| Event::Alloc(*key)));
-            events.extend(batch.iter().map(|key| Event::Free(*key)));
+        if count == 0 {
+            return;
+        }
+        self.close();
+        // Whole batches of this key, then an open one with the rest.
+        let per_batch = fits(self.cap, count).max(1);
+        if per_batch >= 2 {
+            let batches = count / per_batch;
+            self.steps.push(Step::Batches {
+                key,
+                per_batch,
+                batches,
+            });
+            count -= batches * per_batch;
+        } else {
+            for _ in 1..count {
+                self.single(key);
+            }
+            count = 1;
+        }
+        if count > 0 {
+            self.open.push((key, count));
+            self.live = count * key.size;
         }
     }
-    batch.clear();
+
+    /// Writes the open batch.
+    fn close(&mut self) {
+        let open = std::mem::take(&mut self.open);
+        self.live = 0;
+        match open.iter().map(|r| r.1).sum::<u64>() {
+            0 => {}
+            1 => self.single(open[0].0),
+            _ => {
+                let (mut last, _) = open[open.len() - 1];
+                last.variant = 1;
+                let mut runs = open;
+                if let Some(run) = runs.last_mut() {
+                    run.1 -= 1;
+                }
+                runs.push((last, 1));
+                self.steps
+                    .extend(runs.iter().map(|&(key, count)| Step::Alloc(key, count)));
+                self.steps
+                    .extend(runs.iter().map(|&(key, count)| Step::Free(key, count)));
+            }
+        }
+    }
+
+    /// One block alone: a temporary pair inside it if one fits.
+    fn single(&mut self, key: BlockKey) {
+        self.steps.push(Step::Alloc(key, 1));
+        let room = self.cap.saturating_sub(key.size);
+        if let Some(pair) = self
+            .pairs
+            .iter_mut()
+            .find(|(p, count)| *count > 0 && p.size <= room)
+        {
+            pair.1 -= 1;
+            self.steps.push(Step::Pairs(pair.0, 1));
+        }
+        self.steps.push(Step::Free(key, 1));
+    }
+
+    fn finish(mut self) -> Vec<Step> {
+        // A last batch of one block takes one from whole batches before it, if it fits.
+        let open_blocks: u64 = self.open.iter().map(|r| r.1).sum();
+        if open_blocks == 1 {
+            if let Some(Step::Batches {
+                key,
+                per_batch,
+                batches,
+            }) = self.steps.last().cloned()
+            {
+                let single = self.open[0].0;
+                if per_batch >= 3 && batches >= 1 && key.size + single.size <= self.cap {
+                    self.steps.pop();
+                    self.steps.push(Step::Batches {
+                        key,
+                        per_batch,
+                        batches: batches - 1,
+                    });
+                    self.open = vec![(key, per_batch - 1)];
+                    self.close();
+                    self.open = vec![(key, 1), (single, 1)];
+                }
+            }
+        }
+        self.close();
+        for (key, count) in std::mem::take(&mut self.pairs) {
+            self.steps.push(Step::Pairs(key, count));
+        }
+        self.steps
+    }
 }
 
 #[cfg(test)]
@@ -679,13 +864,14 @@ mod tests {
         stacks: HashMap<usize, [u64; 6]>,
     }
 
-    fn replay(events: &[Event]) -> Replayed {
+    fn replay(steps: &[Step]) -> Replayed {
+        let events: Vec<Event> = steps.iter().flat_map(|s| s.events()).collect();
         let mut r = Replayed::default();
         let mut last: Option<BlockKey> = None;
         let mut live: HashMap<usize, u64> = HashMap::new();
         let mut first_peak: Option<HashMap<usize, u64>> = None;
         let mut total: u64 = 0;
-        for event in events {
+        for event in &events {
             match *event {
                 Event::Alloc(key) => {
                     r.allocations += 1;
@@ -746,8 +932,8 @@ mod tests {
 
     /// Every figure of every stack replays exactly.
     fn check_exact(stacks: &[StackFigures], peak: u64) -> Replayed {
-        let events = plan(stacks, peak);
-        let r = replay(&events);
+        let steps = plan(stacks, peak);
+        let r = replay(&steps);
         assert_eq!(r.peak, peak, "{stacks:?}");
         assert_eq!(r.allocations, stacks.iter().map(|s| s.allocs).sum::<u64>());
         assert_eq!(r.leaked, stacks.iter().map(|s| s.leaked_bytes).sum::<u64>());
@@ -889,6 +1075,149 @@ mod tests {
             cases > 100 && exact * 100 >= cases * 95,
             "{exact} of {cases}"
         );
+    }
+
+    #[test]
+    fn millions_of_events_are_a_few_steps() {
+        let stacks = [
+            stack(1_000_000, 48, 1_000_000, 900_000, 0),
+            stack(300_000, 16, 299_000, 0, 1000),
+        ];
+        let steps = plan(&stacks, 16_000);
+        assert!(steps.len() < 30, "{steps:?}");
+        let events: usize = steps.iter().map(|s| s.events().count()).sum();
+        assert_eq!(events, 1_300_000 + 1_299_000 + 1);
+    }
+
+    /// A heap profile of the writers' example: its first sample leaks, the others free.
+    fn heap_example() -> Profile {
+        use crate::profile::{HeapProcess, HeapTotals};
+        let mut profile = crate::writers::tests::example();
+        profile.value_types = alloc::value_types();
+        let index = |kind| profile.value_index(kind).unwrap();
+        let [allocs, bytes, frees, freed, leaked, leaked_bytes, peak] = [
+            alloc::ALLOCS,
+            alloc::ALLOC_SPACE,
+            alloc::FREES,
+            alloc::FREED_SPACE,
+            alloc::LEAKED_BLOCKS,
+            alloc::LEAKED_BYTES,
+            alloc::PEAK_BYTES,
+        ]
+        .map(index);
+        let width = profile.value_types.len();
+        // Heap stacks start at the allocating function's entry.
+        let entry = profile.locations.len();
+        profile.locations.push(crate::profile::Location {
+            address: 0x7fff_f7e0_0200,
+            mapping: Some(1),
+            frames: vec![crate::symbolize::Frame {
+                function: "malloc".into(),
+                file: None,
+                line: None,
+            }],
+            kernel: false,
+        });
+        for (i, sample) in profile.samples.iter_mut().enumerate() {
+            sample.stack.insert(0, entry);
+            sample.probe = 0;
+            let n = i as i64 + 1;
+            sample.values = vec![0; width];
+            sample.values[allocs] = n;
+            sample.values[bytes] = 100 * n;
+            if i == 0 {
+                sample.values[leaked] = 1;
+                sample.values[leaked_bytes] = 100;
+                sample.values[peak] = 100;
+            } else {
+                sample.values[frees] = n;
+                sample.values[freed] = 100 * n;
+            }
+        }
+        profile.heap = Some(HeapTotals {
+            processes: vec![HeapProcess {
+                pid: 42,
+                allocs: 15,
+                bytes: 1500,
+                frees: 14,
+                freed_bytes: 1400,
+                live_bytes: 100,
+                peak_bytes: 300,
+                ..HeapProcess::default()
+            }],
+            ..HeapTotals::default()
+        });
+        profile
+    }
+
+    #[test]
+    fn the_file_in_every_compression() {
+        let profile = heap_example();
+        let mut plain = Vec::new();
+        write(&profile, Compression::Plain, &mut plain).unwrap();
+        let text = String::from_utf8(plain.clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "v 10400 3");
+        assert!(lines.contains(&"X ./demo arg"), "{text}");
+        // Sized strings, a pointer with its inlined frame (innermost first), the trace
+        // from the root, without the innermost location (the allocator's entry).
+        assert!(lines.contains(&"s a /work/demo"), "{text}");
+        assert!(lines.contains(&"s 14 demo::inlined_helper"), "{text}");
+        let inlined = lines
+            .iter()
+            .find(|l| l.starts_with("i 555555551234 "))
+            .unwrap();
+        assert_eq!(inlined.split(' ').count(), 3 + 2 * 3, "{inlined}");
+        assert!(!text.contains("malloc"), "{text}");
+        let count = |prefix: &str| lines.iter().filter(|l| l.starts_with(prefix)).count();
+        assert_eq!(count("+ "), 15, "{text}");
+        assert_eq!(count("- "), 14, "{text}");
+        assert!(lines.contains(&"t 1 0"), "{text}");
+        let replayed_peak = {
+            let infos: Vec<u64> = lines
+                .iter()
+                .filter_map(|l| l.strip_prefix("a "))
+                .map(|l| u64::from_str_radix(l.split(' ').next().unwrap(), 16).unwrap())
+                .collect();
+            let (mut live, mut peak) = (0u64, 0u64);
+            for line in &lines {
+                if let Some(i) = line.strip_prefix("+ ") {
+                    live += infos[usize::from_str_radix(i, 16).unwrap()];
+                    peak = peak.max(live);
+                } else if let Some(i) = line.strip_prefix("- ") {
+                    live -= infos[usize::from_str_radix(i, 16).unwrap()];
+                }
+            }
+            assert_eq!(live, 100, "leaked");
+            peak
+        };
+        assert_eq!(replayed_peak, 300);
+
+        let mut gz = Vec::new();
+        write(&profile, Compression::Gzip, &mut gz).unwrap();
+        let mut unzipped = Vec::new();
+        io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut unzipped).unwrap();
+        assert_eq!(unzipped, plain);
+        let mut zst = Vec::new();
+        write(&profile, Compression::Zstd, &mut zst).unwrap();
+        let mut decoded = Vec::new();
+        io::Read::read_to_end(
+            &mut ruzstd::decoding::StreamingDecoder::new(&zst[..]).unwrap(),
+            &mut decoded,
+        )
+        .unwrap();
+        assert_eq!(decoded, plain);
+    }
+
+    #[test]
+    fn a_profile_without_heap_is_an_error() {
+        let error = write(
+            &crate::writers::tests::example(),
+            Compression::Plain,
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("alloc probe"), "{error}");
     }
 
     #[test]
