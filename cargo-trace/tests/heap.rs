@@ -201,9 +201,22 @@ fn rust_sites_are_exact_with_their_whole_stacks() {
     let path = fixtures::rust_fixture("alloc_sites");
     // Temporaries are blocks freed within 10 ms here: the fast site frees at once, with
     // room for a preemption; the slow one holds its blocks 30 ms.
-    let run = alloc_run("alloc-rust", &path, &["--temporary-ms", "10"]);
+    let run = alloc_run(
+        "alloc-rust",
+        &path,
+        &[
+            "--temporary-ms",
+            "10",
+            "--heaptrack",
+            "heap.gz",
+            "--json",
+            "heap.json",
+        ],
+    );
     let rows = read_csv(&run, "heap.csv");
     let sites = check_sites(&run, &rows);
+    // Threads, 70-frame stacks, std's own blocks: heaptrack states the same totals.
+    check_json_and_heaptrack(&run, "heap.gz");
     let site = |name: &str| {
         sites
             .iter()
@@ -863,23 +876,12 @@ fn first_named(output: &str, section: &str) -> String {
     lines.next().unwrap_or_default().trim().to_string()
 }
 
-#[test]
-fn heaptrack_and_json_state_the_reports_totals() {
-    if !bpf_available("heaptrack_and_json_state_the_reports_totals") {
-        return;
-    }
-    let path = fixtures::c_fixture("alloc_c");
-    let run = alloc_run(
-        "alloc-heaptrack",
-        &path,
-        &["--heaptrack", "heap.zst", "--json", "heap.json"],
-    );
-    let rows = read_csv(&run, "heap.csv");
-    let sites = check_sites(&run, &rows);
+/// The heap totals of `--json` (written to `heap.json`) and of heaptrack_print on the
+/// `--heaptrack` file `heaptrack` are the text report's (`report.txt`): returns those
+/// totals and heaptrack_print's summary.
+fn check_json_and_heaptrack(run: &Run, heaptrack: &str) -> ([i64; 9], String) {
     let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
     let totals = report_totals(&report);
-
-    // The JSON's heap totals: the report's, and the fixture's own counts.
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
     let heap = &json["heap"];
@@ -897,19 +899,12 @@ fn heaptrack_and_json_state_the_reports_totals() {
     for (key, total) in keys.iter().zip(totals) {
         assert_eq!(heap[key].as_i64(), Some(total), "{key}: {heap}\n{report}");
     }
-    let site_sum = |f: fn(&expected::HeapSite) -> u64| sites.iter().map(f).sum::<u64>() as i64;
-    assert_eq!(totals[0], site_sum(|s| s.allocs));
-    assert_eq!(totals[1], site_sum(|s| s.bytes));
-    assert_eq!(totals[2], site_sum(|s| s.frees));
-    assert_eq!(totals[4], 3 * 20011, "the fixture's peak");
-    assert_eq!(totals[5], site_sum(|s| s.leaked));
-    assert_eq!(totals[6], site_sum(|s| s.leaked * s.size));
     assert_eq!(heap["sampling"], serde_json::Value::Null);
     assert_eq!(heap["processes"].as_array().map(Vec::len), Some(1));
     assert_eq!(heap["processes"][0]["pid"], json["pid"]);
 
     // heaptrack_print on the export: the same calls, peak and leaks, exactly.
-    let file = run.scratch.path("heap.zst");
+    let file = run.scratch.path(heaptrack);
     let summary = heaptrack_print(&file, &[]);
     assert!(
         summary.contains(&format!("calls to allocation functions: {} (", totals[0])),
@@ -921,7 +916,34 @@ fn heaptrack_and_json_state_the_reports_totals() {
     );
     assert_eq!(heaptrack_cost(&file, "peak", &run.scratch), totals[4]);
     assert_eq!(heaptrack_cost(&file, "leaked", &run.scratch), totals[6]);
-    // Its rounded summary says the same: 60033 B is "60.03K", 7651 B "7.65K".
+    (totals, summary)
+}
+
+#[test]
+fn heaptrack_and_json_state_the_reports_totals() {
+    if !bpf_available("heaptrack_and_json_state_the_reports_totals") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run(
+        "alloc-heaptrack",
+        &path,
+        &["--heaptrack", "heap.zst", "--json", "heap.json"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    let (totals, summary) = check_json_and_heaptrack(&run, "heap.zst");
+    // The totals are the fixture's own counts.
+    let site_sum = |f: fn(&expected::HeapSite) -> u64| sites.iter().map(f).sum::<u64>() as i64;
+    assert_eq!(totals[0], site_sum(|s| s.allocs));
+    assert_eq!(totals[1], site_sum(|s| s.bytes));
+    assert_eq!(totals[2], site_sum(|s| s.frees));
+    assert_eq!(totals[4], 3 * 20011, "the fixture's peak");
+    assert_eq!(totals[5], site_sum(|s| s.leaked));
+    assert_eq!(totals[6], site_sum(|s| s.leaked * s.size));
+    assert_eq!(totals[8], 0, "unknown frees");
+
+    // heaptrack's rounded summary says the same: 60033 B is "60.03K", 7651 B "7.65K".
     let kilo = |bytes: i64| format!("{:.2}K", bytes as f64 / 1000.0);
     assert!(
         summary.contains(&format!(
@@ -946,6 +968,7 @@ fn heaptrack_and_json_state_the_reports_totals() {
     );
 
     // Its top lists name the fixture's functions: the most calls, the peak, the leak.
+    let file = run.scratch.path("heap.zst");
     let most_calls = sites.iter().max_by_key(|s| s.allocs).unwrap();
     let calls = heaptrack_print(&file, &["-a", "-p", "-l"]);
     assert_eq!(
