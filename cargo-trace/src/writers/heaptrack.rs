@@ -363,10 +363,10 @@ struct Tables {
 
 impl Tables {
     fn string(&mut self, text: &str) -> usize {
-        if let Some(&index) = self.strings.get(text) {
+        let text = one_line(text);
+        if let Some(&index) = self.strings.get(&text) {
             return index;
         }
-        let text = one_line(text);
         let index = self.strings.len() + 1;
         // Writing to a Vec cannot fail.
         let _ = writeln!(self.lines, "s {:x} {text}", text.len());
@@ -1218,6 +1218,16 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.to_string().contains("alloc probe"), "{error}");
+    }
+
+    #[test]
+    fn a_string_is_one_line_written_once() {
+        let mut tables = Tables::default();
+        assert_eq!(tables.string("a\nb"), 1);
+        assert_eq!(tables.string("a b"), 1);
+        assert_eq!(tables.string("a\nb"), 1);
+        assert_eq!(tables.string("c"), 2);
+        assert_eq!(String::from_utf8_lossy(&tables.lines), "s 3 a b\ns 1 c\n");
     }
 
     #[test]
