@@ -312,7 +312,18 @@ fn a_full_live_map_is_counted_and_reported() {
     }
     let path = fixtures::c_fixture("alloc_c");
     // alloc_c holds at most one block at a time until its 7 leaks.
-    let run = alloc_run("alloc-full", &path, &["--max-live-blocks", "3"]);
+    let run = alloc_run(
+        "alloc-full",
+        &path,
+        &[
+            "--max-live-blocks",
+            "3",
+            "--json",
+            "heap.json",
+            "--heaptrack",
+            "heap.zst",
+        ],
+    );
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     let rows = read_csv(&run, "heap.csv");
     let sites = expected::parse_heap_sites(&run.stdout).unwrap();
@@ -336,6 +347,13 @@ fn a_full_live_map_is_counted_and_reported() {
             && report.contains("raise --max-live-blocks"),
         "{report}"
     );
+    // The JSON counts them; heaptrack states the report's calls, peak and leaks (3
+    // blocks), the untracked blocks freed where they move neither.
+    let (totals, _) = check_json_and_heaptrack(&run, "heap.zst");
+    assert_eq!(totals[6], 3 * leak.size as i64);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
+    assert_eq!(json["heap"]["lost"]["blocks untracked (live map full)"], 4);
 }
 
 /// `alloc:PATH` probes the allocator of that file: libc by its path counts as `alloc` does.
@@ -497,7 +515,14 @@ fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
         &["alloc"],
         &format!("{} 200000 10", quoted(&path)),
         &[
-            &["--csv", "heap.csv", "--report-text", "report.txt"],
+            &[
+                "--csv",
+                "heap.csv",
+                "--report-text",
+                "report.txt",
+                "--json",
+                "heap.json",
+            ],
             option,
         ]
         .concat(),
@@ -515,6 +540,15 @@ fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
         report.contains("sampled: "),
         "the report says it is sampled:\n{report}"
     );
+    // The JSON says how, with the report's totals.
+    let (_, heap) = check_json(&run);
+    let (mode, value) = match option {
+        ["--sample-every", n] => ("every", n.parse::<u64>().unwrap()),
+        ["--sample-bytes", "4K"] => ("bytes", 4096),
+        _ => panic!("{option:?}"),
+    };
+    assert_eq!(heap["sampling"]["mode"], mode, "{heap}");
+    assert_eq!(heap["sampling"]["value"], value, "{heap}");
 }
 
 #[test]
@@ -895,11 +929,9 @@ fn first_named(output: &str, section: &str) -> String {
     lines.next().unwrap_or_default().trim().to_string()
 }
 
-/// The heap totals of `--json` (written to `heap.json`) and of heaptrack_print on the
-/// `--heaptrack` file `heaptrack` are the text report's (`report.txt`): returns those
-/// totals and heaptrack_print's summary (`None` where heaptrack is not installed,
-/// outside CI).
-fn check_json_and_heaptrack(run: &Run, heaptrack: &str) -> ([i64; 9], Option<String>) {
+/// The heap totals of `--json` (written to `heap.json`) are the text report's
+/// (`report.txt`): returns those totals and the JSON's heap object.
+fn check_json(run: &Run) -> ([i64; 9], serde_json::Value) {
     let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
     let totals = report_totals(&report);
     let json: serde_json::Value =
@@ -919,9 +951,17 @@ fn check_json_and_heaptrack(run: &Run, heaptrack: &str) -> ([i64; 9], Option<Str
     for (key, total) in keys.iter().zip(totals) {
         assert_eq!(heap[key].as_i64(), Some(total), "{key}: {heap}\n{report}");
     }
-    assert_eq!(heap["sampling"], serde_json::Value::Null);
     assert_eq!(heap["processes"].as_array().map(Vec::len), Some(1));
     assert_eq!(heap["processes"][0]["pid"], json["pid"]);
+    (totals, heap.clone())
+}
+
+/// [`check_json`], and heaptrack_print on the `--heaptrack` file `heaptrack` states the
+/// same totals: returns them and heaptrack_print's summary (`None` where heaptrack is
+/// not installed, outside CI).
+fn check_json_and_heaptrack(run: &Run, heaptrack: &str) -> ([i64; 9], Option<String>) {
+    let (totals, heap) = check_json(run);
+    assert_eq!(heap["sampling"], serde_json::Value::Null);
 
     // heaptrack_print on the export: the same calls, peak and leaks, exactly.
     if !heaptrack_print_available() {
