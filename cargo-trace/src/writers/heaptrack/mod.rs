@@ -20,7 +20,9 @@
 //!   and in total; the peak, and each stack's live bytes at it, when the stack's blocks
 //!   can be split into the bytes live at the peak and the rest (always, unless one
 //!   block must carry both); temporaries, except those that were live at the peak (of
-//!   those, at most one replays as a temporary);
+//!   those, at most one replays as a temporary), and except a block that is not one but
+//!   must be alone between its allocation and its free (no two fit below the peak, or
+//!   the peak was one block): it replays as one;
 //! - synthesized: the order of events and their timestamps (blocks that are freed come
 //!   before the peak, the peak is placed at the heap timeline's highest point, the
 //!   leaks after it); the sizes of single blocks (a stack's bytes split evenly among
