@@ -9,6 +9,8 @@
 #   bpftool     regenerates bpf-prog/src/bpf/vmlinux.h (not needed to build)
 #   golang-go   `go tool pprof`, which the tests use to read the pprof output
 #   chromium    the tests open the HTML report in it, headless
+#   heaptrack   heaptrack_print reads the --heaptrack output in the tests; the heap
+#               benchmark runs heaptrack itself
 # and what the security tests use, present on Debian but not on every minimal image:
 #   passwd (useradd), util-linux (setpriv), perl-base (perl)
 # apt-get update runs only when a package is missing, so a prepared machine
@@ -48,6 +50,8 @@ declare -A wanted=(
     # links it) and mimalloc
     [libjemalloc-dev]=/usr/include/jemalloc/jemalloc.h
     [libmimalloc-dev]=/usr/include/mimalloc.h
+    # heaptrack_print reads the heaptrack export; the heap benchmark compares with heaptrack
+    [heaptrack]=/usr/bin/heaptrack_print
 )
 
 missing=()

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::writers::heaptrack::Compression;
 use crate::writers::Format;
 
 /// Trace a program with eBPF probes, unwinding user stacks in the kernel, and write a flamegraph.
@@ -24,6 +25,7 @@ use crate::writers::Format;
         cargo trace tracepoint:sched:sched_switch -c ./prog\n  \
         cargo trace alloc -c ./prog                    heap profile: allocations, frees, leaks, peak\n  \
         cargo trace alloc:jemalloc --metric leaked-bytes -c ./prog\n  \
+        cargo trace alloc --heaptrack heaptrack.prog.zst -c ./prog   for heaptrack_gui / heaptrack_print\n  \
         cargo trace diff before.folded after.folded    differential flamegraph, diff.svg"
 )]
 pub struct Cli {
@@ -248,16 +250,22 @@ impl Cli {
         if let Some(path) = &self.folded {
             outputs.push((Format::Folded, path.clone()));
         }
+        let heaptrack = self
+            .alloc
+            .heaptrack
+            .as_deref()
+            .map(|path| Format::Heaptrack(Compression::for_path(path)));
         for (format, path) in [
-            (Format::Pprof, &self.pprof),
-            (Format::Json, &self.json),
-            (Format::Speedscope, &self.speedscope),
-            (Format::Html, &self.report),
-            (Format::HeapReport, &self.alloc.report_text),
-            (Format::Csv, &self.alloc.csv),
-            (Format::Timeline, &self.alloc.timeline),
+            (Some(Format::Pprof), &self.pprof),
+            (Some(Format::Json), &self.json),
+            (Some(Format::Speedscope), &self.speedscope),
+            (Some(Format::Html), &self.report),
+            (Some(Format::HeapReport), &self.alloc.report_text),
+            (Some(Format::Csv), &self.alloc.csv),
+            (Some(Format::Timeline), &self.alloc.timeline),
+            (heaptrack, &self.alloc.heaptrack),
         ] {
-            if let Some(path) = path {
+            if let (Some(format), Some(path)) = (format, path) {
                 outputs.push((format, path.clone()));
             }
         }

@@ -163,11 +163,39 @@ pub struct HeapTotals {
     pub temporary_threshold: Duration,
     /// How sampling made the figures estimates, when events were sampled.
     pub sampling: Option<String>,
+    /// Which sampling, when events were sampled.
+    pub sampling_mode: Option<SamplingMode>,
     /// Which allocations were counted, when a size filter left some out (their frees
     /// are then not counted as unknown).
     pub size_filter: Option<String>,
     /// Memory over time, while the target ran, from the start of tracing.
     pub timeline: Vec<HeapPoint>,
+}
+
+/// How allocating calls were sampled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplingMode {
+    /// 1 in N calls, at random: every figure is scaled by N.
+    EveryNth(u32),
+    /// An allocation of s bytes with a chance of s / N.
+    PerBytes(u64),
+}
+
+/// The heap figures of a profile over all its processes, as the text report states
+/// them (and the JSON output carries them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapSums {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    /// The highest of the processes' peaks of live bytes.
+    pub peak_bytes: i64,
+    pub leaked_blocks: i64,
+    /// The processes' live bytes at the end.
+    pub leaked_bytes: i64,
+    pub temporaries: i64,
+    pub unknown_frees: u64,
 }
 
 /// The heap of the traced processes at one moment.
@@ -209,6 +237,28 @@ impl Profile {
     /// The index of the value type of kind `kind`.
     pub fn value_index(&self, kind: &str) -> Option<usize> {
         self.value_types.iter().position(|t| t.kind == kind)
+    }
+
+    /// The heap's figures summed over processes and stacks, if it is a heap profile.
+    pub fn heap_sums(&self) -> Option<HeapSums> {
+        let heap = self.heap.as_ref()?;
+        let over_samples = |kind: &str| -> i64 {
+            self.value_index(kind).map_or(0, |index| {
+                self.samples.iter().map(|s| s.values[index]).sum()
+            })
+        };
+        let processes = &heap.processes;
+        Some(HeapSums {
+            allocs: processes.iter().map(|p| p.allocs).sum(),
+            bytes: processes.iter().map(|p| p.bytes).sum(),
+            frees: processes.iter().map(|p| p.frees).sum(),
+            freed_bytes: processes.iter().map(|p| p.freed_bytes).sum(),
+            peak_bytes: processes.iter().map(|p| p.peak_bytes).max().unwrap_or(0),
+            leaked_blocks: over_samples(crate::alloc::LEAKED_BLOCKS),
+            leaked_bytes: processes.iter().map(|p| p.live_bytes).sum(),
+            temporaries: over_samples(crate::alloc::TEMPORARIES),
+            unknown_frees: processes.iter().map(|p| p.unknown_frees).sum(),
+        })
     }
 
     /// Processes with at least one sample.

@@ -46,6 +46,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Runs the whole session for `cli` and returns the exit code to leave with.
 pub fn run(cli: &Cli) -> Result<i32> {
     let probes = parse_probes(&cli.probes)?;
+    if cli.alloc.heaptrack.is_some() && !probes.iter().any(|p| p.event_spec().is_none()) {
+        bail!(
+            "--heaptrack writes a heap profile: trace with the alloc probe (cargo trace alloc ...)"
+        );
+    }
     // Checked before anything runs: a bad path must not cost the run.
     let outputs = open_outputs(cli)?;
     let running = Prepared::new(cli, probes)?.start(cli.bpf_stats, cli.quiet)?;

@@ -201,9 +201,22 @@ fn rust_sites_are_exact_with_their_whole_stacks() {
     let path = fixtures::rust_fixture("alloc_sites");
     // Temporaries are blocks freed within 10 ms here: the fast site frees at once, with
     // room for a preemption; the slow one holds its blocks 30 ms.
-    let run = alloc_run("alloc-rust", &path, &["--temporary-ms", "10"]);
+    let run = alloc_run(
+        "alloc-rust",
+        &path,
+        &[
+            "--temporary-ms",
+            "10",
+            "--heaptrack",
+            "heap.gz",
+            "--json",
+            "heap.json",
+        ],
+    );
     let rows = read_csv(&run, "heap.csv");
     let sites = check_sites(&run, &rows);
+    // Threads, 70-frame stacks, std's own blocks: heaptrack states the same totals.
+    check_json_and_heaptrack(&run, "heap.gz");
     let site = |name: &str| {
         sites
             .iter()
@@ -299,7 +312,18 @@ fn a_full_live_map_is_counted_and_reported() {
     }
     let path = fixtures::c_fixture("alloc_c");
     // alloc_c holds at most one block at a time until its 7 leaks.
-    let run = alloc_run("alloc-full", &path, &["--max-live-blocks", "3"]);
+    let run = alloc_run(
+        "alloc-full",
+        &path,
+        &[
+            "--max-live-blocks",
+            "3",
+            "--json",
+            "heap.json",
+            "--heaptrack",
+            "heap.zst",
+        ],
+    );
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     let rows = read_csv(&run, "heap.csv");
     let sites = expected::parse_heap_sites(&run.stdout).unwrap();
@@ -323,6 +347,13 @@ fn a_full_live_map_is_counted_and_reported() {
             && report.contains("raise --max-live-blocks"),
         "{report}"
     );
+    // The JSON counts them; heaptrack states the report's calls, peak and leaks (3
+    // blocks), the untracked blocks freed where they move neither.
+    let (totals, _) = check_json_and_heaptrack(&run, "heap.zst");
+    assert_eq!(totals[6], 3 * leak.size as i64);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
+    assert_eq!(json["heap"]["lost"]["blocks untracked (live map full)"], 4);
 }
 
 /// `alloc:PATH` probes the allocator of that file: libc by its path counts as `alloc` does.
@@ -484,7 +515,14 @@ fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
         &["alloc"],
         &format!("{} 200000 10", quoted(&path)),
         &[
-            &["--csv", "heap.csv", "--report-text", "report.txt"],
+            &[
+                "--csv",
+                "heap.csv",
+                "--report-text",
+                "report.txt",
+                "--json",
+                "heap.json",
+            ],
             option,
         ]
         .concat(),
@@ -502,6 +540,15 @@ fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
         report.contains("sampled: "),
         "the report says it is sampled:\n{report}"
     );
+    // The JSON says how, with the report's totals.
+    let (_, heap) = check_json(&run);
+    let (mode, value) = match option {
+        ["--sample-every", n] => ("every", n.parse::<u64>().unwrap()),
+        ["--sample-bytes", "4K"] => ("bytes", 4096),
+        _ => panic!("{option:?}"),
+    };
+    assert_eq!(heap["sampling"]["mode"], mode, "{heap}");
+    assert_eq!(heap["sampling"]["value"], value, "{heap}");
 }
 
 #[test]
@@ -778,5 +825,235 @@ fn sigusr1_writes_the_outputs_as_of_now() {
     assert!(
         last >= later,
         "{last} blocks at the end, {later} in a snapshot"
+    );
+}
+
+/// The figures of the text report's totals: allocations, bytes, frees, freed bytes,
+/// peak, leaked blocks, leaked bytes, temporaries, unknown frees.
+fn report_totals(report: &str) -> [i64; 9] {
+    let after = |text: &str, key: &str| -> i64 {
+        let rest = text
+            .split(key)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {key:?} in {report}"));
+        let number: String = rest
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        number
+            .parse()
+            .unwrap_or_else(|_| panic!("{key:?} in {report}"))
+    };
+    let totals = report
+        .lines()
+        .find(|l| l.starts_with("allocations "))
+        .unwrap_or_else(|| panic!("no totals in {report}"));
+    let peak = report
+        .lines()
+        .find(|l| l.starts_with("peak "))
+        .unwrap_or_else(|| panic!("no peak in {report}"));
+    [
+        after(totals, "allocations"),
+        after(totals, "("),
+        after(totals, "frees"),
+        after(totals.split("frees").nth(1).unwrap(), "("),
+        after(peak, "peak"),
+        after(peak, "leaked"),
+        after(peak.split("leaked").nth(1).unwrap(), "("),
+        after(peak, "temporaries"),
+        after(peak, "unknown frees"),
+    ]
+}
+
+/// Whether heaptrack_print runs here; .ci/setup.sh installs it (Debian's heaptrack), so
+/// under CI its absence is a failure.
+fn heaptrack_print_available() -> bool {
+    let works = std::process::Command::new("heaptrack_print")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !works {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "heaptrack_print is missing: .ci/setup.sh installs heaptrack"
+        );
+        eprintln!(
+            "skipping the heaptrack_print checks: no heaptrack (bash .ci/setup.sh installs it)"
+        );
+    }
+    works
+}
+
+/// heaptrack_print's output on `file` with `args`.
+fn heaptrack_print(file: &std::path::Path, args: &[&str]) -> String {
+    let output = std::process::Command::new("heaptrack_print")
+        .arg("-f")
+        .arg(file)
+        .args(args)
+        .output()
+        .expect("heaptrack_print (the heaptrack package; .ci/setup.sh installs it)");
+    assert!(output.status.success(), "heaptrack_print {args:?} failed");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The sum of a cost over heaptrack_print's flamegraph lines (`frames COST`): exact
+/// bytes and counts, where its summary rounds them (60.03K).
+fn heaptrack_cost(file: &std::path::Path, cost: &str, scratch: &common::Scratch) -> i64 {
+    let stacks = scratch.path(&format!("heaptrack-{cost}.txt"));
+    heaptrack_print(
+        file,
+        &[
+            "--flamegraph-cost-type",
+            cost,
+            "-F",
+            stacks.to_str().unwrap(),
+        ],
+    );
+    std::fs::read_to_string(&stacks)
+        .unwrap()
+        .lines()
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<i64>().unwrap())
+        .sum()
+}
+
+/// The function heaptrack_print names first in one of its top lists.
+fn first_named(output: &str, section: &str) -> String {
+    let mut lines = output
+        .split(section)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {section} in {output}"))
+        .lines()
+        .skip_while(|l| !l.contains(" from"));
+    lines.next();
+    lines.next().unwrap_or_default().trim().to_string()
+}
+
+/// The heap totals of `--json` (written to `heap.json`) are the text report's
+/// (`report.txt`): returns those totals and the JSON's heap object.
+fn check_json(run: &Run) -> ([i64; 9], serde_json::Value) {
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    let totals = report_totals(&report);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
+    let heap = &json["heap"];
+    let keys = [
+        "allocations",
+        "bytes_allocated",
+        "frees",
+        "bytes_freed",
+        "peak_live_bytes",
+        "leaked_blocks",
+        "leaked_bytes",
+        "temporaries",
+        "unknown_frees",
+    ];
+    for (key, total) in keys.iter().zip(totals) {
+        assert_eq!(heap[key].as_i64(), Some(total), "{key}: {heap}\n{report}");
+    }
+    assert_eq!(heap["processes"].as_array().map(Vec::len), Some(1));
+    assert_eq!(heap["processes"][0]["pid"], json["pid"]);
+    (totals, heap.clone())
+}
+
+/// [`check_json`], and heaptrack_print on the `--heaptrack` file `heaptrack` states the
+/// same totals: returns them and heaptrack_print's summary (`None` where heaptrack is
+/// not installed, outside CI).
+fn check_json_and_heaptrack(run: &Run, heaptrack: &str) -> ([i64; 9], Option<String>) {
+    let (totals, heap) = check_json(run);
+    assert_eq!(heap["sampling"], serde_json::Value::Null);
+
+    // heaptrack_print on the export: the same calls, peak and leaks, exactly.
+    if !heaptrack_print_available() {
+        return (totals, None);
+    }
+    let file = run.scratch.path(heaptrack);
+    let summary = heaptrack_print(&file, &[]);
+    assert!(
+        summary.contains(&format!("calls to allocation functions: {} (", totals[0])),
+        "{summary}"
+    );
+    assert_eq!(
+        heaptrack_cost(&file, "allocations", &run.scratch),
+        totals[0]
+    );
+    assert_eq!(heaptrack_cost(&file, "peak", &run.scratch), totals[4]);
+    assert_eq!(heaptrack_cost(&file, "leaked", &run.scratch), totals[6]);
+    (totals, Some(summary))
+}
+
+#[test]
+fn heaptrack_and_json_state_the_reports_totals() {
+    if !bpf_available("heaptrack_and_json_state_the_reports_totals") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run(
+        "alloc-heaptrack",
+        &path,
+        &["--heaptrack", "heap.zst", "--json", "heap.json"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    let (totals, summary) = check_json_and_heaptrack(&run, "heap.zst");
+    // The totals are the fixture's own counts.
+    let site_sum = |f: fn(&expected::HeapSite) -> u64| sites.iter().map(f).sum::<u64>() as i64;
+    assert_eq!(totals[0], site_sum(|s| s.allocs));
+    assert_eq!(totals[1], site_sum(|s| s.bytes));
+    assert_eq!(totals[2], site_sum(|s| s.frees));
+    assert_eq!(totals[4], 3 * 20011, "the fixture's peak");
+    assert_eq!(totals[5], site_sum(|s| s.leaked));
+    assert_eq!(totals[6], site_sum(|s| s.leaked * s.size));
+    assert_eq!(totals[8], 0, "unknown frees");
+    let Some(summary) = summary else {
+        return;
+    };
+
+    // heaptrack's rounded summary says the same: 60033 B is "60.03K", 7651 B "7.65K".
+    let kilo = |bytes: i64| format!("{:.2}K", bytes as f64 / 1000.0);
+    assert!(
+        summary.contains(&format!(
+            "peak heap memory consumption: {}",
+            kilo(totals[4])
+        )) && summary.contains(&format!("total memory leaked: {}", kilo(totals[6]))),
+        "{summary}"
+    );
+    // Temporaries live at the peak (site_peak's, freed at once) replay as one at most.
+    let temporaries: i64 = summary
+        .split("temporary memory allocations: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    let peak_site = sites.iter().find(|s| s.function == "site_peak").unwrap();
+    let at_peak = sum(&rows_of(&rows, peak_site), "temporaries");
+    assert!(
+        temporaries <= totals[7] && temporaries >= totals[7] - at_peak,
+        "{temporaries} temporaries in heaptrack, {} in the report\n{summary}",
+        totals[7]
+    );
+
+    // Its top lists name the fixture's functions: the most calls, the peak, the leak.
+    let file = run.scratch.path("heap.zst");
+    let most_calls = sites.iter().max_by_key(|s| s.allocs).unwrap();
+    let calls = heaptrack_print(&file, &["-a", "-p", "-l"]);
+    assert_eq!(
+        first_named(&calls, "MOST CALLS TO ALLOCATION FUNCTIONS"),
+        most_calls.function,
+        "{calls}"
+    );
+    assert_eq!(first_named(&calls, "PEAK MEMORY CONSUMERS"), "site_peak");
+    assert_eq!(first_named(&calls, "MEMORY LEAKS"), "site_leak", "{calls}");
+}
+
+#[test]
+fn heaptrack_needs_the_alloc_probe() {
+    let (status, stderr) =
+        common::run_args(&["profile:hz:99", "--heaptrack", "h.zst", "-c", "true"]);
+    assert!(!status.success());
+    assert_eq!(
+        stderr.trim(),
+        "cargo-trace: error: --heaptrack writes a heap profile: trace with the alloc probe \
+         (cargo trace alloc ...)",
     );
 }

@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 use bpf_prog::{alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS};
 use libbpf_rs::{Link, UprobeMultiOpts};
 
-use crate::profile::{HeapProcess, HeapTotals, RawSample, ValueType};
+use crate::profile::{HeapProcess, HeapTotals, RawSample, SamplingMode, ValueType};
 use allocators::{AllocFunction, Allocator};
 
 /// The programs an `alloc` probe attaches.
@@ -56,6 +56,12 @@ pub struct AllocArgs {
     /// free rates, resident memory).
     #[arg(long = "timeline", value_name = "PATH")]
     pub timeline: Option<PathBuf>,
+
+    /// With `alloc`: write a heaptrack data file for heaptrack_gui and heaptrack_print,
+    /// zstd-compressed if PATH ends in .zst, gzip if .gz, else plain text (as heaptrack
+    /// reads it). Its event order and timestamps are synthesized from the totals.
+    #[arg(long = "heaptrack", value_name = "PATH")]
+    pub heaptrack: Option<PathBuf>,
 
     /// With `alloc`: the prefix of the allocator's functions (e.g. `je_`).
     #[arg(long = "alloc-prefix", value_name = "PREFIX")]
@@ -457,6 +463,13 @@ pub fn add_samples(
             .collect(),
         temporary_threshold: Duration::from_nanos(options.temporary_ns),
         sampling: sampling_note(options),
+        sampling_mode: if options.sample_every > 1 {
+            Some(SamplingMode::EveryNth(options.sample_every))
+        } else if options.sample_bytes > 0 {
+            Some(SamplingMode::PerBytes(options.sample_bytes))
+        } else {
+            None
+        },
         size_filter: size_filter_note(options),
         timeline: Vec::new(),
     })

@@ -31,18 +31,7 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
             .value_index(kind)
             .map_or(0, |index| sample.values[index])
     };
-    let sum =
-        |f: fn(&crate::profile::HeapProcess) -> i64| -> i64 { heap.processes.iter().map(f).sum() };
-    let temporaries: i64 = profile
-        .samples
-        .iter()
-        .map(|s| value(s, alloc::TEMPORARIES))
-        .sum();
-    let leaked_blocks: i64 = profile
-        .samples
-        .iter()
-        .map(|s| value(s, alloc::LEAKED_BLOCKS))
-        .sum();
+    let sums = profile.heap_sums().unwrap_or_default();
 
     writeln!(out, "== heap profile ==")?;
     if let Some(sampling) = &heap.sampling {
@@ -54,27 +43,21 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
     writeln!(
         out,
         "allocations {} ({}), frees {} ({})",
-        sum(|p| p.allocs as i64),
-        bytes(sum(|p| p.bytes as i64)),
-        sum(|p| p.frees as i64),
-        bytes(sum(|p| p.freed_bytes as i64)),
+        sums.allocs,
+        bytes(sums.bytes as i64),
+        sums.frees,
+        bytes(sums.freed_bytes as i64),
     )?;
     writeln!(
         out,
         "peak {} live; leaked {} blocks ({}) at the end; temporaries {} (freed within {:?}); \
          unknown frees {}",
-        bytes(
-            heap.processes
-                .iter()
-                .map(|p| p.peak_bytes)
-                .max()
-                .unwrap_or(0)
-        ),
-        leaked_blocks,
-        bytes(sum(|p| p.live_bytes)),
-        temporaries,
+        bytes(sums.peak_bytes),
+        sums.leaked_blocks,
+        bytes(sums.leaked_bytes),
+        sums.temporaries,
         heap.temporary_threshold,
-        sum(|p| p.unknown_frees as i64),
+        sums.unknown_frees,
     )?;
     if heap.processes.len() > 1 {
         for p in &heap.processes {

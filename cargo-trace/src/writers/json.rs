@@ -8,7 +8,7 @@ use std::time::UNIX_EPOCH;
 
 use serde_json::{json, Value};
 
-use crate::profile::Profile;
+use crate::profile::{Profile, SamplingMode};
 
 /// The schema's version: bumped when a field changes meaning or goes away.
 pub const VERSION: u32 = 1;
@@ -92,12 +92,61 @@ pub fn to_json(profile: &Profile) -> Value {
                 "line": f.line,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "heap": heap(profile),
         "samples": profile.samples.iter().map(|s| json!({
             "probe": s.probe,
             "pid": s.pid,
             "stack": s.stack,
             "truncated": s.truncated,
             "values": s.values,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The heap profile's totals as the text report states them, per process, the
+/// events lost, sampling and the timeline; `null` without a heap profile.
+fn heap(profile: &Profile) -> Value {
+    let (Some(heap), Some(sums)) = (&profile.heap, profile.heap_sums()) else {
+        return Value::Null;
+    };
+    let sampling = heap.sampling_mode.map(|mode| {
+        let (mode, value) = match mode {
+            SamplingMode::EveryNth(n) => ("every", u64::from(n)),
+            SamplingMode::PerBytes(bytes) => ("bytes", bytes),
+        };
+        json!({"mode": mode, "value": value, "note": heap.sampling})
+    });
+    json!({
+        "allocations": sums.allocs,
+        "bytes_allocated": sums.bytes,
+        "frees": sums.frees,
+        "bytes_freed": sums.freed_bytes,
+        "peak_live_bytes": sums.peak_bytes,
+        "leaked_blocks": sums.leaked_blocks,
+        "leaked_bytes": sums.leaked_bytes,
+        "temporaries": sums.temporaries,
+        "temporary_threshold_ns": heap.temporary_threshold.as_nanos() as u64,
+        "unknown_frees": sums.unknown_frees,
+        "sampling": sampling,
+        "size_filter": heap.size_filter,
+        "lost": heap.lost,
+        "processes": heap.processes.iter().map(|p| json!({
+            "probe": p.probe,
+            "pid": p.pid,
+            "allocations": p.allocs,
+            "bytes_allocated": p.bytes,
+            "frees": p.frees,
+            "bytes_freed": p.freed_bytes,
+            "live_bytes": p.live_bytes,
+            "peak_live_bytes": p.peak_bytes,
+            "unknown_frees": p.unknown_frees,
+        })).collect::<Vec<_>>(),
+        "timeline": heap.timeline.iter().map(|p| json!({
+            "at_ns": p.at.as_nanos() as u64,
+            "live_bytes": p.live_bytes,
+            "allocations": p.allocs,
+            "frees": p.frees,
+            "rss_bytes": p.rss_bytes,
         })).collect::<Vec<_>>(),
     })
 }
@@ -124,5 +173,73 @@ mod tests {
             "demo::inlined_helper"
         );
         assert_eq!(value["mappings"][0]["build_id"], "0123abcd");
+        assert_eq!(value["heap"], Value::Null);
+    }
+
+    #[test]
+    fn heap_totals_are_the_reports() {
+        use crate::profile::{HeapProcess, HeapTotals};
+        let mut profile = example();
+        // A heap profile of two processes: the totals sum them, the peak is the highest.
+        profile.value_types = crate::alloc::value_types();
+        let width = profile.value_types.len();
+        for (i, sample) in profile.samples.iter_mut().enumerate() {
+            sample.values = vec![0; width];
+            sample.values[profile_index(crate::alloc::LEAKED_BLOCKS)] = i as i64;
+            sample.values[profile_index(crate::alloc::TEMPORARIES)] = 2;
+        }
+        let process = |pid, allocs, peak_bytes| HeapProcess {
+            probe: 0,
+            pid,
+            allocs,
+            bytes: allocs * 100,
+            frees: allocs - 1,
+            freed_bytes: (allocs - 1) * 100,
+            live_bytes: 100,
+            peak_bytes,
+            unknown_frees: 3,
+        };
+        profile.heap = Some(HeapTotals {
+            processes: vec![process(42, 10, 700), process(43, 5, 900)],
+            lost: [("blocks untracked (live map full)".to_string(), 4)].into(),
+            temporary_threshold: std::time::Duration::from_millis(1),
+            sampling: Some("1 in 3".into()),
+            sampling_mode: Some(SamplingMode::EveryNth(3)),
+            ..HeapTotals::default()
+        });
+        let heap = &to_json(&profile)["heap"];
+        assert_eq!(heap["allocations"], 15);
+        assert_eq!(heap["bytes_allocated"], 1500);
+        assert_eq!(heap["frees"], 13);
+        assert_eq!(heap["bytes_freed"], 1300);
+        assert_eq!(heap["peak_live_bytes"], 900);
+        assert_eq!(heap["leaked_blocks"], 1 + 2 + 3 + 4);
+        assert_eq!(heap["leaked_bytes"], 200);
+        assert_eq!(heap["temporaries"], 10);
+        assert_eq!(heap["temporary_threshold_ns"], 1_000_000);
+        assert_eq!(heap["unknown_frees"], 6);
+        assert_eq!(heap["sampling"]["mode"], "every");
+        assert_eq!(heap["sampling"]["value"], 3);
+        assert_eq!(heap["lost"]["blocks untracked (live map full)"], 4);
+        assert_eq!(heap["processes"][1]["peak_live_bytes"], 900);
+        let mut report = Vec::new();
+        crate::writers::heap_report::write(&profile, crate::alloc::OrderBy::Bytes, &mut report)
+            .unwrap();
+        let report = String::from_utf8(report).unwrap();
+        assert!(
+            report.contains("allocations 15 (1500 B (1.5 KiB)), frees 13 (1300 B (1.3 KiB))")
+                && report.contains(
+                    "peak 900 B live; leaked 10 blocks (200 B) at the end; \
+                     temporaries 10 (freed within 1ms); unknown frees 6"
+                ),
+            "{report}"
+        );
+    }
+
+    fn profile_index(kind: &str) -> usize {
+        crate::alloc::value_types()
+            .iter()
+            .position(|t| t.kind == kind)
+            .unwrap()
     }
 }

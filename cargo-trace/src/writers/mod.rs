@@ -7,6 +7,7 @@
 pub mod csv;
 pub mod folded;
 pub mod heap_report;
+pub mod heaptrack;
 pub mod html;
 pub mod json;
 pub mod pprof;
@@ -40,6 +41,8 @@ pub enum Format {
     Csv,
     /// The heap's memory over time, CSV (`--timeline`).
     Timeline,
+    /// A heaptrack data file (`--heaptrack`), compressed as its name says.
+    Heaptrack(heaptrack::Compression),
 }
 
 impl Format {
@@ -55,6 +58,7 @@ impl Format {
             Format::HeapReport => "heap report",
             Format::Csv => "CSV table",
             Format::Timeline => "heap timeline",
+            Format::Heaptrack(_) => "heaptrack data file",
         }
     }
 
@@ -74,6 +78,7 @@ impl Format {
             Format::HeapReport => heap_report::write(profile, options.order_by, out),
             Format::Csv => csv::write(profile, options.weighting, out),
             Format::Timeline => csv::write_timeline(profile, out),
+            Format::Heaptrack(compression) => heaptrack::write(profile, compression, out),
         }
     }
 }
