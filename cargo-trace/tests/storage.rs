@@ -77,7 +77,12 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     let levels = fixtures::c_fixture("levels");
     let probe = format!("uprobe:{}:level3", levels.display());
     let command = format!("{} 1000", quoted(&levels));
-    let run = trace("table-rows", &[&probe], &command, &["--max-table-rows", "0"]);
+    let run = trace(
+        "table-rows",
+        &[&probe],
+        &command,
+        &["--max-table-rows", "0"],
+    );
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     assert_eq!(run.stdout, "calls 1000 sum 6000\n");
     let note = run
@@ -90,7 +95,8 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
         "{note}"
     );
     assert!(
-        run.stderr.contains(&format!("{} 1000", WalkEnd::NoRow.name())),
+        run.stderr
+            .contains(&format!("{} 1000", WalkEnd::NoRow.name())),
         "{}",
         run.stderr
     );
@@ -98,8 +104,17 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     assert_eq!(folded.total(), 1000, "{}", run.stderr);
     assert_eq!(folded.count_with("level1"), 1000, "{}", run.stderr);
     let roomy = trace("table-rows", &[&probe], &command, &[]);
-    assert!(!roomy.stderr.contains("no unwind table for"), "{}", roomy.stderr);
-    assert_eq!(roomy.folded().count_with("_start"), 1000, "{}", roomy.stderr);
+    assert!(
+        !roomy.stderr.contains("no unwind table for"),
+        "{}",
+        roomy.stderr
+    );
+    assert_eq!(
+        roomy.folded().count_with("_start"),
+        1000,
+        "{}",
+        roomy.stderr
+    );
 }
 
 /// Every loss but the events that had no user stack to walk (inside execve, exiting
