@@ -1143,20 +1143,7 @@ fn raw_samples(tracer: &Tracer, probes: &[Probe]) -> Result<Vec<RawSample>> {
     let counts = tracer.counts().context("reading the event counts")?;
     let mut samples = Vec::with_capacity(counts.len());
     for (key, count) in counts {
-        let (user, truncated) = match key.stack {
-            StackRef::None => (Vec::new(), None),
-            StackRef::NotStored => (Vec::new(), Some(Loss::StackNotStored.name().to_string())),
-            StackRef::Hash(hash) => match tracer.stack(hash).context("reading a stack")? {
-                Some(stack) => {
-                    let truncated = (!stack.is_complete()).then(|| stack.end.to_string());
-                    (stack.pcs, truncated)
-                }
-                None => (
-                    Vec::new(),
-                    Some(format!("stack lost: {}", Loss::StackRingFull.name())),
-                ),
-            },
-        };
+        let (user, truncated) = user_stack(tracer, key.stack)?;
         let kernel = match key.kernel_stack {
             Some(id) => tracer.kernel_stack(id).unwrap_or_default(),
             None => Vec::new(),
