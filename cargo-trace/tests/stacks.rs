@@ -27,11 +27,15 @@ fn is_truncated(frames: &[String]) -> bool {
 /// mapping the file). The kernel moves rsp and then rip; a sample between the two sees user
 /// registers no unwinder can follow, and its walk rightly ends truncated. It says nothing
 /// about the tables under test. The sample may also land on the way out of the uprobe's
-/// trap (`asm_exc_int3`), with the same half-moved registers.
+/// trap (`asm_exc_int3`), with the same half-moved registers, or inside the kernel's
+/// uretprobe trampoline (`[uprobes]`, code with no unwind table) as a uretprobe of such a
+/// session returns.
 fn taken_mid_emulation(frames: &[String]) -> bool {
-    frames
-        .iter()
-        .any(|f| f.starts_with("arch_uprobe_skip_sstep") || f.starts_with("asm_exc_int3"))
+    frames.iter().any(|f| {
+        f.starts_with("arch_uprobe_skip_sstep")
+            || f.starts_with("asm_exc_int3")
+            || f == "[[uprobes]]"
+    })
 }
 
 /// The stack above the fixture's chain reaches the process's or thread's entry.
@@ -385,9 +389,19 @@ fn a_cargo_target_is_built_and_profiled() {
         in_pipeline >= 10,
         "{in_pipeline} samples in demo::pipeline: {stderr}"
     );
+    // Samples taken while the kernel emulated an instruction under another session's
+    // uprobe (tests run in parallel, and a uprobe is in every process mapping its
+    // file) have no user stack to place: they are the other session's cost, not the
+    // demo's, and left out of the share.
+    let emulating: u64 = folded
+        .stacks
+        .iter()
+        .filter(|(frames, _)| is_truncated(frames) && taken_mid_emulation(frames))
+        .map(|(_, count)| count)
+        .sum();
     assert!(
-        in_pipeline * 10 >= folded.total() * 9,
-        "{in_pipeline} of {} samples in demo::pipeline: {stderr}",
+        in_pipeline * 10 >= (folded.total() - emulating) * 9,
+        "{in_pipeline} of {} samples ({emulating} mid-emulation) in demo::pipeline: {stderr}",
         folded.total()
     );
     for (frames, _) in &folded.stacks {
