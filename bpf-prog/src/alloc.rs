@@ -50,6 +50,11 @@ pub enum AllocKind {
     /// `munmap(addr, len)`: ends the mapping made at `addr`; an address no mapping was
     /// made at is not counted as an unknown free.
     Munmap,
+    /// jemalloc's `xallocx(ptr, size, extra, flags)`, which resizes in place and returns
+    /// the usable size: a free of the block and an allocation at the same address, of
+    /// the usable size capped at `size + extra`; no change when it returns less than
+    /// `size` (the block could not be resized).
+    Xallocx,
 }
 
 impl AllocKind {
@@ -65,6 +70,7 @@ impl AllocKind {
             AllocKind::Free => kind::FREE,
             AllocKind::Mmap => kind::MMAP,
             AllocKind::Munmap => kind::MUNMAP,
+            AllocKind::Xallocx => kind::XALLOCX,
         }
     }
 

@@ -595,8 +595,8 @@ fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::P
 }
 
 /// jemalloc linked into the executable, as tikv-jemallocator links it: its malloc API and
-/// its own (mallocx, rallocx, sdallocx, dallocx) counted exactly, found without a flag and
-/// with `alloc:jemalloc`.
+/// its own (mallocx, rallocx, xallocx, sdallocx, dallocx) counted exactly, found without a
+/// flag and with `alloc:jemalloc`.
 #[test]
 fn jemalloc_in_the_executable() {
     if !bpf_available("jemalloc_in_the_executable") {
@@ -624,7 +624,7 @@ fn jemalloc_in_the_executable() {
         );
         let rows = read_csv(&run, "heap.csv");
         let sites = check_sites(&run, &rows);
-        assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
+        assert_eq!(sites.len(), 7, "{probe}: {}", run.stdout);
         // Every counted block is jemalloc's: the fixture's libc never allocates.
         assert!(
             rows.iter()
@@ -660,6 +660,123 @@ fn mimalloc_as_a_library() {
         let sites = check_sites(&run, &rows);
         assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
     }
+}
+
+/// The `alloc_crates` fixture built with `feature`'s allocator crate as Rust's global
+/// allocator (linked statically), profiled with each of `probes`: every site exact, each
+/// under the allocator functions its blocks went through (by site, the functions named in
+/// `entries` that its stacks enter, innermost; `{p}` stands for jemalloc's prefix), and
+/// no walk incomplete.
+fn check_allocator_crate(feature: &str, probes: [&str; 2], sites: usize, entries: &[(&str, &str)]) {
+    let path = fixtures::cargo_fixture("alloc_crates", feature)
+        .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
+    let entries: Vec<(&str, Vec<String>)> = entries
+        .iter()
+        .map(|(site, functions)| {
+            let mut functions: Vec<String> = functions
+                .split(' ')
+                .map(|f| f.replace("{p}", "_rjem_"))
+                .collect();
+            functions.sort_unstable();
+            (*site, functions)
+        })
+        .collect();
+    let api: std::collections::BTreeSet<&String> = entries.iter().flat_map(|e| &e.1).collect();
+    for probe in probes {
+        let run = trace(
+            &format!("alloc-crate-{feature}"),
+            &[probe],
+            &quoted(&path),
+            &["--csv", "heap.csv"],
+        );
+        let rows = read_csv(&run, "heap.csv");
+        let found = check_sites(&run, &rows);
+        assert_eq!(found.len(), sites, "{probe}: {}", run.stdout);
+        for (name, expected) in &entries {
+            let site = found
+                .iter()
+                .find(|s| s.function == format!("alloc_crates::{name}"))
+                .unwrap_or_else(|| panic!("no site {name}"));
+            let mut entered: Vec<&String> = rows_of(&rows, site)
+                .iter()
+                .filter(|row| row.value("allocs") > 0)
+                .map(|row| {
+                    row.frames
+                        .iter()
+                        .rev()
+                        .find(|f| api.contains(f))
+                        .unwrap_or_else(|| panic!("{probe}: {name}: {:?}", row.frames))
+                })
+                .collect();
+            entered.sort_unstable();
+            entered.dedup();
+            assert_eq!(
+                entered,
+                expected.iter().collect::<Vec<_>>(),
+                "{probe}: {name}"
+            );
+        }
+        // The leaks under the leaking site's whole chain from _start.
+        let leaky = found.iter().find(|s| s.leaked > 0).unwrap();
+        for row in rows_of(&rows, leaky) {
+            assert_eq!(row.frames.first().map(String::as_str), Some("_start"));
+            assert!(row.frames.contains(&"alloc_crates::main".to_string()));
+        }
+    }
+}
+
+/// tikv-jemallocator as Rust's global allocator: jemalloc built from source and linked
+/// into the executable with the `_rjem_` prefix, its functions found without a flag and
+/// with `alloc:jemalloc`. Its `GlobalAlloc` calls malloc, calloc and realloc for blocks of
+/// malloc's alignment, mallocx (with `MALLOCX_ZERO` for zeroed blocks) and rallocx for
+/// the others, and frees every block with sdallocx; the fixture also calls xallocx.
+#[test]
+fn rust_with_tikv_jemallocator() {
+    if !bpf_available("rust_with_tikv_jemallocator") {
+        return;
+    }
+    check_allocator_crate(
+        "jemalloc",
+        ["alloc", "alloc:jemalloc"],
+        9,
+        &[
+            ("leaky_site", "{p}malloc"),
+            ("thread_site", "{p}malloc"),
+            ("growing_site", "{p}malloc {p}realloc"),
+            ("zeroed_site", "{p}calloc"),
+            ("aligned_site", "{p}mallocx"),
+            ("aligned_zeroed_site", "{p}mallocx"),
+            ("aligned_growing_site", "{p}mallocx {p}rallocx"),
+            ("resized_site", "{p}mallocx {p}xallocx"),
+        ],
+    );
+}
+
+/// The mimalloc crate as Rust's global allocator, linked into the executable: its
+/// `GlobalAlloc`'s functions (mi_malloc_aligned, mi_zalloc_aligned, mi_realloc_aligned,
+/// mi_free) found without a flag and with `alloc:mimalloc`.
+#[test]
+fn rust_with_the_mimalloc_crate() {
+    if !bpf_available("rust_with_the_mimalloc_crate") {
+        return;
+    }
+    check_allocator_crate(
+        "mimalloc",
+        ["alloc", "alloc:mimalloc"],
+        8,
+        &[
+            ("leaky_site", "mi_malloc_aligned"),
+            ("thread_site", "mi_malloc_aligned"),
+            ("growing_site", "mi_malloc_aligned mi_realloc_aligned"),
+            ("zeroed_site", "mi_zalloc_aligned"),
+            ("aligned_site", "mi_malloc_aligned"),
+            ("aligned_zeroed_site", "mi_zalloc_aligned"),
+            (
+                "aligned_growing_site",
+                "mi_malloc_aligned mi_realloc_aligned",
+            ),
+        ],
+    );
 }
 
 /// `--min-size` and `--max-size`: the sites whose blocks are in the range are exact, the
