@@ -562,6 +562,12 @@ fn children_are_their_own_processes() {
                 site.function
             );
             assert_eq!(
+                sum(&rows, "alloc_space") as u64,
+                site.bytes,
+                "{} bytes in {pid}",
+                site.function
+            );
+            assert_eq!(
                 sum(&rows, "frees") as u64,
                 site.frees,
                 "{} in {pid}",
