@@ -477,12 +477,12 @@ fn attached_to_a_leaking_server() {
 /// The storm site's estimate under sampling, against the fixture's own count: within five
 /// standard deviations of the binomial number of sampled calls (a failure by chance once
 /// in about 1.7 million runs).
-fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
+fn check_estimate(storm: &str, option: &[&str], column: &str, exact: f64, sigma: f64) {
     let path = fixtures::c_fixture("heap_storm");
     let run = trace(
         "alloc-sampled",
         &["alloc"],
-        &format!("{} 200000 10", quoted(&path)),
+        &format!("{} {storm}", quoted(&path)),
         &[
             &["--csv", "heap.csv", "--report-text", "report.txt"],
             option,
@@ -512,7 +512,26 @@ fn sampling_one_call_in_n_estimates_the_counts() {
     // 200000 calls, each counted with a chance of 1/100, worth 100.
     let (n, p) = (200_000.0, 0.01);
     let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
-    check_estimate(&["--sample-every", "100"], "allocs", n, sigma);
+    check_estimate("200000 10", &["--sample-every", "100"], "allocs", n, sigma);
+}
+
+/// A realloc is sampled 1 in N as the other calls are (it goes on past the first choice,
+/// to free its old block): 100000 malloc + realloc pairs, 200000 allocations, each
+/// counted with a chance of 1/100.
+#[test]
+fn sampling_one_call_in_n_counts_reallocs_once() {
+    if !bpf_available("sampling_one_call_in_n_counts_reallocs_once") {
+        return;
+    }
+    let (n, p) = (200_000.0, 0.01);
+    let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
+    check_estimate(
+        "100000 10 realloc",
+        &["--sample-every", "100"],
+        "allocs",
+        n,
+        sigma,
+    );
 }
 
 #[test]
@@ -523,7 +542,13 @@ fn sampling_by_bytes_estimates_the_bytes() {
     // 200000 blocks of 48 bytes, each counted with a chance of 48/4096, worth 4096 bytes.
     let (n, p) = (200_000.0, 48.0 / 4096.0);
     let sigma = (n * p * (1.0f64 - p)).sqrt() * 4096.0;
-    check_estimate(&["--sample-bytes", "4K"], "alloc_space", n * 48.0, sigma);
+    check_estimate(
+        "200000 10",
+        &["--sample-bytes", "4K"],
+        "alloc_space",
+        n * 48.0,
+        sigma,
+    );
 }
 
 /// Children that fork and exec are profiled as processes of their own: each run of the
