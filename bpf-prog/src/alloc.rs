@@ -74,6 +74,17 @@ impl AllocKind {
         }
     }
 
+    /// How many of the function's integer argument registers (rdi, rsi, rdx, rcx in
+    /// order) its entry program reads.
+    pub fn arguments_read(self) -> usize {
+        match self {
+            AllocKind::SizeArg0 | AllocKind::Free | AllocKind::Munmap => 1,
+            AllocKind::SizeArg1 | AllocKind::Calloc | AllocKind::Realloc => 2,
+            AllocKind::ReallocArray | AllocKind::PosixMemalign | AllocKind::Xallocx => 3,
+            AllocKind::Mmap => 4,
+        }
+    }
+
     /// Whether the function frees only (attached at its entry, no return probe).
     pub fn frees_only(self) -> bool {
         matches!(self, AllocKind::Free | AllocKind::Munmap)
