@@ -47,7 +47,9 @@ declare -A wanted=(
     [bsdutils]=/usr/bin/script
     [perl-base]=/usr/bin/perl
     # the heap profiler's fixtures: jemalloc (linked statically, as tikv-jemallocator
-    # links it) and mimalloc
+    # links it) and mimalloc. The Rust fixture crate tests/fixtures/alloc_crates gets
+    # tikv-jemallocator and mimalloc from crates.io and builds their C with gcc, and
+    # jemalloc's configure script with sh and make
     [libjemalloc-dev]=/usr/include/jemalloc/jemalloc.h
     [libmimalloc-dev]=/usr/include/mimalloc.h
     # heaptrack_print reads the heaptrack export; the heap benchmark compares with heaptrack

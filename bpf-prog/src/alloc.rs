@@ -50,6 +50,11 @@ pub enum AllocKind {
     /// `munmap(addr, len)`: ends the mapping made at `addr`; an address no mapping was
     /// made at is not counted as an unknown free.
     Munmap,
+    /// jemalloc's `xallocx(ptr, size, extra, flags)`, which resizes in place and returns
+    /// the usable size: a free of the block and an allocation at the same address, of
+    /// the usable size capped at `size + extra`; no change when it returns less than
+    /// `size` (the block could not be resized).
+    Xallocx,
 }
 
 impl AllocKind {
@@ -65,6 +70,18 @@ impl AllocKind {
             AllocKind::Free => kind::FREE,
             AllocKind::Mmap => kind::MMAP,
             AllocKind::Munmap => kind::MUNMAP,
+            AllocKind::Xallocx => kind::XALLOCX,
+        }
+    }
+
+    /// How many of the function's integer argument registers (rdi, rsi, rdx, rcx in
+    /// order) its entry program reads.
+    pub fn arguments_read(self) -> usize {
+        match self {
+            AllocKind::SizeArg0 | AllocKind::Free | AllocKind::Munmap => 1,
+            AllocKind::SizeArg1 | AllocKind::Calloc | AllocKind::Realloc => 2,
+            AllocKind::ReallocArray | AllocKind::PosixMemalign | AllocKind::Xallocx => 3,
+            AllocKind::Mmap => 4,
         }
     }
 

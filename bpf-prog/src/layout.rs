@@ -573,7 +573,8 @@ pub mod alloc {
         pub const FREE: u32 = 6;
         pub const MMAP: u32 = 7;
         pub const MUNMAP: u32 = 8;
-        pub const COUNT: u32 = 9;
+        pub const XALLOCX: u32 = 9;
+        pub const COUNT: u32 = 10;
     }
 
     /// Entries of the alloc_counters map (`CT_ALLOC_COUNTER_COUNT`), indexed by
@@ -594,6 +595,7 @@ pub mod alloc {
         kind::FREE => c::ct_alloc_kind::CT_ALLOC_FREE,
         kind::MMAP => c::ct_alloc_kind::CT_ALLOC_MMAP,
         kind::MUNMAP => c::ct_alloc_kind::CT_ALLOC_MUNMAP,
+        kind::XALLOCX => c::ct_alloc_kind::CT_ALLOC_XALLOCX,
         kind::COUNT => c::ct_alloc_kind::CT_ALLOC_KIND_COUNT,
         COUNTER_COUNT => c::ct_alloc_counter::CT_ALLOC_COUNTER_COUNT,
         crate::AllocCounter::UnknownFrees => c::ct_alloc_counter::CT_ALLOC_UNKNOWN_FREES,

@@ -14,6 +14,11 @@
 //! maps); the rest of the added time is the kernel's: the uprobe traps at malloc's
 //! entry and free's, and malloc's return probe.
 //!
+//! Then the same storm in a Rust program whose global allocator is tikv-jemallocator or
+//! the mimalloc crate (`alloc_crates storm N`, 48-byte Vecs), untraced and under `alloc`,
+//! beside the C storm on glibc at the same depth in the same rounds: what a pair costs
+//! with the allocator's own functions probed, against glibc's.
+//!
 //! Prints figures only; asserts nothing about time. Needs root, and heaptrack for its
 //! column (`apt-get install heaptrack`).
 //! `cargo bench -p cargo-trace --bench heap [-- ROUNDS]`
@@ -57,14 +62,9 @@ fn main() {
         let command = format!("{} {} {}", storm.display(), args[0], args[1]);
         let traced = |probe: &str, extra: &[&str]| {
             let output = Command::new(cargo_trace)
-                .args([
-                    probe,
-                    "-c",
-                    &command,
-                    "--no-svg",
-                    "--report-text",
-                    "/dev/null",
-                ])
+                .args([probe, "-c", &command, "--no-svg", "--report-text"])
+                // a regular file: the outputs are written by renaming into place
+                .arg(scratch.join("report.txt"))
                 .args(extra)
                 .current_dir(&scratch)
                 .output()
@@ -162,7 +162,58 @@ fn main() {
             bpf_ns / 1e3
         );
     }
+    allocator_crates(cargo_trace, &storm, &scratch, rounds);
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The storm through tikv-jemallocator and the mimalloc crate against glibc's (see the
+/// crate docs).
+fn allocator_crates(cargo_trace: &Path, storm: &Path, scratch: &Path, rounds: usize) {
+    let glibc = format!("{} {PAIRS} 10", storm.display());
+    for feature in ["jemalloc", "mimalloc"] {
+        let fixture = fixtures::cargo_fixture("alloc_crates", feature)
+            .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
+        let crate_storm = format!("{} storm {PAIRS}", fixture.display());
+        let loop_ns = |traced: bool, command: &str| {
+            let output = if traced {
+                Command::new(cargo_trace)
+                    .args(["alloc", "-c", command, "--no-svg", "--report-text"])
+                    .arg(scratch.join("report.txt"))
+                    .current_dir(scratch)
+                    .output()
+            } else {
+                let words: Vec<&str> = command.split(' ').collect();
+                Command::new(words[0]).args(&words[1..]).output()
+            }
+            .expect("run the storm");
+            assert!(output.status.success(), "{output:?}");
+            value_after(&String::from_utf8_lossy(&output.stdout), "loop_ns")
+        };
+        // Unmeasured: the unwind tables compiled and cached.
+        loop_ns(true, &crate_storm);
+        let (mut added_crate, mut added_glibc, mut ratios) = (vec![], vec![], vec![]);
+        for _ in 0..rounds {
+            let crate_base = loop_ns(false, &crate_storm);
+            let crate_traced = loop_ns(true, &crate_storm);
+            let glibc_base = loop_ns(false, &glibc);
+            let glibc_traced = loop_ns(true, &glibc);
+            let per_pair = |traced: f64, base: f64| (traced - base) / PAIRS as f64 / 1e3;
+            added_crate.push(per_pair(crate_traced, crate_base));
+            added_glibc.push(per_pair(glibc_traced, glibc_base));
+            ratios.push((crate_traced - crate_base) / (glibc_traced - glibc_base));
+        }
+        println!(
+            "
+Rust with the {feature} allocator crate, {PAIRS} pairs of 48 bytes"
+        );
+        println!(
+            "  alloc adds {} µs per pair; to glibc's C storm at 10 frames {} µs; \
+             ratio {} (same rounds)",
+            Spread::of(added_crate).show(3),
+            Spread::of(added_glibc).show(3),
+            Spread::of(ratios).show(2)
+        );
+    }
 }
 
 /// The ns per run of `program` in the `--bpf-stats` lines

@@ -508,12 +508,12 @@ fn attached_to_a_leaking_server() {
 /// The storm site's estimate under sampling, against the fixture's own count: within five
 /// standard deviations of the binomial number of sampled calls (a failure by chance once
 /// in about 1.7 million runs).
-fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
+fn check_estimate(storm: &str, option: &[&str], column: &str, exact: f64, sigma: f64) {
     let path = fixtures::c_fixture("heap_storm");
     let run = trace(
         "alloc-sampled",
         &["alloc"],
-        &format!("{} 200000 10", quoted(&path)),
+        &format!("{} {storm}", quoted(&path)),
         &[
             &[
                 "--csv",
@@ -559,7 +559,26 @@ fn sampling_one_call_in_n_estimates_the_counts() {
     // 200000 calls, each counted with a chance of 1/100, worth 100.
     let (n, p) = (200_000.0, 0.01);
     let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
-    check_estimate(&["--sample-every", "100"], "allocs", n, sigma);
+    check_estimate("200000 10", &["--sample-every", "100"], "allocs", n, sigma);
+}
+
+/// A realloc is sampled 1 in N as the other calls are (it goes on past the first choice,
+/// to free its old block): 100000 malloc + realloc pairs, 200000 allocations, each
+/// counted with a chance of 1/100.
+#[test]
+fn sampling_one_call_in_n_counts_reallocs_once() {
+    if !bpf_available("sampling_one_call_in_n_counts_reallocs_once") {
+        return;
+    }
+    let (n, p) = (200_000.0, 0.01);
+    let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
+    check_estimate(
+        "100000 10 realloc",
+        &["--sample-every", "100"],
+        "allocs",
+        n,
+        sigma,
+    );
 }
 
 #[test]
@@ -570,7 +589,13 @@ fn sampling_by_bytes_estimates_the_bytes() {
     // 200000 blocks of 48 bytes, each counted with a chance of 48/4096, worth 4096 bytes.
     let (n, p) = (200_000.0, 48.0 / 4096.0);
     let sigma = (n * p * (1.0f64 - p)).sqrt() * 4096.0;
-    check_estimate(&["--sample-bytes", "4K"], "alloc_space", n * 48.0, sigma);
+    check_estimate(
+        "200000 10",
+        &["--sample-bytes", "4K"],
+        "alloc_space",
+        n * 48.0,
+        sigma,
+    );
 }
 
 /// Children that fork and exec are profiled as processes of their own: each run of the
@@ -609,6 +634,12 @@ fn children_are_their_own_processes() {
                 site.function
             );
             assert_eq!(
+                sum(&rows, "alloc_space") as u64,
+                site.bytes,
+                "{} bytes in {pid}",
+                site.function
+            );
+            assert_eq!(
                 sum(&rows, "frees") as u64,
                 site.frees,
                 "{} in {pid}",
@@ -642,8 +673,8 @@ fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::P
 }
 
 /// jemalloc linked into the executable, as tikv-jemallocator links it: its malloc API and
-/// its own (mallocx, rallocx, sdallocx, dallocx) counted exactly, found without a flag and
-/// with `alloc:jemalloc`.
+/// its own (mallocx, rallocx, xallocx, sdallocx, dallocx) counted exactly, found without a
+/// flag and with `alloc:jemalloc`.
 #[test]
 fn jemalloc_in_the_executable() {
     if !bpf_available("jemalloc_in_the_executable") {
@@ -671,7 +702,7 @@ fn jemalloc_in_the_executable() {
         );
         let rows = read_csv(&run, "heap.csv");
         let sites = check_sites(&run, &rows);
-        assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
+        assert_eq!(sites.len(), 7, "{probe}: {}", run.stdout);
         // Every counted block is jemalloc's: the fixture's libc never allocates.
         assert!(
             rows.iter()
@@ -707,6 +738,123 @@ fn mimalloc_as_a_library() {
         let sites = check_sites(&run, &rows);
         assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
     }
+}
+
+/// The `alloc_crates` fixture built with `feature`'s allocator crate as Rust's global
+/// allocator (linked statically), profiled with each of `probes`: every site exact, each
+/// under the allocator functions its blocks went through (by site, the functions named in
+/// `entries` that its stacks enter, innermost; `{p}` stands for jemalloc's prefix), and
+/// no walk incomplete.
+fn check_allocator_crate(feature: &str, probes: [&str; 2], sites: usize, entries: &[(&str, &str)]) {
+    let path = fixtures::cargo_fixture("alloc_crates", feature)
+        .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
+    let entries: Vec<(&str, Vec<String>)> = entries
+        .iter()
+        .map(|(site, functions)| {
+            let mut functions: Vec<String> = functions
+                .split(' ')
+                .map(|f| f.replace("{p}", "_rjem_"))
+                .collect();
+            functions.sort_unstable();
+            (*site, functions)
+        })
+        .collect();
+    let api: std::collections::BTreeSet<&String> = entries.iter().flat_map(|e| &e.1).collect();
+    for probe in probes {
+        let run = trace(
+            &format!("alloc-crate-{feature}"),
+            &[probe],
+            &quoted(&path),
+            &["--csv", "heap.csv"],
+        );
+        let rows = read_csv(&run, "heap.csv");
+        let found = check_sites(&run, &rows);
+        assert_eq!(found.len(), sites, "{probe}: {}", run.stdout);
+        for (name, expected) in &entries {
+            let site = found
+                .iter()
+                .find(|s| s.function == format!("alloc_crates::{name}"))
+                .unwrap_or_else(|| panic!("no site {name}"));
+            let mut entered: Vec<&String> = rows_of(&rows, site)
+                .iter()
+                .filter(|row| row.value("allocs") > 0)
+                .map(|row| {
+                    row.frames
+                        .iter()
+                        .rev()
+                        .find(|f| api.contains(f))
+                        .unwrap_or_else(|| panic!("{probe}: {name}: {:?}", row.frames))
+                })
+                .collect();
+            entered.sort_unstable();
+            entered.dedup();
+            assert_eq!(
+                entered,
+                expected.iter().collect::<Vec<_>>(),
+                "{probe}: {name}"
+            );
+        }
+        // The leaks under the leaking site's whole chain from _start.
+        let leaky = found.iter().find(|s| s.leaked > 0).unwrap();
+        for row in rows_of(&rows, leaky) {
+            assert_eq!(row.frames.first().map(String::as_str), Some("_start"));
+            assert!(row.frames.contains(&"alloc_crates::main".to_string()));
+        }
+    }
+}
+
+/// tikv-jemallocator as Rust's global allocator: jemalloc built from source and linked
+/// into the executable with the `_rjem_` prefix, its functions found without a flag and
+/// with `alloc:jemalloc`. Its `GlobalAlloc` calls malloc, calloc and realloc for blocks of
+/// malloc's alignment, mallocx (with `MALLOCX_ZERO` for zeroed blocks) and rallocx for
+/// the others, and frees every block with sdallocx; the fixture also calls xallocx.
+#[test]
+fn rust_with_tikv_jemallocator() {
+    if !bpf_available("rust_with_tikv_jemallocator") {
+        return;
+    }
+    check_allocator_crate(
+        "jemalloc",
+        ["alloc", "alloc:jemalloc"],
+        9,
+        &[
+            ("leaky_site", "{p}malloc"),
+            ("thread_site", "{p}malloc"),
+            ("growing_site", "{p}malloc {p}realloc"),
+            ("zeroed_site", "{p}calloc"),
+            ("aligned_site", "{p}mallocx"),
+            ("aligned_zeroed_site", "{p}mallocx"),
+            ("aligned_growing_site", "{p}mallocx {p}rallocx"),
+            ("resized_site", "{p}mallocx {p}xallocx"),
+        ],
+    );
+}
+
+/// The mimalloc crate as Rust's global allocator, linked into the executable: its
+/// `GlobalAlloc`'s functions (mi_malloc_aligned, mi_zalloc_aligned, mi_realloc_aligned,
+/// mi_free) found without a flag and with `alloc:mimalloc`.
+#[test]
+fn rust_with_the_mimalloc_crate() {
+    if !bpf_available("rust_with_the_mimalloc_crate") {
+        return;
+    }
+    check_allocator_crate(
+        "mimalloc",
+        ["alloc", "alloc:mimalloc"],
+        8,
+        &[
+            ("leaky_site", "mi_malloc_aligned"),
+            ("thread_site", "mi_malloc_aligned"),
+            ("growing_site", "mi_malloc_aligned mi_realloc_aligned"),
+            ("zeroed_site", "mi_zalloc_aligned"),
+            ("aligned_site", "mi_malloc_aligned"),
+            ("aligned_zeroed_site", "mi_zalloc_aligned"),
+            (
+                "aligned_growing_site",
+                "mi_malloc_aligned mi_realloc_aligned",
+            ),
+        ],
+    );
 }
 
 /// `--min-size` and `--max-size`: the sites whose blocks are in the range are exact, the

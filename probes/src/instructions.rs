@@ -7,7 +7,7 @@
 //! decode the function from its start (x86 instructions are 1 to 15 bytes long and
 //! their lengths depend on every preceding byte).
 
-use iced_x86::{Decoder, DecoderOptions, OpKind};
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
 /// Where an address falls among the instructions decoded from a function's start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +71,68 @@ pub(crate) struct Misread {
 /// The one-byte legacy opcodes the kernel emulates rather than single-steps.
 fn kernel_emulates(opcode: u8) -> bool {
     matches!(opcode, 0x70..=0x7f | 0xe8 | 0xe9 | 0xeb | 0x90)
+}
+
+/// Whether the instruction at the start of `bytes` is one the kernel emulates under a
+/// uprobe, as its `branch_setup_xol_ops` and `push_setup_xol_ops` take it: `jcc rel8`,
+/// `jcc rel32` (0x0f 0x80-0x8f), `call rel32`, `jmp rel8/rel32`, `nop`, and `push` of a
+/// register (with REX 0x41 at most), with no prefix.
+fn emulated_without_prefix(bytes: &[u8]) -> bool {
+    match bytes {
+        [opcode, ..] if kernel_emulates(*opcode) => true,
+        [0x0f, 0x80..=0x8f, ..] | [0x50..=0x57, ..] | [0x41, 0x50..=0x57, ..] => true,
+        _ => false,
+    }
+}
+
+/// Instructions looked past, at most, for an emulated one (see [`first_emulated`]).
+const MAX_SKIPPED: usize = 6;
+
+/// The address of the first instruction of `code` (at `start`) that the kernel emulates
+/// under a uprobe (see [`emulated_without_prefix`]), when each instruction before it (at
+/// most [`MAX_SKIPPED`]) runs straight on and changes nothing but the flags and a general
+/// register neither in `kept` nor rsp nor rbp: compares and tests, and moves, loads and
+/// arithmetic into such a register. A probe there sees `kept`, rsp, rbp and memory as
+/// they were at `start`.
+pub(crate) fn first_emulated(code: &[u8], start: u64, kept: &[Register]) -> Option<u64> {
+    let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+    for _ in 0..=MAX_SKIPPED {
+        let offset = decoder.position();
+        if !decoder.can_decode() {
+            return None;
+        }
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            return None;
+        }
+        if emulated_without_prefix(&code[offset..]) {
+            return Some(instruction.ip());
+        }
+        if !writes_only_flags_or(&instruction, kept) {
+            return None;
+        }
+    }
+    None
+}
+
+/// Whether `instruction` changes nothing but the flags and its first operand, a general
+/// register outside `kept`, rsp and rbp.
+fn writes_only_flags_or(instruction: &Instruction, kept: &[Register]) -> bool {
+    use Mnemonic::*;
+    match instruction.mnemonic() {
+        Cmp | Test => true,
+        Mov | Movzx | Movsx | Movsxd | Lea | Xor | And | Or | Add | Sub | Shl | Shr | Sar => {
+            if instruction.op0_kind() != OpKind::Register {
+                return false;
+            }
+            let written = instruction.op0_register().full_register();
+            written.is_gpr64()
+                && written != Register::RSP
+                && written != Register::RBP
+                && !kept.contains(&written)
+        }
+        _ => false,
+    }
 }
 
 /// Whether the instruction at the start of `code` (at address `ip`) is one the kernel
@@ -179,6 +241,37 @@ mod tests {
                 before: 0x1006,
                 after: 0x100b
             }
+        );
+    }
+
+    #[test]
+    fn probes_move_to_the_first_emulated_instruction() {
+        use Register::{RCX, RDI, RDX, RSI};
+        let first = |code: &[u8], kept: &[Register]| first_emulated(code, 0x1000, kept);
+        // jemalloc's malloc: cmp $0x1000,%rdi; ja rel8
+        let malloc = [0x48, 0x81, 0xff, 0x00, 0x10, 0x00, 0x00, 0x77, 0x77];
+        assert_eq!(first(&malloc, &[RDI]), Some(0x1007));
+        // its sdallocx: mov %rdi,%r9; cmp $0x1000,%rsi; ja rel32
+        let sdallocx = [
+            0x49, 0x89, 0xf9, 0x48, 0x81, 0xfe, 0x00, 0x10, 0x00, 0x00, 0x0f, 0x87, 0x78, 0x00,
+            0x00, 0x00,
+        ];
+        assert_eq!(first(&sdallocx, &[RDI]), Some(0x100a));
+        // its rallocx: xor %ecx,%ecx; jmp rel32 (rcx is its fourth argument)
+        let rallocx = [0x31, 0xc9, 0xe9, 0x00, 0x00, 0x00, 0x00];
+        assert_eq!(first(&rallocx, &[RDI, RSI]), Some(0x1002));
+        assert_eq!(first(&rallocx, &[RDI, RSI, RDX, RCX]), None);
+        // push %r15 first: there already
+        assert_eq!(first(&[0x41, 0x57, 0x55], &[RDI]), Some(0x1000));
+        // mov %rdi,%rsi changes an argument read; sub $8,%rsp the stack
+        assert_eq!(first(&[0x48, 0x89, 0xfe, 0x77, 0x00], &[RDI, RSI]), None);
+        assert_eq!(first(&[0x48, 0x83, 0xec, 0x08, 0x77, 0x00], &[RDI]), None);
+        // a store to memory
+        assert_eq!(first(&[0x48, 0x89, 0x38, 0x77, 0x00], &[RDI]), None);
+        // a jcc with an operand-size prefix is single-stepped: not a place to move to
+        assert_eq!(
+            first(&[0x48, 0x85, 0xff, 0x66, 0x0f, 0x84, 0, 0, 0, 0], &[RDI]),
+            None
         );
     }
 

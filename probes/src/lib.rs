@@ -79,8 +79,8 @@ pub use features::{features, hardware_support, kprobe_support, Features, Support
 pub use libbpf_log::libbpf_log;
 pub use notice::Notice;
 pub use resolve::{
-    resolve_binary, resolve_uprobe, resolve_uprobe_with, resolve_usdt, ResolveError,
-    ResolveOptions, UprobeTarget,
+    cheaper_entries, resolve_binary, resolve_uprobe, resolve_uprobe_with, resolve_usdt,
+    ResolveError, ResolveOptions, UprobeTarget,
 };
 pub use spec::{
     parse, split_list, HardwareEvent, KprobeSpec, Lang, ParseError, ProbeSpec, ProgramKind, Rate,

@@ -9,6 +9,9 @@
 //! of one test binary and across test binaries run in parallel.
 //!
 //! `<target>` is `$CARGO_TARGET_DIR` when set, else the workspace's `target/`.
+//!
+//! A fixture that needs crates from crates.io is a crate of its own under
+//! `tests/fixtures/<name>/` (see [`cargo_fixture`]).
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -236,6 +239,145 @@ pub fn build_source(
         source,
     })?;
     Ok(output)
+}
+
+/// Builds (or reuses) the Cargo fixture `tests/fixtures/<name>/` (a crate of its own
+/// workspace, with its own Cargo.lock, whose dependencies come from crates.io) with
+/// `features`, in release mode without frame pointers, its C dependencies too
+/// (`-fomit-frame-pointer` in `CFLAGS`: the cc crate asks for frame pointers when debug
+/// info is on). The binary is copied to `<target>/fixtures/<name>-<features>`; cargo's
+/// own build directory, `<target>/fixtures/cargo`, is kept, so a changed fixture rebuilds
+/// only itself. A stamp over the crate's files, the features and the toolchain's version
+/// skips cargo altogether when nothing changed.
+pub fn cargo_fixture(name: &str, features: &str) -> Result<PathBuf, FixtureError> {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
+    let manifest = crate_dir.join("Cargo.toml");
+    if !manifest.exists() {
+        return Err(FixtureError::NoSource { path: manifest });
+    }
+    let cargo = std::env::var("CARGO")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "cargo".to_string());
+    let mut fingerprint = Fnv::new();
+    for part in [
+        compiler_version(&cargo)?,
+        compiler_version(&Lang::Rust.compiler())?,
+        features.to_string(),
+        CARGO_RUSTFLAGS.to_string(),
+        CARGO_CFLAGS.to_string(),
+    ] {
+        fingerprint.add(part.as_bytes());
+    }
+    for file in crate_files(&crate_dir)? {
+        fingerprint.add(file.as_os_str().as_encoded_bytes());
+        fingerprint.add(&fs::read(&file).map_err(|source| FixtureError::Io {
+            what: "reading",
+            path: file.clone(),
+            source,
+        })?);
+    }
+    let stamp = format!("{:016x}\n", fingerprint.0);
+
+    let dir = fixtures_dir();
+    fs::create_dir_all(&dir).map_err(|source| FixtureError::Io {
+        what: "creating",
+        path: dir.clone(),
+        source,
+    })?;
+    let output = dir.join(format!("{name}-{}", features.replace([',', ' '], "-")));
+    let stamp_path = output.with_extension("stamp");
+    let _lock = lock(&dir.join(".lock"))?;
+    if output.exists() && fs::read_to_string(&stamp_path).is_ok_and(|old| old == stamp) {
+        return Ok(output);
+    }
+    let target_dir = dir.join("cargo");
+    let mut command = Command::new(&cargo);
+    command
+        .args(["build", "--release", "--locked", "--quiet"])
+        .args(["--features", features])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(&crate_dir)
+        // What an enclosing cargo or the user set would change the flags.
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR")
+        .env("RUSTFLAGS", CARGO_RUSTFLAGS)
+        .env("CFLAGS", CARGO_CFLAGS);
+    let result = command
+        .output()
+        .map_err(|source| FixtureError::NoCompiler {
+            compiler: cargo.clone(),
+            source,
+        })?;
+    if !result.status.success() {
+        return Err(FixtureError::Compile {
+            command: format!("{command:?}"),
+            status: result.status,
+            stderr: String::from_utf8_lossy(&result.stderr).into_owned(),
+        });
+    }
+    // Copied, not moved: cargo keeps its build fresh.
+    let built = target_dir.join("release").join(name);
+    let partial = output.with_extension(format!("partial-{}", std::process::id()));
+    fs::copy(&built, &partial).map_err(|source| FixtureError::Io {
+        what: "copying",
+        path: built.clone(),
+        source,
+    })?;
+    fs::rename(&partial, &output).map_err(|source| FixtureError::Io {
+        what: "renaming to",
+        path: output.clone(),
+        source,
+    })?;
+    fs::write(&stamp_path, stamp).map_err(|source| FixtureError::Io {
+        what: "writing",
+        path: stamp_path,
+        source,
+    })?;
+    Ok(output)
+}
+
+/// The Rust flags of a Cargo fixture (its profile sets the rest: debug info, one codegen
+/// unit).
+const CARGO_RUSTFLAGS: &str = "-C force-frame-pointers=no";
+
+/// The C flags of a Cargo fixture's C dependencies, after the cc crate's own.
+const CARGO_CFLAGS: &str = "-fomit-frame-pointer";
+
+/// The files of a Cargo fixture that decide its build, in a stable order: Cargo.toml,
+/// Cargo.lock and everything under `src/`.
+fn crate_files(crate_dir: &Path) -> Result<Vec<PathBuf>, FixtureError> {
+    let mut files = vec![crate_dir.join("Cargo.toml"), crate_dir.join("Cargo.lock")];
+    let mut pending = vec![crate_dir.join("src")];
+    while let Some(dir) = pending.pop() {
+        let entries = fs::read_dir(&dir).map_err(|source| FixtureError::Io {
+            what: "listing",
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let path = entry
+                .map_err(|source| FixtureError::Io {
+                    what: "listing",
+                    path: dir.clone(),
+                    source,
+                })?
+                .path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files[2..].sort();
+    Ok(files)
 }
 
 /// `<compiler> --version`, run once per process and compiler.

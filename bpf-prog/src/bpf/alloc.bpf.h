@@ -33,6 +33,16 @@
  * a return pops the call whose entry rsp is its own minus 8 (the return
  * address popped), discarding deeper ones that never returned.
  *
+ * jemalloc's xallocx(ptr, size, extra, flags) resizes a block in place and
+ * returns its usable size, the block's address unchanged. It is counted as a
+ * realloc that did not move: the old block freed (its stack's frees, its
+ * lifetime) and a block of the new size allocated at the same address under
+ * the stack of the xallocx call. The new size is the one asked for as far as
+ * the allocator gave it: the usable size returned, capped at size + extra
+ * (with extra 0, exactly size, as a malloc of size counts size however the
+ * allocator rounds it). A usable size below size means the block could not
+ * be resized: it stays as it was, with its size, stack and birth.
+ *
  * Anonymous mmap and munmap are tracked as an allocator's functions: the
  * mapping made at an address is a block until munmap is called at it (a
  * partial munmap ends the whole block). malloc's own mmaps and munmaps happen
@@ -370,18 +380,29 @@ static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool creat
 	return t;
 }
 
+/* Puts back the block a resize took from the live map at its entry, when the
+ * resize did not happen. */
+static __always_inline void restore_old_block(const struct ct_alloc_call *call, __u32 tgid)
+{
+	if (call->flags & CT_CALL_OLD_KNOWN) {
+		struct ct_live_key key = { .address = call->old, .pid = tgid };
+		bpf_map_update_elem(&alloc_live, &key, &call->old_block, BPF_ANY);
+	}
+}
+
 SEC("uprobe.multi")
 int on_alloc(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
 
-	/* Sampling 1 in N: most calls end here, before any map. A realloc goes on,
-	 * to free its old block; so do the calls of the others that the sampled
+	/* Sampling 1 in N: most calls end here, before any map. A resize goes on,
+	 * to free its old block, and is sampled below; so do the calls of the others that the sampled
 	 * ones make (they are nested). The return of a call left here finds no
 	 * call of its own: see on_alloc_return. */
-	if (alloc_sample_every > 1 && kind != CT_ALLOC_REALLOC && kind != CT_ALLOC_REALLOCARRAY &&
-	    !sampled(0))
+	bool resizes = kind == CT_ALLOC_REALLOC || kind == CT_ALLOC_REALLOCARRAY ||
+		       kind == CT_ALLOC_XALLOCX;
+	if (alloc_sample_every > 1 && !resizes && !sampled(0))
 		return 0;
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (filter_uprobes && !pid_wanted(tgid))
@@ -427,6 +448,11 @@ int on_alloc(struct pt_regs *ctx)
 	case CT_ALLOC_MMAP:
 		size = ctx->si;
 		break;
+	case CT_ALLOC_XALLOCX:
+		old = ctx->di;
+		size = ctx->si;
+		out = ctx->dx; /* extra */
+		break;
 	}
 	call->kind = kind;
 	call->size = size;
@@ -437,7 +463,10 @@ int on_alloc(struct pt_regs *ctx)
 		call->flags = CT_CALL_OLD_KNOWN;
 	/* mmap of a file is no heap: its return is not counted */
 	bool file = kind == CT_ALLOC_MMAP && !(ctx->cx & CT_MAP_ANONYMOUS);
-	if (file || !size_wanted(size) || (alloc_sample_bytes > 0 && !sampled(size))) {
+	/* a resize went past the choice of 1 in N above: its own choice is here */
+	bool unsampled = alloc_sample_every > 1 ? resizes && !sampled(0) :
+			 alloc_sample_bytes > 0 && !sampled(size);
+	if (file || !size_wanted(size) || unsampled) {
 		/* sampling's cheap path: kept for its return (a realloc's old block
 		 * is still freed there), not walked */
 		call->flags |= CT_CALL_UNSAMPLED;
@@ -482,14 +511,22 @@ int on_alloc_return(struct pt_regs *ctx)
 							 (void *)call->out))
 			address = 0;
 	}
+	if (call->kind == CT_ALLOC_XALLOCX) {
+		/* returns the usable size; the block stays where it is (see the
+		 * top of this file) */
+		__u64 usable = address, most = call->size + call->out;
+		if (usable < call->size) {
+			restore_old_block(call, tgid); /* not resized */
+			return 0;
+		}
+		call->size = usable < most ? usable : most;
+		address = call->old;
+	}
 	if (call->old) {
 		if (!address && call->size) {
 			/* failed: the old block lives on */
 			count_in(&alloc_counters, CT_ALLOC_FAILED);
-			if (call->flags & CT_CALL_OLD_KNOWN) {
-				struct ct_live_key key = { .address = call->old, .pid = tgid };
-				bpf_map_update_elem(&alloc_live, &key, &call->old_block, BPF_ANY);
-			}
+			restore_old_block(call, tgid);
 			return 0;
 		}
 		if (call->flags & CT_CALL_OLD_KNOWN)

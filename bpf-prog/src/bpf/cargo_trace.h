@@ -375,7 +375,9 @@ enum ct_alloc_kind {
 	CT_ALLOC_FREE = 6,	     /* free(ptr), sdallocx(ptr, ...), dallocx(ptr, flags) */
 	CT_ALLOC_MMAP = 7,	     /* mmap(addr, len, prot, flags, fd, off): anonymous only */
 	CT_ALLOC_MUNMAP = 8,	     /* munmap(addr, len): the mapping made at addr */
-	CT_ALLOC_KIND_COUNT = 9,
+	CT_ALLOC_XALLOCX = 9,	     /* xallocx(ptr, size, extra, flags): resized in place,
+				      * returns the usable size (see alloc.bpf.h) */
+	CT_ALLOC_KIND_COUNT = 10,
 };
 
 /* What the heap programs could not pair or keep: index into the per-CPU
@@ -462,8 +464,8 @@ struct ct_alloc_call {
 	__u64 sp;    /* rsp at entry: the return finds its call by it */
 	__u64 size;
 	__u64 stack; /* key of the stack walked at entry */
-	__u64 out;   /* posix_memalign: where the address is written */
-	__u64 old;   /* realloc: the block resized (0: none) */
+	__u64 out;   /* posix_memalign: where the address is written; xallocx: extra */
+	__u64 old;   /* realloc, xallocx: the block resized (0: none) */
 	struct ct_live_block old_block; /* ... as it was live, if old_known */
 	__u32 kind;  /* enum ct_alloc_kind */
 	__u32 flags; /* CT_CALL_* */

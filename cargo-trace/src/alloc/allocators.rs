@@ -38,27 +38,49 @@ const MMAP_API: &[(&str, AllocKind)] = &[
     ("munmap", AllocKind::Munmap),
 ];
 
-/// jemalloc's non-standard API (`xallocx` resizes in place and is not tracked).
+/// jemalloc's non-standard API. tikv-jemallocator's `GlobalAlloc` calls malloc, calloc and
+/// realloc when the alignment is malloc's, mallocx (`MALLOCX_ZERO` for zeroed blocks)
+/// and rallocx otherwise, and frees every block with sdallocx, whose size and flags
+/// arguments are the block's (the size counted is the one tracked since its allocation).
+/// xallocx resizes in place: see [`AllocKind::Xallocx`].
 const JEMALLOC_API: &[(&str, AllocKind)] = &[
     ("mallocx", AllocKind::SizeArg0),
     ("rallocx", AllocKind::Realloc),
+    ("xallocx", AllocKind::Xallocx),
     ("sdallocx", AllocKind::Free),
     ("dallocx", AllocKind::Free),
 ];
 
-/// mimalloc's API, as the mimalloc crate and C programs call it.
+/// mimalloc's API, as the mimalloc crate and C programs call it. The crate's
+/// `GlobalAlloc` calls mi_malloc_aligned, mi_zalloc_aligned, mi_realloc_aligned and
+/// mi_free; the `_aligned_at` variants take their offset after the alignment, and
+/// `mi_expand` grows in place or returns NULL (a realloc that failed).
 const MIMALLOC_API: &[(&str, AllocKind)] = &[
     ("mi_malloc", AllocKind::SizeArg0),
     ("mi_zalloc", AllocKind::SizeArg0),
     ("mi_calloc", AllocKind::Calloc),
+    ("mi_mallocn", AllocKind::Calloc),
     ("mi_realloc", AllocKind::Realloc),
+    ("mi_reallocf", AllocKind::Realloc),
+    ("mi_rezalloc", AllocKind::Realloc),
+    ("mi_expand", AllocKind::Realloc),
     ("mi_reallocarray", AllocKind::ReallocArray),
+    ("mi_reallocn", AllocKind::ReallocArray),
+    ("mi_recalloc", AllocKind::ReallocArray),
     ("mi_malloc_aligned", AllocKind::SizeArg0),
+    ("mi_malloc_aligned_at", AllocKind::SizeArg0),
     ("mi_zalloc_aligned", AllocKind::SizeArg0),
+    ("mi_zalloc_aligned_at", AllocKind::SizeArg0),
+    ("mi_calloc_aligned", AllocKind::Calloc),
+    ("mi_calloc_aligned_at", AllocKind::Calloc),
     ("mi_realloc_aligned", AllocKind::Realloc),
+    ("mi_realloc_aligned_at", AllocKind::Realloc),
+    ("mi_rezalloc_aligned", AllocKind::Realloc),
+    ("mi_rezalloc_aligned_at", AllocKind::Realloc),
     ("mi_free", AllocKind::Free),
     ("mi_free_size", AllocKind::Free),
     ("mi_free_aligned", AllocKind::Free),
+    ("mi_free_size_aligned", AllocKind::Free),
 ];
 
 /// The prefixes jemalloc's symbols carry: tikv-jemallocator's, jemalloc's own
@@ -141,7 +163,7 @@ pub fn resolve(
                 .map(|p| (None, *p))
                 .chain(prefixes.iter().map(|p| (Some("libjemalloc"), *p)));
             for (binary, prefix) in places {
-                if finder.has(binary, &format!("{prefix}mallocx"))? {
+                if finder.has_any(binary, prefix, JEMALLOC_API)? {
                     finder.add_api(binary, prefix, MALLOC_API)?;
                     finder.add_api(binary, prefix, JEMALLOC_API)?;
                     break;
@@ -150,7 +172,7 @@ pub fn resolve(
         }
         Allocator::Mimalloc => {
             for binary in [None, Some("libmimalloc")] {
-                if finder.has(binary, "mi_malloc")? {
+                if finder.has_any(binary, "", MIMALLOC_API)? {
                     finder.add_api(binary, "", MIMALLOC_API)?;
                     // Its malloc API when it overrides libc's (aliases, probed once).
                     finder.add_api(binary, "", MALLOC_API)?;
@@ -181,7 +203,33 @@ pub fn resolve(
     // two probes on one instruction would count each call twice.
     let mut seen = HashSet::new();
     found.retain(|f| seen.insert((f.target.path.clone(), f.target.file_offset)));
+    move_to_emulated_instructions(&mut found)?;
     Ok(found)
+}
+
+/// Moves each probe to the first instruction the kernel emulates, when the function's
+/// first ones change nothing its program reads (see [`probes::cheaper_entries`]):
+/// jemalloc's malloc and sdallocx start with a compare the kernel single-steps, which
+/// made a traced malloc/free pair 5 times as costly as glibc's.
+fn move_to_emulated_instructions(found: &mut [AllocFunction]) -> Result<()> {
+    let mut paths: Vec<std::path::PathBuf> = found.iter().map(|f| f.target.path.clone()).collect();
+    paths.sort();
+    paths.dedup();
+    for path in paths {
+        let mine: Vec<&mut AllocFunction> =
+            found.iter_mut().filter(|f| f.target.path == path).collect();
+        let entries: Vec<(u64, usize)> = mine
+            .iter()
+            .map(|f| (f.target.address, f.kind.arguments_read()))
+            .collect();
+        let moved = probes::cheaper_entries(&path, &entries)
+            .with_context(|| format!("reading the code of {}", path.display()))?;
+        for (function, address) in mine.into_iter().zip(moved) {
+            function.target.file_offset += address - function.target.address;
+            function.target.address = address;
+        }
+    }
+    Ok(())
 }
 
 fn describe(allocator: &Allocator) -> String {
@@ -205,15 +253,18 @@ struct Finder {
 }
 
 impl Finder {
-    /// jemalloc or mimalloc linked into the executable.
+    /// jemalloc or mimalloc linked into the executable. A static link keeps only the
+    /// functions the program calls (a Rust program with the mimalloc crate has
+    /// mi_malloc_aligned but no mi_malloc): any function of the allocator's own API tells
+    /// it is there.
     fn add_executables_own(&mut self) -> Result<()> {
         for prefix in JEMALLOC_PREFIXES.iter().filter(|p| !p.is_empty()) {
-            if self.has(None, &format!("{prefix}mallocx"))? {
+            if self.has_any(None, prefix, JEMALLOC_API)? {
                 self.add_api(None, prefix, MALLOC_API)?;
                 return self.add_api(None, prefix, JEMALLOC_API);
             }
         }
-        if self.has(None, "mi_malloc")? {
+        if self.has_any(None, "", MIMALLOC_API)? {
             return self.add_api(None, "", MIMALLOC_API);
         }
         // A statically linked allocator without prefix (jemalloc, or libc itself).
@@ -288,6 +339,21 @@ impl Finder {
                     .to_string()
             }
         })
+    }
+
+    /// Whether `binary` defines any function of `api` with `prefix`.
+    fn has_any(
+        &mut self,
+        binary: Option<&str>,
+        prefix: &str,
+        api: &[(&str, AllocKind)],
+    ) -> Result<bool> {
+        for (name, _) in api {
+            if self.has(binary, &format!("{prefix}{name}"))? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Whether `binary` defines function `name`; `false` for a library not found.
