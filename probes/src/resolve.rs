@@ -552,8 +552,8 @@ fn implementation_name(info: &ElfInfo, address: u64, ifunc: &str) -> String {
 /// $0x1000,%rsi; ja`), the probe sits on the first emulated instruction instead and sees
 /// what it would have seen at the entry: the arguments it reads, rsp, rbp and memory
 /// unchanged, the return address still at rsp (so a return probe placed there works as
-/// at the entry). Not when a branch of the function lands past the entry and up to
-/// there: the probe would fire more than once per call.
+/// at the entry). Not when a branch of the function (or of its `.cold` part) lands past
+/// the entry and up to there: the probe would fire more than once per call.
 pub fn cheaper_entries(path: &Path, entries: &[(u64, usize)]) -> Result<Vec<u64>, ResolveError> {
     use iced_x86::Register;
     const ARGUMENTS: [Register; 6] = [
@@ -579,7 +579,16 @@ fn cheaper_entry(info: &ElfInfo, address: u64, kept: &[iced_x86::Register]) -> O
     let code = info.code_from(function.address)?;
     let code = &code[..code.len().min(usize::try_from(function.size).ok()?)];
     let moved = first_emulated(code.get(usize::try_from(offset).ok()?..)?, address, kept)?;
-    let reached_otherwise = branch_targets(code, function.address)
+    // The function's own branches, and those of the parts the compiler split off it
+    // (`malloc.cold`, jumped to and back from).
+    let cold = format!("{}.cold", function.name);
+    let mut targets = branch_targets(code, function.address);
+    for part in info.functions.iter().filter(|f| f.name.starts_with(&cold)) {
+        let part_code = info.code_from(part.address)?;
+        let part_code = &part_code[..part_code.len().min(usize::try_from(part.size).ok()?)];
+        targets.extend(branch_targets(part_code, part.address));
+    }
+    let reached_otherwise = targets
         .iter()
         .any(|target| (address + 1..=moved).contains(target));
     (!reached_otherwise).then_some(moved)

@@ -1017,3 +1017,42 @@ fn instructions_the_kernel_would_skip_are_never_probed() {
         "{pattern:?}"
     );
 }
+
+/// Functions written in assembly, each with the symbol size a compiler gives it:
+/// `direct` starts `cmp $0x1000,%rdi; ja`, as jemalloc's malloc does; `rejoined` starts
+/// the same, and its `.cold` part jumps back to its `ja`.
+const COLD_FIXTURE: &str = r#"
+__asm__(
+    ".text\n"
+    ".globl direct\n.type direct,@function\n"
+    "direct:\n cmp $0x1000,%rdi\n ja 1f\n xor %eax,%eax\n ret\n1: mov $1,%eax\n ret\n"
+    ".size direct,.-direct\n"
+    ".globl rejoined\n.type rejoined,@function\n"
+    "rejoined:\n cmp $0x1000,%rdi\n2: ja rejoined.cold\n xor %eax,%eax\n ret\n"
+    ".size rejoined,.-rejoined\n"
+    ".globl rejoined.cold\n.type rejoined.cold,@function\n"
+    "rejoined.cold:\n sub $0x1000,%rdi\n cmp $0x1000,%rdi\n jmp 2b\n"
+    ".size rejoined.cold,.-rejoined.cold\n");
+int direct(unsigned long);
+int rejoined(unsigned long);
+int main(int argc, char **argv) { return direct(argc) + rejoined(argc); }
+"#;
+
+#[test]
+fn entries_move_to_the_first_emulated_instruction_unless_a_cold_part_jumps_back() {
+    let dir = TempDir::new("cold");
+    let path = compile("gcc", dir.path(), "cold", "c", COLD_FIXTURE, &["-O1"]);
+    let info = ElfInfo::load(&path).unwrap();
+    let address = |name: &str| {
+        info.functions
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+            .address
+    };
+    let (direct, rejoined) = (address("direct"), address("rejoined"));
+    let moved = cheaper_entries(&path, &[(direct, 1), (rejoined, 1)]).unwrap();
+    // `cmp $0x1000,%rdi` is 7 bytes: the probe moves to the `ja` after it, which the
+    // kernel emulates, unless something jumps there.
+    assert_eq!(moved, vec![direct + 7, rejoined]);
+}
