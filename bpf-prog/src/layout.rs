@@ -98,7 +98,7 @@ pub mod walk_end {
 }
 
 /// Entries of the losses map (`CT_LOSS_COUNT`), indexed by [`Loss`](crate::Loss).
-pub const LOSS_COUNT: usize = 15;
+pub const LOSS_COUNT: usize = 16;
 
 /// `enum ct_record_kind`: the first 4 bytes of a record of the records ring buffer.
 pub mod record_kind {
@@ -175,6 +175,7 @@ check_constants! {
     crate::Loss::Exiting => c::ct_loss::CT_LOSS_EXITING,
     crate::Loss::KernelThread => c::ct_loss::CT_LOSS_KERNEL_THREAD,
     crate::Loss::TargetElsewhere => c::ct_loss::CT_LOSS_TARGET_ELSEWHERE,
+    crate::Loss::OffCpuFull => c::ct_loss::CT_LOSS_OFF_CPU_FULL,
     record_kind::STACK => c::ct_record_kind::CT_RECORD_STACK,
     record_kind::COUNT => c::ct_record_kind::CT_RECORD_COUNT,
 }

@@ -61,6 +61,9 @@ pub enum Loss {
     /// An interval timer fired while no traced process ran on its CPU: the firing is the
     /// target's, counted without stacks.
     TargetElsewhere = 14,
+    /// A stay off the CPU of a traced thread not counted: the map of threads off the
+    /// CPU was full ([`crate::Options::max_off_cpu_threads`]).
+    OffCpuFull = 15,
 }
 
 impl Loss {
@@ -84,6 +87,7 @@ impl Loss {
         Loss::Exiting,
         Loss::KernelThread,
         Loss::TargetElsewhere,
+        Loss::OffCpuFull,
     ];
 
     /// A short lowercase name for reports.
@@ -104,6 +108,7 @@ impl Loss {
             Loss::Exiting => "process exiting",
             Loss::KernelThread => "kernel thread",
             Loss::TargetElsewhere => "not on the interval timer's CPU",
+            Loss::OffCpuFull => "off-CPU map full",
         }
     }
 }

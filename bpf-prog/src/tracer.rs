@@ -64,6 +64,9 @@ pub struct Options {
     pub programs: BTreeSet<EventProgram>,
     /// [`EventProgram::OffCpu`] counts a stay off the CPU only if it lasted this long.
     pub off_cpu_min_block_ns: u64,
+    /// Threads of the traced processes off the CPU at once that [`EventProgram::OffCpu`]
+    /// follows. Past it, a stay is not counted ([`Loss::OffCpuFull`]).
+    pub max_off_cpu_threads: u32,
 }
 
 impl Default for Options {
@@ -84,6 +87,7 @@ impl Default for Options {
             alloc: AllocOptions::default(),
             programs: EventProgram::ALL.iter().copied().collect(),
             off_cpu_min_block_ns: 0,
+            max_off_cpu_threads: 65536,
         }
     }
 }
@@ -261,6 +265,15 @@ impl Tracer {
                 options.max_filtered_pids,
             ),
             (&mut maps.loading, "loading", options.max_filtered_pids),
+            (
+                &mut maps.off_cpu_starts,
+                "off_cpu_starts",
+                if options.programs.contains(&EventProgram::OffCpu) {
+                    options.max_off_cpu_threads
+                } else {
+                    1
+                },
+            ),
             (
                 &mut maps.page_cache,
                 "page_cache",

@@ -134,6 +134,12 @@ pub struct Cli {
     #[arg(long = "max-processes", value_name = "N", default_value_t = bpf_prog::Options::default().max_procs)]
     pub max_processes: u32,
 
+    /// With `offcpu`: threads of the traced processes off the CPU at once that are
+    /// followed (48 bytes each, allocated at start). Past it, a stay is not counted
+    /// ("off-CPU map full" in the summary).
+    #[arg(long = "max-off-cpu-threads", value_name = "N", default_value_t = bpf_prog::Options::default().max_off_cpu_threads)]
+    pub max_off_cpu_threads: u32,
+
     /// Unwind-table rows the kernel holds, summed over every object traced (4 bytes each,
     /// allocated at load). An object whose table does not fit walks without it: the run
     /// says which, and walks through it end with "no table" or "no row".

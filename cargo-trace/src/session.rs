@@ -187,6 +187,7 @@ impl Prepared {
             max_procs: cli.max_processes,
             max_filtered_pids: cli.max_processes,
             off_cpu_min_block_ns: cli.min_block_ns,
+            max_off_cpu_threads: cli.max_off_cpu_threads,
             ..Options::default()
         };
         let mut tracer = Tracer::load(&options).map_err(|error| {

@@ -149,6 +149,39 @@ fn min_block_leaves_out_shorter_stays_off_the_cpu() {
     check_off_cpu_run(&short);
 }
 
+/// With room for one thread off the CPU: the sleeps, when the fixture has one thread,
+/// are all counted; when its main thread and feeder thread are both off the CPU, the
+/// stays that found no room are counted as lost, in the summary.
+#[test]
+fn a_full_off_cpu_map_says_so_and_counts_what_fit() {
+    if !bpf_available("offcpu map full") {
+        return;
+    }
+    let path = fixtures::rust_fixture("offcpu");
+    let run = trace(
+        "offcpu-full",
+        &["offcpu"],
+        &quoted(&path),
+        &["--max-off-cpu-threads", "1"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let lost = bpf_prog::Loss::OffCpuFull.name();
+    assert!(
+        run.stderr.contains(&format!("{lost} ")),
+        "no '{lost}' in the summary: {}",
+        run.stderr
+    );
+    let blocked = expected::parse_offcpu(&run.stdout).expect("blocked line");
+    let traced = run.folded().count_with("offcpu::sleep_here") as f64 / 1e9;
+    let ratio = traced / blocked.sleep;
+    assert!(
+        (ratio - 1.0).abs() <= TOLERANCE,
+        "sleep_here: traced {traced:.6} s, measured {:.6} s: {}",
+        blocked.sleep,
+        run.stderr
+    );
+}
+
 #[test]
 fn off_cpu_attaches_to_a_running_process() {
     if !bpf_available("offcpu -p") {

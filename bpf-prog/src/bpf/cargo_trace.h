@@ -297,7 +297,9 @@ enum ct_loss {
 	CT_LOSS_KERNEL_THREAD = 13,   /* a kernel thread */
 	CT_LOSS_TARGET_ELSEWHERE = 14, /* an interval firing while no traced process ran
 					* on the timer's CPU: the target's, without stacks */
-	CT_LOSS_COUNT = 15,
+	CT_LOSS_OFF_CPU_FULL = 15,    /* a thread's stay off the CPU not counted: the
+				       * map of threads off the CPU was full */
+	CT_LOSS_COUNT = 16,
 };
 
 /* What a record of the records ring buffer is (its first 4 bytes). */

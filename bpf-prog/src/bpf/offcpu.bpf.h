@@ -32,7 +32,8 @@
 /* Set by userspace before load (bpf_prog::Options::off_cpu_min_block_ns). */
 const volatile __u64 off_cpu_min_block_ns = 0;
 
-/* Traced threads off the CPU, by thread id. Every thread switched out
+/* Traced threads off the CPU, by thread id (userspace sizes it: the
+ * max_off_cpu_threads option). Every thread switched out
  * comes back, if only to die: its entry goes then. Not an LRU map: LRU hash
  * maps evict from their per-CPU lists long before they are full (one stay
  * in about ten runs of the offcpu test was lost so). */
@@ -99,7 +100,8 @@ int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
 		.tgid = tgid,
 		.probe_id = bpf_get_attach_cookie(ctx),
 	};
-	bpf_map_update_elem(&off_cpu_starts, &tid, &start, BPF_ANY);
+	if (bpf_map_update_elem(&off_cpu_starts, &tid, &start, BPF_ANY))
+		count_loss(CT_LOSS_OFF_CPU_FULL);
 	return 0;
 }
 
