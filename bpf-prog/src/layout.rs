@@ -753,6 +753,8 @@ pub mod alloc {
         pub old_block: CtLiveBlock,
         pub kind: u32,
         pub flags: u32,
+        pub probe_id: u32,
+        pub pad: u32,
     }
     mirror!(
         CtAllocCall = ct_alloc_call {
@@ -764,6 +766,8 @@ pub mod alloc {
             old_block: CtLiveBlock as c::ct_live_block,
             kind: u32,
             flags: u32,
+            probe_id: u32,
+            pad: u32,
         }
     );
 
@@ -772,13 +776,13 @@ pub mod alloc {
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct CtAllocThread {
         pub depth: u32,
-        pub pad: u32,
+        pub tgid: u32,
         pub calls: [CtAllocCall; NEST],
     }
     mirror!(
         CtAllocThread = ct_alloc_thread {
             depth: u32,
-            pad: u32,
+            tgid: u32,
             calls: [CtAllocCall; NEST] as [c::ct_alloc_call; NEST],
         }
     );

@@ -21,6 +21,16 @@
  * histogram grow. An address the map does not hold (allocated before the
  * attach, by an untracked function, or twice freed) is counted apart.
  *
+ * Where the time goes: besides the walk, mostly in helper calls, ~40 ns each
+ * where the kernel mitigates return speculation (array lookups are inlined;
+ * hash lookups, the task, its storage, the pid and the clock are calls).
+ * The hot paths make few: the entry reads its cookie from the run context
+ * and its process from the thread's storage, which exists only for threads
+ * of wanted processes; the return finds its probe id in the call; the free
+ * of a tracked block asks neither the thread's calls nor the pid filter. An
+ * entry that sampling leaves out makes one call (the task, for the cookie)
+ * and draws from this CPU's random state, not bpf_get_prandom_u32.
+ *
  * Nesting: an allocator may call another probed function (glibc's
  * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
  * Only the outermost call is what the program asked for: calls made while
@@ -111,6 +121,16 @@ struct {
 	__uint(max_entries, 1);
 } alloc_zero SEC(".maps");
 
+/* Per CPU: the state of sampling's random numbers (xorshift64*), seeded by
+ * bpf_get_prandom_u32 at its first use. A helper call costs ~40 ns where
+ * the kernel mitigates return speculation: an unsampled call makes one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} alloc_random SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -167,15 +187,43 @@ static __always_inline bool size_wanted(__u64 size)
 	return size >= alloc_min_size && (alloc_max_size == 0 || size <= alloc_max_size);
 }
 
+static __always_inline __u32 random_u32(void)
+{
+	__u32 zero = 0;
+	__u64 *state = bpf_map_lookup_elem(&alloc_random, &zero); /* inlined: no call */
+
+	if (!state)
+		return bpf_get_prandom_u32();
+	__u64 x = *state;
+	if (!x)
+		x = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32() | 1;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*state = x; /* a program interrupting this one may draw the same number: harmless */
+	return (x * 0x2545F4914F6CDD1DULL) >> 32;
+}
+
 /* Whether an allocation of size bytes is sampled. */
 static __always_inline bool sampled(__u64 size)
 {
 	if (alloc_sample_every > 1)
-		return bpf_get_prandom_u32() % alloc_sample_every == 0;
+		return random_u32() % alloc_sample_every == 0;
 	if (alloc_sample_bytes > 0)
 		return size >= alloc_sample_bytes ||
-		       (__u64)bpf_get_prandom_u32() * alloc_sample_bytes < size << 32;
+		       (__u64)random_u32() * alloc_sample_bytes < size << 32;
 	return true;
+}
+
+/* The attach cookie of the running multi-uprobe program, read from the
+ * task's run context with loads, where bpf_get_attach_cookie is a helper
+ * call; the task is at hand for its storage anyway. */
+static __always_inline __u64 multi_cookie(struct task_struct *task)
+{
+	struct bpf_uprobe_multi_run_ctx *run =
+		bpf_core_cast(task->bpf_ctx, struct bpf_uprobe_multi_run_ctx);
+
+	return run->uprobe->cookie;
 }
 
 /* What a sampled event of a block of size bytes stands for: allocations (or
@@ -346,16 +394,26 @@ static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_bl
 	return bpf_map_delete_elem(&alloc_live, &key) == 0 ? 0 : -1;
 }
 
-/* The calls in progress on this thread, after dropping those that returned
- * unseen: their entry rsp under sp, the stack pointer at an entry (a call in
- * progress has its entry rsp above it, or at it when it tail-called the
- * function entered now). */
-static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool create)
+/* The calls in progress on task, the current thread, after dropping those
+ * that returned unseen: their entry rsp under sp, the stack pointer at an
+ * entry (a call in progress has its entry rsp above it, or at it when it
+ * tail-called the function entered now). The storage is created (create)
+ * only for a thread of a wanted process: a thread that has one is wanted,
+ * and its process is known without the two helper calls that ask. */
+static __always_inline struct ct_alloc_thread *thread_calls(struct task_struct *task, __u64 sp,
+							    bool create)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct ct_alloc_thread *t = bpf_task_storage_get(
-		&alloc_threads, task, NULL, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	struct ct_alloc_thread *t = bpf_task_storage_get(&alloc_threads, task, NULL, 0);
 
+	if (!t && create) {
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if (filter_uprobes && !pid_wanted(tgid))
+			return NULL;
+		t = bpf_task_storage_get(&alloc_threads, task, NULL,
+					 BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (t)
+			t->tgid = tgid;
+	}
 	if (!t)
 		return NULL;
 	for (int i = 0; i < CT_ALLOC_NEST; i++) {
@@ -373,22 +431,22 @@ static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool creat
 SEC("uprobe.multi")
 int on_alloc(struct pt_regs *ctx)
 {
-	__u64 cookie = bpf_get_attach_cookie(ctx);
+	/* Sampling 1 in N: most calls end here, after one helper call and no map
+	 * but this CPU's random state. A realloc goes on, to free its old block;
+	 * so do the calls of the others that the sampled ones make (they are
+	 * nested). The return of a call left here finds no call of its own: see
+	 * on_alloc_return. */
+	bool unsampled = alloc_sample_every > 1 && !sampled(0);
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 cookie = multi_cookie(task);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
 
-	/* Sampling 1 in N: most calls end here, before any map. A realloc goes on,
-	 * to free its old block; so do the calls of the others that the sampled
-	 * ones make (they are nested). The return of a call left here finds no
-	 * call of its own: see on_alloc_return. */
-	if (alloc_sample_every > 1 && kind != CT_ALLOC_REALLOC && kind != CT_ALLOC_REALLOCARRAY &&
-	    !sampled(0))
+	if (unsampled && kind != CT_ALLOC_REALLOC && kind != CT_ALLOC_REALLOCARRAY)
 		return 0;
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (filter_uprobes && !pid_wanted(tgid))
-		return 0;
-	struct ct_alloc_thread *t = thread_calls(ctx->sp, true);
+	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, true);
 	if (!t)
 		return 0;
+	__u32 tgid = t->tgid;
 	__u32 depth = t->depth;
 	if (depth >= CT_ALLOC_NEST)
 		return 0; /* its return counts CT_ALLOC_NO_ENTRY */
@@ -429,6 +487,7 @@ int on_alloc(struct pt_regs *ctx)
 		break;
 	}
 	call->kind = kind;
+	call->probe_id = cookie;
 	call->size = size;
 	call->out = out;
 	call->old = old;
@@ -451,18 +510,16 @@ int on_alloc(struct pt_regs *ctx)
 SEC("uretprobe.multi")
 int on_alloc_return(struct pt_regs *ctx)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-
-	if (filter_uprobes && !pid_wanted(tgid))
-		return 0;
 	/* rsp at the entry was this one less the return address popped */
 	__u64 entry_sp = ctx->sp - 8;
-	struct ct_alloc_thread *t = thread_calls(entry_sp, false);
+	struct ct_alloc_thread *t = thread_calls(bpf_get_current_task_btf(), entry_sp, false);
 	__u32 depth = t ? t->depth : 0;
 	if (!t || depth == 0 || depth > CT_ALLOC_NEST ||
 	    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp != entry_sp) {
-		/* sampling 1 in N keeps no call for most entries */
-		if (alloc_sample_every <= 1)
+		/* sampling 1 in N keeps no call for most entries; a thread without
+		 * storage is most often one of a process not wanted */
+		if (alloc_sample_every <= 1 &&
+		    (t || !filter_uprobes || pid_wanted(bpf_get_current_pid_tgid() >> 32)))
 			count_in(&alloc_counters, CT_ALLOC_NO_ENTRY);
 		return 0;
 	}
@@ -471,7 +528,8 @@ int on_alloc_return(struct pt_regs *ctx)
 	if (call->flags & CT_CALL_NESTED)
 		return 0;
 
-	__u32 probe_id = bpf_get_attach_cookie(ctx);
+	__u32 tgid = t->tgid;
+	__u32 probe_id = call->probe_id;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 address = ctx->ax;
 	if (call->kind == CT_ALLOC_MMAP && address == CT_MAP_FAILED)
@@ -512,24 +570,32 @@ int on_alloc_return(struct pt_regs *ctx)
 SEC("uprobe.multi")
 int on_free(struct pt_regs *ctx)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	__u64 address = ctx->di;
 
-	if (!address || (filter_uprobes && !pid_wanted(tgid)))
+	if (!address)
 		return 0;
-	struct ct_alloc_thread *t = thread_calls(ctx->sp, false);
-	if (t && t->depth > 0)
-		return 0; /* inside an allocator call: part of it */
-	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u32 probe_id = cookie;
+	/* The live map holds blocks of wanted processes only, and a free nested
+	 * in an allocator call finds none (realloc(p, 0) frees p: its entry took
+	 * p): the thread's calls and the pid filter are asked only of the others,
+	 * two and three helper calls spared on the way every tracked block goes. */
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct ct_live_block block;
-	if (take_live(address, tgid, &block)) {
-		/* most munmaps unmap files, or memory malloc mapped for itself */
-		if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
-			count_unknown_free(tgid, probe_id);
+	if (take_live(address, tgid, &block) == 0) {
+		account_free(&block, tgid, bpf_ktime_get_ns());
 		return 0;
 	}
-	account_free(&block, tgid, bpf_ktime_get_ns());
+	if (leaving_out())
+		return 0; /* most are frees of blocks left out */
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, false);
+	if (t && t->depth > 0)
+		return 0; /* inside an allocator call: part of it */
+	__u64 cookie = multi_cookie(task);
+	/* most munmaps unmap files, or memory malloc mapped for itself */
+	if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
+		count_unknown_free(tgid, (__u32)cookie);
 	return 0;
 }
 
