@@ -476,13 +476,13 @@ fn attached_to_a_leaking_server() {
 
 /// The storm site's estimate under sampling, against the fixture's own count: within five
 /// standard deviations of the binomial number of sampled calls (a failure by chance once
-/// in about 1.7 million runs).
-fn check_estimate(option: &[&str], column: &str, exact: f64, sigma: f64) {
+/// in about 1.7 million runs). `mode`: heap_storm's third argument.
+fn check_estimate(mode: &str, option: &[&str], column: &str, exact: f64, sigma: f64) {
     let path = fixtures::c_fixture("heap_storm");
     let run = trace(
         "alloc-sampled",
         &["alloc"],
-        &format!("{} 200000 10", quoted(&path)),
+        &format!("{} 200000 10 {mode}", quoted(&path)),
         &[
             &["--csv", "heap.csv", "--report-text", "report.txt"],
             option,
@@ -512,7 +512,20 @@ fn sampling_one_call_in_n_estimates_the_counts() {
     // 200000 calls, each counted with a chance of 1/100, worth 100.
     let (n, p) = (200_000.0, 0.01);
     let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
-    check_estimate(&["--sample-every", "100"], "allocs", n, sigma);
+    check_estimate("", &["--sample-every", "100"], "allocs", n, sigma);
+}
+
+#[test]
+fn sampling_one_call_in_n_samples_reallocs_too() {
+    if !bpf_available("sampling_one_call_in_n_samples_reallocs_too") {
+        return;
+    }
+    // 200000 mallocs and 200000 reallocs, each counted with a chance of 1/100, worth 100
+    // (a realloc goes on to free its old block, sampled or not: its allocation must not
+    // be counted unless sampled).
+    let (n, p) = (400_000.0, 0.01);
+    let sigma = (n * p * (1.0f64 - p)).sqrt() / p;
+    check_estimate("realloc", &["--sample-every", "100"], "allocs", n, sigma);
 }
 
 #[test]
@@ -523,7 +536,13 @@ fn sampling_by_bytes_estimates_the_bytes() {
     // 200000 blocks of 48 bytes, each counted with a chance of 48/4096, worth 4096 bytes.
     let (n, p) = (200_000.0, 48.0 / 4096.0);
     let sigma = (n * p * (1.0f64 - p)).sqrt() * 4096.0;
-    check_estimate(&["--sample-bytes", "4K"], "alloc_space", n * 48.0, sigma);
+    check_estimate(
+        "",
+        &["--sample-bytes", "4K"],
+        "alloc_space",
+        n * 48.0,
+        sigma,
+    );
 }
 
 /// Children that fork and exec are profiled as processes of their own: each run of the

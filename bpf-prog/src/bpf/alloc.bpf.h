@@ -121,6 +121,23 @@ struct {
 	__uint(max_entries, 1);
 } alloc_zero SEC(".maps");
 
+/*
+ * When some allocations are left out (sampling, sizes), most frees are of
+ * blocks never tracked: the number of live blocks per hash of their address
+ * (any process) lets such a free end on one inlined array lookup, before
+ * any helper call. A count may exceed the truth (a block replaced in the
+ * live map, or deleted by userspace, stays counted), never fall short of
+ * it: a block is counted before a free can see it, as the return that adds
+ * it comes before the allocating call hands it out.
+ */
+#define CT_LIVE_FILTER_SLOTS (1 << 16)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, CT_LIVE_FILTER_SLOTS);
+} alloc_live_filter SEC(".maps");
+
 /* Per CPU: the state of sampling's random numbers (xorshift64*), seeded by
  * bpf_get_prandom_u32 at its first use. A helper call costs ~40 ns where
  * the kernel mitigates return speculation: an unsampled call makes one. */
@@ -244,6 +261,29 @@ static __always_inline __u64 weight_bytes(__u64 size)
 	return size >= alloc_sample_bytes ? size : alloc_sample_bytes;
 }
 
+/* The live filter's count of the slot of address (NULL when no block is left out). */
+static __always_inline __u32 *live_filter_slot(__u64 address)
+{
+	if (!leaving_out())
+		return NULL;
+	/* blocks are 16-byte aligned: Fibonacci hashing of the rest */
+	__u32 slot = ((address >> 4) * 0x9E3779B97F4A7C15ULL) >> 48;
+
+	return bpf_map_lookup_elem(&alloc_live_filter, &slot);
+}
+
+/* Puts block at key in the live map, counted in the live filter. */
+static __always_inline long put_live(struct ct_live_key *key, struct ct_live_block *block,
+				     __u64 flags)
+{
+	long err = bpf_map_update_elem(&alloc_live, key, block, flags);
+	__u32 *count = err ? NULL : live_filter_slot(key->address);
+
+	if (count)
+		__sync_fetch_and_add(count, 1);
+	return err;
+}
+
 static __always_inline struct ct_alloc_stats *alloc_stats_of(__u64 stack, __u32 pid,
 							     __u32 probe_id)
 {
@@ -359,7 +399,7 @@ static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack
 		.born_ns = now,
 		.probe_id = probe_id,
 	};
-	long err = bpf_map_update_elem(&alloc_live, &key, &block, BPF_NOEXIST);
+	long err = put_live(&key, &block, BPF_NOEXIST);
 	if (err == -EEXIST) {
 		/* The allocator handed out an address still live here: its block
 		 * was freed by a function not probed. Count it freed now. */
@@ -369,7 +409,7 @@ static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack
 			count_in(&alloc_counters, CT_ALLOC_REUSED);
 			account_free(&gone, pid, now);
 		}
-		err = bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY);
+		err = put_live(&key, &block, BPF_ANY);
 	}
 	if (err) {
 		count_in(&alloc_counters, CT_ALLOC_LIVE_FULL);
@@ -391,7 +431,12 @@ static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_bl
 		return -1;
 	*block = *live;
 	/* a concurrent free of the same address (a double free) loses here */
-	return bpf_map_delete_elem(&alloc_live, &key) == 0 ? 0 : -1;
+	if (bpf_map_delete_elem(&alloc_live, &key))
+		return -1;
+	__u32 *count = live_filter_slot(address);
+	if (count)
+		__sync_fetch_and_sub(count, 1);
+	return 0;
 }
 
 /* The calls in progress on task, the current thread, after dropping those
@@ -432,10 +477,10 @@ SEC("uprobe.multi")
 int on_alloc(struct pt_regs *ctx)
 {
 	/* Sampling 1 in N: most calls end here, after one helper call and no map
-	 * but this CPU's random state. A realloc goes on, to free its old block;
-	 * so do the calls of the others that the sampled ones make (they are
-	 * nested). The return of a call left here finds no call of its own: see
-	 * on_alloc_return. */
+	 * but this CPU's random state. A realloc goes on, to free its old block
+	 * (its own allocation is not counted: CT_CALL_UNSAMPLED); so do the calls
+	 * of the others that the sampled ones make (they are nested). The return
+	 * of a call left here finds no call of its own: see on_alloc_return. */
 	bool unsampled = alloc_sample_every > 1 && !sampled(0);
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 cookie = multi_cookie(task);
@@ -496,7 +541,8 @@ int on_alloc(struct pt_regs *ctx)
 		call->flags = CT_CALL_OLD_KNOWN;
 	/* mmap of a file is no heap: its return is not counted */
 	bool file = kind == CT_ALLOC_MMAP && !(ctx->cx & CT_MAP_ANONYMOUS);
-	if (file || !size_wanted(size) || (alloc_sample_bytes > 0 && !sampled(size))) {
+	if (file || unsampled || !size_wanted(size) ||
+	    (alloc_sample_bytes > 0 && !sampled(size))) {
 		/* sampling's cheap path: kept for its return (a realloc's old block
 		 * is still freed there), not walked */
 		call->flags |= CT_CALL_UNSAMPLED;
@@ -546,7 +592,7 @@ int on_alloc_return(struct pt_regs *ctx)
 			count_in(&alloc_counters, CT_ALLOC_FAILED);
 			if (call->flags & CT_CALL_OLD_KNOWN) {
 				struct ct_live_key key = { .address = call->old, .pid = tgid };
-				bpf_map_update_elem(&alloc_live, &key, &call->old_block, BPF_ANY);
+				put_live(&key, &call->old_block, BPF_ANY);
 			}
 			return 0;
 		}
@@ -574,6 +620,9 @@ int on_free(struct pt_regs *ctx)
 
 	if (!address)
 		return 0;
+	__u32 *count = live_filter_slot(address);
+	if (count && *count == 0)
+		return 0; /* a block left out */
 	/* The live map holds blocks of wanted processes only, and a free nested
 	 * in an allocator call finds none (realloc(p, 0) frees p: its entry took
 	 * p): the thread's calls and the pid filter are asked only of the others,
