@@ -558,6 +558,9 @@ pub mod alloc {
     pub const KIND_SHIFT: u32 = 32;
     /// Estimated counts are in 1/2^WEIGHT_SHIFT (`CT_ALLOC_WEIGHT_SHIFT`).
     pub const WEIGHT_SHIFT: u32 = 16;
+    /// The live filter of frees has 1 << LIVE_FILTER_BITS slots
+    /// (`CT_ALLOC_LIVE_FILTER_BITS`), when some allocations are left out.
+    pub const LIVE_FILTER_BITS: u32 = 16;
 
     /// `enum ct_alloc_kind`: where a function's size and addresses are.
     pub mod kind {
@@ -582,6 +585,7 @@ pub mod alloc {
         NEST => c::ct_alloc_limits::CT_ALLOC_NEST,
         KIND_SHIFT => c::ct_alloc_limits::CT_ALLOC_KIND_SHIFT,
         WEIGHT_SHIFT => c::ct_alloc_limits::CT_ALLOC_WEIGHT_SHIFT,
+        LIVE_FILTER_BITS => c::ct_alloc_limits::CT_ALLOC_LIVE_FILTER_BITS,
         kind::SIZE_ARG0 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG0,
         kind::SIZE_ARG1 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG1,
         kind::CALLOC => c::ct_alloc_kind::CT_ALLOC_CALLOC,

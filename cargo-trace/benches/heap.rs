@@ -11,12 +11,11 @@
 //!
 //! Where the time goes: one more `alloc` run with `--bpf-stats` gives the BPF time per
 //! run of each heap program (the entry walks the stack; the return and the free update
-//! maps); the rest of the added time is the kernel's: the uprobe traps at malloc's
-//! entry and free's, and malloc's return probe.
-//!
-//! Sampled mode: `alloc --sample-every 1000` is a way of each round too, and one more
-//! run of it with `--bpf-stats` gives the BPF time of an event that is not sampled (the
-//! programs' mean per run, the one sampled call in 1000 included).
+//! maps). `alloc --sample-every 1000` is a way of each round too, and one more run of it
+//! with `--bpf-stats` gives the BPF time of an event that is not sampled (the programs'
+//! mean per run, the one sampled call in 1000 included). Its programs do next to
+//! nothing: its added time less their BPF time is the kernel's share of a pair, the
+//! uprobe traps at malloc's entry and free's and malloc's return probe.
 //!
 //! Prints figures only; asserts nothing about time. Needs root, and heaptrack for its
 //! column (`apt-get install heaptrack`).
@@ -154,27 +153,16 @@ fn main() {
 
         // The target alone: with children followed, the probes fire in every process
         // that maps libc, and the runs the program filters out would dilute the figure.
-        let output = traced("alloc", &["--bpf-stats", "--no-follow-forks"]);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let mut bpf_ns = 0.0;
-        for program in ["on_alloc", "on_alloc_return", "on_free"] {
-            let ns = bpf_ns_per_run(&stderr, program);
-            bpf_ns += ns;
-            println!("  BPF {program:<18}{ns:.0} ns per run");
-        }
-        let added = Spread::of(
-            base.iter()
-                .zip(&ways[1].1)
-                .map(|(a, b)| (b - a) / PAIRS as f64),
-        );
-        println!(
-            "  BPF per pair {:.2} µs; the rest of alloc's added time, {:.2} µs, is the \
-             kernel's: uprobe traps at malloc's entry and free's, malloc's return probe",
-            bpf_ns / 1e3,
-            (added.median - bpf_ns) / 1e3
-        );
-
-        let output = traced(
+        let added = |way: usize| {
+            Spread::of(
+                base.iter()
+                    .zip(&ways[way].1)
+                    .map(|(a, b)| (b - a) / PAIRS as f64),
+            )
+            .median
+        };
+        let exact = heap_programs(&traced("alloc", &["--bpf-stats", "--no-follow-forks"]));
+        let sampled = heap_programs(&traced(
             "alloc",
             &[
                 "--bpf-stats",
@@ -182,33 +170,79 @@ fn main() {
                 "--sample-every",
                 SAMPLE_EVERY,
             ],
-        );
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        println!("  sampled 1 in {SAMPLE_EVERY}:");
-        for program in ["on_alloc", "on_alloc_return", "on_free"] {
-            let ns = bpf_ns_per_run(&stderr, program);
-            println!("  BPF {program:<18}{ns:.0} ns per run");
+        ));
+        for (mode, programs) in [("exact", &exact), ("sampled 1 in 1000", &sampled)] {
+            println!("  BPF, {mode}:");
+            for program in programs.iter() {
+                println!(
+                    "    {:<18}{:>6.0} ns per run, {:.2} runs per pair",
+                    program.name,
+                    program.ns_per_run,
+                    program.runs / PAIRS as f64
+                );
+            }
         }
+        // The sampled way's programs do next to nothing: its added time less their BPF
+        // time is what the kernel's events of a pair cost.
+        let per_pair = |programs: &[HeapProgram]| -> f64 {
+            programs
+                .iter()
+                .map(|p| p.runs * p.ns_per_run / PAIRS as f64)
+                .sum()
+        };
+        println!(
+            "  where a pair's time goes: the kernel's events (malloc's entry trap, its \
+             return, free's entry trap) {:.2} µs, alloc's BPF {:.2} µs; alloc measured +{:.2} µs",
+            (added(3) - per_pair(&sampled)) / 1e3,
+            per_pair(&exact) / 1e3,
+            added(1) / 1e3
+        );
+        println!(
+            "  sampled: BPF {:.0} ns per pair, measured +{:.2} µs",
+            per_pair(&sampled),
+            added(3) / 1e3
+        );
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
-/// The ns per run of `program` in the `--bpf-stats` lines
-/// `cargo-trace: bpf NAME: R runs, T ns per run`.
-fn bpf_ns_per_run(stderr: &str, program: &str) -> f64 {
-    let prefix = format!("cargo-trace: bpf {program}: ");
-    stderr
+/// A heap program's `--bpf-stats` line.
+struct HeapProgram {
+    name: String,
+    runs: f64,
+    ns_per_run: f64,
+}
+
+/// The heap programs' figures in the `--bpf-stats` lines of a run
+/// (`cargo-trace: bpf NAME: R runs, T ns per run`): the entry and the return in one
+/// program where the kernel has uprobe sessions, in two elsewhere.
+fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let programs: Vec<HeapProgram> = stderr
         .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| {
-            rest.split(", ")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cargo-trace: bpf ")?.split_once(": ")?;
+            if !matches!(
+                name,
+                "on_alloc" | "on_alloc_return" | "on_alloc_session" | "on_free"
+            ) {
+                return None;
+            }
+            let mut numbers = rest
+                .split(", ")
+                .map(|part| part.split_whitespace().next()?.parse::<f64>().ok());
+            Some(HeapProgram {
+                name: name.to_string(),
+                runs: numbers.next()??,
+                ns_per_run: numbers.next()??,
+            })
         })
-        .unwrap_or_else(|| panic!("no BPF statistics of {program} in {stderr}"))
+        .collect();
+    assert!(
+        programs.iter().any(|p| p.name == "on_free"),
+        "no BPF statistics of the heap programs in {stderr}"
+    );
+    programs
 }
 
 /// The number after `key` among the words of `text`.

@@ -13,7 +13,10 @@
  * on_alloc_return (uretprobe): the address (NULL: nothing allocated) enters
  * the live map with its size, stack and birth time; the stack's counters and
  * size histogram grow.
- * All three are multi-uprobe programs: an allocator's functions in one file
+ * on_alloc_session is both, where the kernel has uprobe sessions (6.13): an
+ * entry that keeps no call (sampling left it out) skips its return, which
+ * costs the kernel about as much as the entry's trap (~1 µs here).
+ * All are multi-uprobe programs: an allocator's functions in one file
  * attach as one link per program, where a link per function costs ~65 ms to
  * attach and ~100 ms to detach on the machines measured.
  * on_free (uprobe on free and the like): the block leaves the live map at
@@ -29,7 +32,8 @@
  * of wanted processes; the return finds its probe id in the call; the free
  * of a tracked block asks neither the thread's calls nor the pid filter. An
  * entry that sampling leaves out makes one call (the task, for the cookie)
- * and draws from this CPU's random state, not bpf_get_prandom_u32.
+ * and draws from this CPU's random state, not bpf_get_prandom_u32; the free
+ * of a block left out ends on the live filter, before any call.
  *
  * Nesting: an allocator may call another probed function (glibc's
  * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
@@ -130,12 +134,11 @@ struct {
  * it: a block is counted before a free can see it, as the return that adds
  * it comes before the allocating call hands it out.
  */
-#define CT_LIVE_FILTER_SLOTS (1 << 16)
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
-	__uint(max_entries, CT_LIVE_FILTER_SLOTS);
+	__uint(max_entries, 1 << CT_ALLOC_LIVE_FILTER_BITS); /* 1 when nothing is left out */
 } alloc_live_filter SEC(".maps");
 
 /* Per CPU: the state of sampling's random numbers (xorshift64*), seeded by
@@ -232,15 +235,17 @@ static __always_inline bool sampled(__u64 size)
 	return true;
 }
 
-/* The attach cookie of the running multi-uprobe program, read from the
- * task's run context with loads, where bpf_get_attach_cookie is a helper
- * call; the task is at hand for its storage anyway. */
+/* The run context of the running multi-uprobe program: its cookie and, in a
+ * session, whether this is the return, read with loads where the helper and
+ * the kfunc are calls; the task is at hand for its storage anyway. */
+static __always_inline struct bpf_uprobe_multi_run_ctx *multi_run(struct task_struct *task)
+{
+	return bpf_core_cast(task->bpf_ctx, struct bpf_uprobe_multi_run_ctx);
+}
+
 static __always_inline __u64 multi_cookie(struct task_struct *task)
 {
-	struct bpf_uprobe_multi_run_ctx *run =
-		bpf_core_cast(task->bpf_ctx, struct bpf_uprobe_multi_run_ctx);
-
-	return run->uprobe->cookie;
+	return multi_run(task)->uprobe->cookie;
 }
 
 /* What a sampled event of a block of size bytes stands for: allocations (or
@@ -267,7 +272,7 @@ static __always_inline __u32 *live_filter_slot(__u64 address)
 	if (!leaving_out())
 		return NULL;
 	/* blocks are 16-byte aligned: Fibonacci hashing of the rest */
-	__u32 slot = ((address >> 4) * 0x9E3779B97F4A7C15ULL) >> 48;
+	__u32 slot = ((address >> 4) * 0x9E3779B97F4A7C15ULL) >> (64 - CT_ALLOC_LIVE_FILTER_BITS);
 
 	return bpf_map_lookup_elem(&alloc_live_filter, &slot);
 }
@@ -473,8 +478,9 @@ static __always_inline struct ct_alloc_thread *thread_calls(struct task_struct *
 	return t;
 }
 
-SEC("uprobe.multi")
-int on_alloc(struct pt_regs *ctx)
+/* An allocating call's entry. Returns 1 when it kept no call for its return
+ * (a session then skips the return), 0 when it did. */
+static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *task)
 {
 	/* Sampling 1 in N: most calls end here, after one helper call and no map
 	 * but this CPU's random state. A realloc goes on, to free its old block
@@ -482,15 +488,14 @@ int on_alloc(struct pt_regs *ctx)
 	 * of the others that the sampled ones make (they are nested). The return
 	 * of a call left here finds no call of its own: see on_alloc_return. */
 	bool unsampled = alloc_sample_every > 1 && !sampled(0);
-	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 cookie = multi_cookie(task);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
 
 	if (unsampled && kind != CT_ALLOC_REALLOC && kind != CT_ALLOC_REALLOCARRAY)
-		return 0;
+		return 1;
 	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, true);
 	if (!t)
-		return 0;
+		return 1;
 	__u32 tgid = t->tgid;
 	__u32 depth = t->depth;
 	if (depth >= CT_ALLOC_NEST)
@@ -553,12 +558,12 @@ int on_alloc(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uretprobe.multi")
-int on_alloc_return(struct pt_regs *ctx)
+/* An allocating call's return. */
+static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct *task)
 {
 	/* rsp at the entry was this one less the return address popped */
 	__u64 entry_sp = ctx->sp - 8;
-	struct ct_alloc_thread *t = thread_calls(bpf_get_current_task_btf(), entry_sp, false);
+	struct ct_alloc_thread *t = thread_calls(task, entry_sp, false);
 	__u32 depth = t ? t->depth : 0;
 	if (!t || depth == 0 || depth > CT_ALLOC_NEST ||
 	    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp != entry_sp) {
@@ -611,6 +616,33 @@ int on_alloc_return(struct pt_regs *ctx)
 		return 0;
 	account_alloc(address, call->size, call->stack, tgid, probe_id, now);
 	return 0;
+}
+
+SEC("uprobe.multi")
+int on_alloc(struct pt_regs *ctx)
+{
+	alloc_entry(ctx, bpf_get_current_task_btf());
+	return 0;
+}
+
+SEC("uretprobe.multi")
+int on_alloc_return(struct pt_regs *ctx)
+{
+	return alloc_return(ctx, bpf_get_current_task_btf());
+}
+
+/* Entry and return in one program, where the kernel has uprobe sessions
+ * (Linux 6.13): an entry that keeps no call, as most do under sampling,
+ * skips its return altogether, a trip through the kernel as dear as the
+ * entry's trap. */
+SEC("uprobe.session")
+int on_alloc_session(struct pt_regs *ctx)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (multi_run(task)->session_ctx.is_return) /* bpf_session_is_return(), without a call */
+		return alloc_return(ctx, task);
+	return alloc_entry(ctx, task);
 }
 
 SEC("uprobe.multi")

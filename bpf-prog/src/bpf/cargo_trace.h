@@ -356,6 +356,7 @@ enum ct_alloc_limits {
 	CT_ALLOC_NEST = 8,	  /* allocator calls in progress at once on one thread */
 	CT_ALLOC_KIND_SHIFT = 32, /* see above */
 	CT_ALLOC_WEIGHT_SHIFT = 16, /* fixed point of the estimated counts */
+	CT_ALLOC_LIVE_FILTER_BITS = 16, /* slots of alloc_live_filter: 1 << this */
 };
 
 /* Where a function's size and addresses are (x86-64 argument registers). */
