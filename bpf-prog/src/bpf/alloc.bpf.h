@@ -227,8 +227,8 @@ static __always_inline __u32 random_u32(void)
 /* Whether an allocation of size bytes is sampled. */
 static __always_inline bool sampled(__u64 size)
 {
-	if (alloc_sample_every > 1)
-		return random_u32() % alloc_sample_every == 0;
+	if (alloc_sample_every > 1) /* r < 2^32 / N, without a division */
+		return (__u64)random_u32() * alloc_sample_every < 1ULL << 32;
 	if (alloc_sample_bytes > 0)
 		return size >= alloc_sample_bytes ||
 		       (__u64)random_u32() * alloc_sample_bytes < size << 32;
