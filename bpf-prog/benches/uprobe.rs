@@ -5,6 +5,11 @@
 //! It runs with no probe, with the counting-only program on libc's malloc
 //! (`on_uprobe_count`: the uprobe and BPF entry cost, no stack) and with the
 //! unwinding program (`on_uprobe`), rounds interleaved, medians reported.
+//! Two more ways give the kernel's share of a heap profiler's malloc/free
+//! pair, the counting program doing next to nothing: on malloc's entry and
+//! its return (a uretprobe), and on those and free's entry (past free's
+//! leading NULL test, as `cargo trace alloc` probes it: a probe on that
+//! `test` would be single-stepped).
 //! The kernel's BPF statistics give the programs' own run time per event;
 //! two chain depths give the marginal cost of a frame.
 //!
@@ -79,6 +84,10 @@ int main(int argc, char **argv)
 enum Mode {
     NoProbe,
     CountOnly,
+    /// Counting at malloc's entry and return.
+    CountReturn,
+    /// Counting at malloc's entry and return and free's entry.
+    CountPair,
     Unwind,
 }
 
@@ -99,17 +108,20 @@ impl Bench {
         let libc = libc_path(pid);
         register_process_with(&mut self.tracer, &mut self.tables, pid, |_| false);
         let before = self.tracer.program_stats().expect("program stats");
-        let link: Option<Link> = match mode {
-            Mode::NoProbe => None,
-            Mode::CountOnly => Some(attach_to_function(
-                self.tracer.program(EventProgram::UprobeCount),
-                pid,
-                &libc,
-                "malloc",
-                false,
-                1,
-            )),
-            Mode::Unwind => Some(attach_to_function(
+        let count = self.tracer.program(EventProgram::UprobeCount);
+        let mut links: Vec<Link> = Vec::new();
+        match mode {
+            Mode::NoProbe => {}
+            Mode::CountOnly | Mode::CountReturn | Mode::CountPair => {
+                links.push(attach_to_function(count, pid, &libc, "malloc", false, 1));
+                if mode != Mode::CountOnly {
+                    links.push(attach_to_function(count, pid, &libc, "malloc", true, 1));
+                }
+                if mode == Mode::CountPair {
+                    links.push(attach_past_null_test(count, pid, &libc, "free"));
+                }
+            }
+            Mode::Unwind => links.push(attach_to_function(
                 self.tracer.program(EventProgram::Uprobe),
                 pid,
                 &libc,
@@ -119,11 +131,13 @@ impl Bench {
             )),
         };
         let output = target.run_to_end();
-        drop(link);
+        drop(links);
         let after = self.tracer.program_stats().expect("program stats");
         let bpf_ns = match mode {
             Mode::NoProbe => 0.0,
-            Mode::CountOnly => bpf_ns_per_run(&before, &after, "on_uprobe_count"),
+            Mode::CountOnly | Mode::CountReturn | Mode::CountPair => {
+                bpf_ns_per_run(&before, &after, "on_uprobe_count")
+            }
             Mode::Unwind => bpf_ns_per_run(&before, &after, "on_uprobe"),
         };
         let elapsed_ns: f64 = output.trim().parse().expect("fixture prints its loop time");
@@ -162,6 +176,46 @@ fn bpf_ns_per_run(
 ) -> f64 {
     let (a, b) = (after[program], before[program]);
     (a.run_time_ns - b.run_time_ns) as f64 / (a.run_count - b.run_count).max(1) as f64
+}
+
+/// Attaches `program` to `function` of `binary` past its leading `test %rdi,%rdi; je`
+/// (as `cargo trace alloc` probes free; glibc's free starts so), else at its entry.
+fn attach_past_null_test(
+    program: &libbpf_rs::ProgramMut<'_>,
+    pid: u32,
+    binary: &std::path::Path,
+    function: &str,
+) -> Link {
+    use object::{Object, ObjectSection, ObjectSymbol};
+
+    let data = std::fs::read(binary).expect("read the library");
+    let file = object::File::parse(&*data).expect("parse the library");
+    let symbol = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok(function))
+        .expect("the library exports the function");
+    let section = file
+        .section_by_index(symbol.section_index().expect("a defined symbol"))
+        .expect("its section");
+    let start = (symbol.address() - section.address()) as usize;
+    let code = &section.data().expect("section data")[start..start + 9];
+    let skip = match code {
+        [0x48, 0x85, 0xff, 0x74, ..] => 5,
+        [0x48, 0x85, 0xff, 0x0f, 0x84, ..] => 9,
+        _ => 0,
+    };
+    program
+        .attach_uprobe_with_opts(
+            pid as i32,
+            binary,
+            skip,
+            libbpf_rs::UprobeOpts {
+                cookie: 1,
+                func_name: Some(function.to_string()),
+                ..libbpf_rs::UprobeOpts::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("attach to {function}+{skip}: {e}"))
 }
 
 fn libc_path(pid: u32) -> PathBuf {
@@ -224,7 +278,13 @@ fn main() {
     let mut frames: HashMap<usize, usize> = HashMap::new();
     for _ in 0..rounds {
         for depth in depths {
-            for mode in [Mode::NoProbe, Mode::CountOnly, Mode::Unwind] {
+            for mode in [
+                Mode::NoProbe,
+                Mode::CountOnly,
+                Mode::CountReturn,
+                Mode::CountPair,
+                Mode::Unwind,
+            ] {
                 let (ns, bpf_ns, stack_frames) = bench.run(mode, depth);
                 samples.entry((depth, mode)).or_default().push((ns, bpf_ns));
                 if let Some(stack_frames) = stack_frames {
@@ -257,6 +317,17 @@ fn main() {
             bpf_count.median,
             bpf_count.min,
         );
+        for (mode, name) in [
+            (Mode::CountReturn, "malloc entry+return, count"),
+            (Mode::CountPair, "  + free entry (a pair)"),
+        ] {
+            let way = figure(depth, mode, |s| s.0);
+            println!(
+                "  {name:<26}{:8.1} ns per malloc  (+{:.3} µs per pair: the kernel's floor)",
+                way.median,
+                (way.median - base.median) / 1e3,
+            );
+        }
         println!(
             "  uprobe, full unwinding    {:8.1} ns per malloc  (+{:.3} µs per event; BPF {:.0} [{:.0}] ns)",
             unwind.median,

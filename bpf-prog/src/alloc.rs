@@ -3,15 +3,18 @@
 //! sizes, and readers of what they counted.
 //!
 //! An allocator function is attached as [`EventProgram::AllocEntry`] and
-//! [`EventProgram::AllocReturn`] (allocating functions) or [`EventProgram::Free`], each
+//! [`EventProgram::AllocReturn`] (allocating functions; [`EventProgram::AllocSession`]
+//! instead, where the kernel has uprobe sessions) or [`EventProgram::Free`], each
 //! with the cookie [`alloc_cookie`] makes of the probe id and the function's
 //! [`AllocKind`].
 //!
 //! [`EventProgram::AllocEntry`]: crate::EventProgram::AllocEntry
 //! [`EventProgram::AllocReturn`]: crate::EventProgram::AllocReturn
+//! [`EventProgram::AllocSession`]: crate::EventProgram::AllocSession
 //! [`EventProgram::Free`]: crate::EventProgram::Free
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
@@ -119,11 +122,36 @@ pub struct AllocOptions {
     pub max_size: u64,
 }
 
+/// Whether the kernel has uprobe sessions (Linux 6.13), for
+/// [`EventProgram::AllocSession`](crate::EventProgram::AllocSession): told by its BTF,
+/// where `struct bpf_uprobe` has had a `session` member since. Asked once.
+pub fn uprobe_sessions() -> bool {
+    static SESSIONS: OnceLock<bool> = OnceLock::new();
+    *SESSIONS.get_or_init(|| {
+        use libbpf_rs::btf::{types::Struct, Btf};
+
+        Btf::from_vmlinux().is_ok_and(|btf| {
+            btf.type_by_name::<Struct<'_>>("bpf_uprobe")
+                .is_some_and(|uprobe| {
+                    uprobe
+                        .iter()
+                        .any(|member| member.name == Some(std::ffi::OsStr::new("session")))
+                })
+        })
+    })
+}
+
 impl AllocOptions {
     /// Whether only some events are counted (and [`AllocStats::estimated`] holds what
     /// they stand for).
     pub fn sampling(&self) -> bool {
         self.sample_every > 1 || self.sample_bytes > 0
+    }
+
+    /// Whether some allocations are not counted, by sampling or by size: most frees
+    /// are then of blocks never tracked, which the live filter tells at once.
+    fn leaves_out(&self) -> bool {
+        self.sampling() || self.min_size > 0 || self.max_size > 0
     }
 }
 
@@ -300,6 +328,15 @@ pub(crate) fn configure(
         (&mut maps.alloc_live, "alloc_live", options.max_live_blocks),
         (&mut maps.alloc_stats, "alloc_stats", options.max_stacks),
         (&mut maps.alloc_procs, "alloc_procs", options.max_processes),
+        (
+            &mut maps.alloc_live_filter,
+            "alloc_live_filter",
+            if options.leaves_out() {
+                1 << raw::LIVE_FILTER_BITS
+            } else {
+                1
+            },
+        ),
     ] {
         let entries = if used { entries.max(1) } else { 1 };
         map.set_max_entries(entries)

@@ -562,6 +562,9 @@ pub mod alloc {
     pub const KIND_SHIFT: u32 = 32;
     /// Estimated counts are in 1/2^WEIGHT_SHIFT (`CT_ALLOC_WEIGHT_SHIFT`).
     pub const WEIGHT_SHIFT: u32 = 16;
+    /// The live filter of frees has 1 << LIVE_FILTER_BITS slots
+    /// (`CT_ALLOC_LIVE_FILTER_BITS`), when some allocations are left out.
+    pub const LIVE_FILTER_BITS: u32 = 16;
 
     /// `enum ct_alloc_kind`: where a function's size and addresses are.
     pub mod kind {
@@ -587,6 +590,7 @@ pub mod alloc {
         NEST => c::ct_alloc_limits::CT_ALLOC_NEST,
         KIND_SHIFT => c::ct_alloc_limits::CT_ALLOC_KIND_SHIFT,
         WEIGHT_SHIFT => c::ct_alloc_limits::CT_ALLOC_WEIGHT_SHIFT,
+        LIVE_FILTER_BITS => c::ct_alloc_limits::CT_ALLOC_LIVE_FILTER_BITS,
         kind::SIZE_ARG0 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG0,
         kind::SIZE_ARG1 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG1,
         kind::CALLOC => c::ct_alloc_kind::CT_ALLOC_CALLOC,
@@ -759,6 +763,8 @@ pub mod alloc {
         pub old_block: CtLiveBlock,
         pub kind: u32,
         pub flags: u32,
+        pub probe_id: u32,
+        pub pad: u32,
     }
     mirror!(
         CtAllocCall = ct_alloc_call {
@@ -770,6 +776,8 @@ pub mod alloc {
             old_block: CtLiveBlock as c::ct_live_block,
             kind: u32,
             flags: u32,
+            probe_id: u32,
+            pad: u32,
         }
     );
 
@@ -778,13 +786,13 @@ pub mod alloc {
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct CtAllocThread {
         pub depth: u32,
-        pub pad: u32,
+        pub tgid: u32,
         pub calls: [CtAllocCall; NEST],
     }
     mirror!(
         CtAllocThread = ct_alloc_thread {
             depth: u32,
-            pad: u32,
+            tgid: u32,
             calls: [CtAllocCall; NEST] as [c::ct_alloc_call; NEST],
         }
     );

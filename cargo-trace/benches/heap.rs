@@ -11,8 +11,11 @@
 //!
 //! Where the time goes: one more `alloc` run with `--bpf-stats` gives the BPF time per
 //! run of each heap program (the entry walks the stack; the return and the free update
-//! maps); the rest of the added time is the kernel's: the uprobe traps at malloc's
-//! entry and free's, and malloc's return probe.
+//! maps). `alloc --sample-every 1000` is a way of each round too, and one more run of it
+//! with `--bpf-stats` gives the BPF time of an event that is not sampled (the programs'
+//! mean per run, the one sampled call in 1000 included). Its programs do next to
+//! nothing: its added time less their BPF time is the kernel's share of a pair, the
+//! uprobe traps at malloc's entry and free's and malloc's return probe.
 //!
 //! Then the same storm in a Rust program whose global allocator is tikv-jemallocator or
 //! the mimalloc crate (`alloc_crates storm N`, 48-byte Vecs), untraced and under `alloc`,
@@ -33,6 +36,8 @@ use common::Spread;
 
 /// Pairs per run.
 const PAIRS: u64 = 100_000;
+/// `--sample-every` of the sampled way.
+const SAMPLE_EVERY: &str = "1000";
 const DEPTHS: [u64; 2] = [10, 60];
 
 fn main() {
@@ -60,11 +65,12 @@ fn main() {
     for depth in DEPTHS {
         let args = [PAIRS.to_string(), depth.to_string()];
         let command = format!("{} {} {}", storm.display(), args[0], args[1]);
+        // The report goes to a file: outputs must be regular files.
+        let report = scratch.join("report.txt");
         let traced = |probe: &str, extra: &[&str]| {
             let output = Command::new(cargo_trace)
                 .args([probe, "-c", &command, "--no-svg", "--report-text"])
-                // a regular file: the outputs are written by renaming into place
-                .arg(scratch.join("report.txt"))
+                .arg(&report)
                 .args(extra)
                 .current_dir(&scratch)
                 .output()
@@ -79,6 +85,7 @@ fn main() {
             ("untraced", Vec::new()),
             ("cargo trace alloc", Vec::new()),
             ("uprobe:libc:malloc", Vec::new()),
+            ("alloc sampled 1/1000", Vec::new()),
         ];
         if heaptrack {
             ways.push(("heaptrack", Vec::new()));
@@ -101,6 +108,9 @@ fn main() {
                             .unwrap();
                         assert!(output.status.success(), "{output:?}");
                         output.stdout
+                    }
+                    "alloc sampled 1/1000" => {
+                        traced("alloc", &["--sample-every", SAMPLE_EVERY]).stdout
                     }
                     probe => traced(probe.trim_start_matches("cargo trace "), &[]).stdout,
                 };
@@ -134,7 +144,7 @@ fn main() {
         }
         if heaptrack {
             let alloc = &ways[1].1;
-            let heap = &ways[3].1;
+            let heap = &ways[4].1;
             let ratio = Spread::of(
                 base.iter()
                     .zip(alloc.iter().zip(heap))
@@ -148,18 +158,62 @@ fn main() {
 
         // The target alone: with children followed, the probes fire in every process
         // that maps libc, and the runs the program filters out would dilute the figure.
-        let output = traced("alloc", &["--bpf-stats", "--no-follow-forks"]);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let mut bpf_ns = 0.0;
-        for program in ["on_alloc", "on_alloc_return", "on_free"] {
-            let ns = bpf_ns_per_run(&stderr, program);
-            bpf_ns += ns;
-            println!("  BPF {program:<18}{ns:.0} ns per run");
+        let added = |way: usize| {
+            Spread::of(
+                base.iter()
+                    .zip(&ways[way].1)
+                    .map(|(a, b)| (b - a) / PAIRS as f64),
+            )
+            .median
+        };
+        let exact = heap_programs(&traced("alloc", &["--bpf-stats", "--no-follow-forks"]));
+        let sampled = heap_programs(&traced(
+            "alloc",
+            &[
+                "--bpf-stats",
+                "--no-follow-forks",
+                "--sample-every",
+                SAMPLE_EVERY,
+            ],
+        ));
+        for (mode, programs) in [("exact", &exact), ("sampled 1 in 1000", &sampled)] {
+            println!("  BPF, {mode}:");
+            for program in programs.iter() {
+                println!(
+                    "    {:<18}{:>6.0} ns per run, {:.2} runs per pair",
+                    program.name,
+                    program.ns_per_run,
+                    program.runs / PAIRS as f64
+                );
+            }
         }
+        let per_pair = |programs: &[HeapProgram]| -> f64 {
+            programs
+                .iter()
+                .map(|p| p.runs * p.ns_per_run / PAIRS as f64)
+                .sum()
+        };
         println!(
-            "  BPF per pair {:.2} µs; the rest of alloc's added time is the kernel's uprobe \
-             traps (malloc entry, malloc return, free entry)",
-            bpf_ns / 1e3
+            "  where a pair's time goes: alloc's BPF {:.2} µs (the --bpf-stats run), the \
+             kernel's events (malloc's entry trap, its return, free's entry trap) the other \
+             {:.2} µs of +{:.2}",
+            per_pair(&exact) / 1e3,
+            (added(1) - per_pair(&exact)) / 1e3,
+            added(1) / 1e3
+        );
+        // The sampled way's programs do next to nothing: the rest is the kernel's.
+        let sessions = sampled.iter().any(|p| p.name == "on_alloc_session");
+        println!(
+            "  sampled: BPF {:.0} ns per pair, the kernel's events the other {:.2} µs of \
+             +{:.2} ({})",
+            per_pair(&sampled),
+            (added(3) - per_pair(&sampled)) / 1e3,
+            added(3) / 1e3,
+            if sessions {
+                "uprobe sessions: a call left out has no return probe"
+            } else {
+                "a call left out still has its return probe"
+            }
         );
     }
     allocator_crates(cargo_trace, &storm, &scratch, rounds);
@@ -216,22 +270,43 @@ Rust with the {feature} allocator crate, {PAIRS} pairs of 48 bytes"
     }
 }
 
-/// The ns per run of `program` in the `--bpf-stats` lines
-/// `cargo-trace: bpf NAME: R runs, T ns per run`.
-fn bpf_ns_per_run(stderr: &str, program: &str) -> f64 {
-    let prefix = format!("cargo-trace: bpf {program}: ");
-    stderr
+/// A heap program's `--bpf-stats` line.
+struct HeapProgram {
+    name: String,
+    runs: f64,
+    ns_per_run: f64,
+}
+
+/// The heap programs' figures in the `--bpf-stats` lines of a run
+/// (`cargo-trace: bpf NAME: R runs, T ns per run`): the entry and the return in one
+/// program where the kernel has uprobe sessions, in two elsewhere.
+fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let programs: Vec<HeapProgram> = stderr
         .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| {
-            rest.split(", ")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cargo-trace: bpf ")?.split_once(": ")?;
+            if !matches!(
+                name,
+                "on_alloc" | "on_alloc_return" | "on_alloc_session" | "on_free"
+            ) {
+                return None;
+            }
+            let mut numbers = rest
+                .split(", ")
+                .map(|part| part.split_whitespace().next()?.parse::<f64>().ok());
+            Some(HeapProgram {
+                name: name.to_string(),
+                runs: numbers.next()??,
+                ns_per_run: numbers.next()??,
+            })
         })
-        .unwrap_or_else(|| panic!("no BPF statistics of {program} in {stderr}"))
+        .collect();
+    assert!(
+        programs.iter().any(|p| p.name == "on_free"),
+        "no BPF statistics of the heap programs in {stderr}"
+    );
+    programs
 }
 
 /// The number after `key` among the words of `text`.

@@ -816,7 +816,7 @@ fn programs_for(probes: &[Probe]) -> std::collections::BTreeSet<EventProgram> {
         .iter()
         .flat_map(|probe| match &probe.kind {
             ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
-            ProbeKind::Alloc(_) => crate::alloc::PROGRAMS.to_vec(),
+            ProbeKind::Alloc(_) => crate::alloc::programs(),
         })
         .collect()
 }

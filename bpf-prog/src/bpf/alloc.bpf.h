@@ -13,13 +13,27 @@
  * on_alloc_return (uretprobe): the address (NULL: nothing allocated) enters
  * the live map with its size, stack and birth time; the stack's counters and
  * size histogram grow.
- * All three are multi-uprobe programs: an allocator's functions in one file
+ * on_alloc_session is both, where the kernel has uprobe sessions (6.13): an
+ * entry that keeps no call (sampling left it out) skips its return, which
+ * costs the kernel about as much as the entry's trap (~1 µs here).
+ * All are multi-uprobe programs: an allocator's functions in one file
  * attach as one link per program, where a link per function costs ~65 ms to
  * attach and ~100 ms to detach on the machines measured.
  * on_free (uprobe on free and the like): the block leaves the live map at
  * entry, for the same reason; its stack's frees, freed bytes and lifetime
  * histogram grow. An address the map does not hold (allocated before the
  * attach, by an untracked function, or twice freed) is counted apart.
+ *
+ * Where the time goes: besides the walk, mostly in helper calls, ~40 ns each
+ * where the kernel mitigates return speculation (array lookups are inlined;
+ * hash lookups, the task, its storage, the pid and the clock are calls).
+ * The hot paths make few: the entry reads its cookie from the run context
+ * and its process from the thread's storage, which exists only for threads
+ * of wanted processes; the return finds its probe id in the call; the free
+ * of a tracked block asks neither the thread's calls nor the pid filter. An
+ * entry that sampling leaves out makes one call (the task, for the cookie)
+ * and draws from this CPU's random state, not bpf_get_prandom_u32; the free
+ * of a block left out ends on the live filter, before any call.
  *
  * Nesting: an allocator may call another probed function (glibc's
  * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
@@ -121,6 +135,32 @@ struct {
 	__uint(max_entries, 1);
 } alloc_zero SEC(".maps");
 
+/*
+ * When some allocations are left out (sampling, sizes), most frees are of
+ * blocks never tracked: the number of live blocks per hash of their address
+ * (any process) lets such a free end on one inlined array lookup, before
+ * any helper call. A count may exceed the truth (a block replaced in the
+ * live map, or deleted by userspace, stays counted), never fall short of
+ * it: a block is counted before a free can see it, as the return that adds
+ * it comes before the allocating call hands it out.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1 << CT_ALLOC_LIVE_FILTER_BITS); /* 1 when nothing is left out */
+} alloc_live_filter SEC(".maps");
+
+/* Per CPU: the state of sampling's random numbers (xorshift64*), seeded by
+ * bpf_get_prandom_u32 at its first use. A helper call costs ~40 ns where
+ * the kernel mitigates return speculation: an unsampled call makes one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} alloc_random SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -177,15 +217,45 @@ static __always_inline bool size_wanted(__u64 size)
 	return size >= alloc_min_size && (alloc_max_size == 0 || size <= alloc_max_size);
 }
 
+static __always_inline __u32 random_u32(void)
+{
+	__u32 zero = 0;
+	__u64 *state = bpf_map_lookup_elem(&alloc_random, &zero); /* inlined: no call */
+
+	if (!state)
+		return bpf_get_prandom_u32();
+	__u64 x = *state;
+	if (!x)
+		x = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32() | 1;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*state = x; /* a program interrupting this one may draw the same number: harmless */
+	return (x * 0x2545F4914F6CDD1DULL) >> 32;
+}
+
 /* Whether an allocation of size bytes is sampled. */
 static __always_inline bool sampled(__u64 size)
 {
-	if (alloc_sample_every > 1)
-		return bpf_get_prandom_u32() % alloc_sample_every == 0;
+	if (alloc_sample_every > 1) /* r < 2^32 / N, without a division */
+		return (__u64)random_u32() * alloc_sample_every < 1ULL << 32;
 	if (alloc_sample_bytes > 0)
 		return size >= alloc_sample_bytes ||
-		       (__u64)bpf_get_prandom_u32() * alloc_sample_bytes < size << 32;
+		       (__u64)random_u32() * alloc_sample_bytes < size << 32;
 	return true;
+}
+
+/* The run context of the running multi-uprobe program: its cookie and, in a
+ * session, whether this is the return, read with loads where the helper and
+ * the kfunc are calls; the task is at hand for its storage anyway. */
+static __always_inline struct bpf_uprobe_multi_run_ctx *multi_run(struct task_struct *task)
+{
+	return bpf_core_cast(task->bpf_ctx, struct bpf_uprobe_multi_run_ctx);
+}
+
+static __always_inline __u64 multi_cookie(struct task_struct *task)
+{
+	return multi_run(task)->uprobe->cookie;
 }
 
 /* What a sampled event of a block of size bytes stands for: allocations (or
@@ -204,6 +274,29 @@ static __always_inline __u64 weight_bytes(__u64 size)
 	if (alloc_sample_every > 1)
 		return size * alloc_sample_every;
 	return size >= alloc_sample_bytes ? size : alloc_sample_bytes;
+}
+
+/* The live filter's count of the slot of address (NULL when no block is left out). */
+static __always_inline __u32 *live_filter_slot(__u64 address)
+{
+	if (!leaving_out())
+		return NULL;
+	/* blocks are 16-byte aligned: Fibonacci hashing of the rest */
+	__u32 slot = ((address >> 4) * 0x9E3779B97F4A7C15ULL) >> (64 - CT_ALLOC_LIVE_FILTER_BITS);
+
+	return bpf_map_lookup_elem(&alloc_live_filter, &slot);
+}
+
+/* Puts block at key in the live map, counted in the live filter. */
+static __always_inline long put_live(struct ct_live_key *key, struct ct_live_block *block,
+				     __u64 flags)
+{
+	long err = bpf_map_update_elem(&alloc_live, key, block, flags);
+	__u32 *count = err ? NULL : live_filter_slot(key->address);
+
+	if (count)
+		__sync_fetch_and_add(count, 1);
+	return err;
 }
 
 static __always_inline struct ct_alloc_stats *alloc_stats_of(__u64 stack, __u32 pid,
@@ -321,7 +414,7 @@ static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack
 		.born_ns = now,
 		.probe_id = probe_id,
 	};
-	long err = bpf_map_update_elem(&alloc_live, &key, &block, BPF_NOEXIST);
+	long err = put_live(&key, &block, BPF_NOEXIST);
 	if (err == -EEXIST) {
 		/* The allocator handed out an address still live here: its block
 		 * was freed by a function not probed. Count it freed now. */
@@ -331,7 +424,7 @@ static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack
 			count_in(&alloc_counters, CT_ALLOC_REUSED);
 			account_free(&gone, pid, now);
 		}
-		err = bpf_map_update_elem(&alloc_live, &key, &block, BPF_ANY);
+		err = put_live(&key, &block, BPF_ANY);
 	}
 	if (err) {
 		count_in(&alloc_counters, CT_ALLOC_LIVE_FULL);
@@ -353,19 +446,34 @@ static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_bl
 		return -1;
 	*block = *live;
 	/* a concurrent free of the same address (a double free) loses here */
-	return bpf_map_delete_elem(&alloc_live, &key) == 0 ? 0 : -1;
+	if (bpf_map_delete_elem(&alloc_live, &key))
+		return -1;
+	__u32 *count = live_filter_slot(address);
+	if (count)
+		__sync_fetch_and_sub(count, 1);
+	return 0;
 }
 
-/* The calls in progress on this thread, after dropping those that returned
- * unseen: their entry rsp under sp, the stack pointer at an entry (a call in
- * progress has its entry rsp above it, or at it when it tail-called the
- * function entered now). */
-static __always_inline struct ct_alloc_thread *thread_calls(__u64 sp, bool create)
+/* The calls in progress on task, the current thread, after dropping those
+ * that returned unseen: their entry rsp under sp, the stack pointer at an
+ * entry (a call in progress has its entry rsp above it, or at it when it
+ * tail-called the function entered now). The storage is created (create)
+ * only for a thread of a wanted process: a thread that has one is wanted,
+ * and its process is known without the two helper calls that ask. */
+static __always_inline struct ct_alloc_thread *thread_calls(struct task_struct *task, __u64 sp,
+							    bool create)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct ct_alloc_thread *t = bpf_task_storage_get(
-		&alloc_threads, task, NULL, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	struct ct_alloc_thread *t = bpf_task_storage_get(&alloc_threads, task, NULL, 0);
 
+	if (!t && create) {
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if (filter_uprobes && !pid_wanted(tgid))
+			return NULL;
+		t = bpf_task_storage_get(&alloc_threads, task, NULL,
+					 BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (t)
+			t->tgid = tgid;
+	}
 	if (!t)
 		return NULL;
 	for (int i = 0; i < CT_ALLOC_NEST; i++) {
@@ -386,30 +494,31 @@ static __always_inline void restore_old_block(const struct ct_alloc_call *call, 
 {
 	if (call->flags & CT_CALL_OLD_KNOWN) {
 		struct ct_live_key key = { .address = call->old, .pid = tgid };
-		bpf_map_update_elem(&alloc_live, &key, &call->old_block, BPF_ANY);
+		put_live(&key, &call->old_block, BPF_ANY);
 	}
 }
 
-SEC("uprobe.multi")
-int on_alloc(struct pt_regs *ctx)
+/* An allocating call's entry. Returns 1 when it kept no call for its return
+ * (a session then skips the return), 0 when it did. */
+static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *task)
 {
-	__u64 cookie = bpf_get_attach_cookie(ctx);
+	/* Sampling 1 in N: most calls end here, after one helper call and no map
+	 * but this CPU's random state. A realloc goes on, to free its old block
+	 * (its own allocation is not counted: CT_CALL_UNSAMPLED); so do the calls
+	 * of the others that the sampled ones make (they are nested). The return
+	 * of a call left here finds no call of its own: see on_alloc_return. */
+	bool unsampled = alloc_sample_every > 1 && !sampled(0);
+	__u64 cookie = multi_cookie(task);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
 
-	/* Sampling 1 in N: most calls end here, before any map. A resize goes on,
-	 * to free its old block, and is sampled below; so do the calls of the others that the sampled
-	 * ones make (they are nested). The return of a call left here finds no
-	 * call of its own: see on_alloc_return. */
 	bool resizes = kind == CT_ALLOC_REALLOC || kind == CT_ALLOC_REALLOCARRAY ||
 		       kind == CT_ALLOC_XALLOCX;
-	if (alloc_sample_every > 1 && !resizes && !sampled(0))
-		return 0;
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (filter_uprobes && !pid_wanted(tgid))
-		return 0;
-	struct ct_alloc_thread *t = thread_calls(ctx->sp, true);
+	if (unsampled && !resizes)
+		return 1;
+	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, true);
 	if (!t)
-		return 0;
+		return 1;
+	__u32 tgid = t->tgid;
 	__u32 depth = t->depth;
 	if (depth >= CT_ALLOC_NEST)
 		return 0; /* its return counts CT_ALLOC_NO_ENTRY */
@@ -455,6 +564,7 @@ int on_alloc(struct pt_regs *ctx)
 		break;
 	}
 	call->kind = kind;
+	call->probe_id = cookie;
 	call->size = size;
 	call->out = out;
 	call->old = old;
@@ -463,10 +573,8 @@ int on_alloc(struct pt_regs *ctx)
 		call->flags = CT_CALL_OLD_KNOWN;
 	/* mmap of a file is no heap: its return is not counted */
 	bool file = kind == CT_ALLOC_MMAP && !(ctx->cx & CT_MAP_ANONYMOUS);
-	/* a resize went past the choice of 1 in N above: its own choice is here */
-	bool unsampled = alloc_sample_every > 1 ? resizes && !sampled(0) :
-			 alloc_sample_bytes > 0 && !sampled(size);
-	if (file || !size_wanted(size) || unsampled) {
+	if (file || unsampled || !size_wanted(size) ||
+	    (alloc_sample_bytes > 0 && !sampled(size))) {
 		/* sampling's cheap path: kept for its return (a realloc's old block
 		 * is still freed there), not walked */
 		call->flags |= CT_CALL_UNSAMPLED;
@@ -477,21 +585,19 @@ int on_alloc(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uretprobe.multi")
-int on_alloc_return(struct pt_regs *ctx)
+/* An allocating call's return. */
+static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct *task)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-
-	if (filter_uprobes && !pid_wanted(tgid))
-		return 0;
 	/* rsp at the entry was this one less the return address popped */
 	__u64 entry_sp = ctx->sp - 8;
-	struct ct_alloc_thread *t = thread_calls(entry_sp, false);
+	struct ct_alloc_thread *t = thread_calls(task, entry_sp, false);
 	__u32 depth = t ? t->depth : 0;
 	if (!t || depth == 0 || depth > CT_ALLOC_NEST ||
 	    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp != entry_sp) {
-		/* sampling 1 in N keeps no call for most entries */
-		if (alloc_sample_every <= 1)
+		/* sampling 1 in N keeps no call for most entries; a thread without
+		 * storage is most often one of a process not wanted */
+		if (alloc_sample_every <= 1 &&
+		    (t || !filter_uprobes || pid_wanted(bpf_get_current_pid_tgid() >> 32)))
 			count_in(&alloc_counters, CT_ALLOC_NO_ENTRY);
 		return 0;
 	}
@@ -500,7 +606,8 @@ int on_alloc_return(struct pt_regs *ctx)
 	if (call->flags & CT_CALL_NESTED)
 		return 0;
 
-	__u32 probe_id = bpf_get_attach_cookie(ctx);
+	__u32 tgid = t->tgid;
+	__u32 probe_id = call->probe_id;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 address = ctx->ax;
 	if (call->kind == CT_ALLOC_MMAP && address == CT_MAP_FAILED)
@@ -547,26 +654,64 @@ int on_alloc_return(struct pt_regs *ctx)
 }
 
 SEC("uprobe.multi")
+int on_alloc(struct pt_regs *ctx)
+{
+	alloc_entry(ctx, bpf_get_current_task_btf());
+	return 0;
+}
+
+SEC("uretprobe.multi")
+int on_alloc_return(struct pt_regs *ctx)
+{
+	return alloc_return(ctx, bpf_get_current_task_btf());
+}
+
+/* Entry and return in one program, where the kernel has uprobe sessions
+ * (Linux 6.13): an entry that keeps no call, as most do under sampling,
+ * skips its return altogether, a trip through the kernel as dear as the
+ * entry's trap. */
+SEC("uprobe.session")
+int on_alloc_session(struct pt_regs *ctx)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (multi_run(task)->session_ctx.is_return) /* bpf_session_is_return(), without a call */
+		return alloc_return(ctx, task);
+	return alloc_entry(ctx, task);
+}
+
+SEC("uprobe.multi")
 int on_free(struct pt_regs *ctx)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	__u64 address = ctx->di;
 
-	if (!address || (filter_uprobes && !pid_wanted(tgid)))
+	if (!address)
 		return 0;
-	struct ct_alloc_thread *t = thread_calls(ctx->sp, false);
-	if (t && t->depth > 0)
-		return 0; /* inside an allocator call: part of it */
-	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u32 probe_id = cookie;
+	__u32 *count = live_filter_slot(address);
+	if (count && *count == 0)
+		return 0; /* a block left out */
+	/* The live map holds blocks of wanted processes only, and a free nested
+	 * in an allocator call finds none (realloc(p, 0) frees p: its entry took
+	 * p): the thread's calls and the pid filter are asked only of the others,
+	 * two and three helper calls spared on the way every tracked block goes. */
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct ct_live_block block;
-	if (take_live(address, tgid, &block)) {
-		/* most munmaps unmap files, or memory malloc mapped for itself */
-		if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
-			count_unknown_free(tgid, probe_id);
+	if (take_live(address, tgid, &block) == 0) {
+		account_free(&block, tgid, bpf_ktime_get_ns());
 		return 0;
 	}
-	account_free(&block, tgid, bpf_ktime_get_ns());
+	if (leaving_out())
+		return 0; /* most are frees of blocks left out */
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, false);
+	if (t && t->depth > 0)
+		return 0; /* inside an allocator call: part of it */
+	__u64 cookie = multi_cookie(task);
+	/* most munmaps unmap files, or memory malloc mapped for itself */
+	if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
+		count_unknown_free(tgid, (__u32)cookie);
 	return 0;
 }
 

@@ -364,6 +364,7 @@ enum ct_alloc_limits {
 	CT_ALLOC_NEST = 8,	  /* allocator calls in progress at once on one thread */
 	CT_ALLOC_KIND_SHIFT = 32, /* see above */
 	CT_ALLOC_WEIGHT_SHIFT = 16, /* fixed point of the estimated counts */
+	CT_ALLOC_LIVE_FILTER_BITS = 16, /* slots of alloc_live_filter: 1 << this */
 };
 
 /* Where a function's size and addresses are (x86-64 argument registers). */
@@ -471,6 +472,8 @@ struct ct_alloc_call {
 	struct ct_live_block old_block; /* ... as it was live, if old_known */
 	__u32 kind;  /* enum ct_alloc_kind */
 	__u32 flags; /* CT_CALL_* */
+	__u32 probe_id; /* from the entry's cookie: the return does not read its own */
+	__u32 pad;
 };
 
 enum ct_alloc_call_flags {
@@ -482,7 +485,7 @@ enum ct_alloc_call_flags {
 /* Task storage: the allocator calls in progress on one thread, innermost last. */
 struct ct_alloc_thread {
 	__u32 depth;
-	__u32 pad;
+	__u32 tgid; /* the thread's process, wanted (pid_filter) when this was created */
 	struct ct_alloc_call calls[CT_ALLOC_NEST];
 };
 

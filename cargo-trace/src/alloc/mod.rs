@@ -26,12 +26,24 @@ use libbpf_rs::{Link, UprobeMultiOpts};
 use crate::profile::{HeapProcess, HeapTotals, RawSample, SamplingMode, ValueType};
 use allocators::{AllocFunction, Allocator};
 
-/// The programs an `alloc` probe attaches.
-pub const PROGRAMS: [EventProgram; 3] = [
-    EventProgram::AllocEntry,
-    EventProgram::AllocReturn,
-    EventProgram::Free,
-];
+/// The programs an `alloc` probe attaches: an allocating function's entry and return as
+/// one session program where the kernel has uprobe sessions (an entry that sampling
+/// leaves out then skips its return, a trip through the kernel), else as two.
+pub fn programs() -> Vec<EventProgram> {
+    if sessions() {
+        vec![EventProgram::AllocSession, EventProgram::Free]
+    } else {
+        vec![
+            EventProgram::AllocEntry,
+            EventProgram::AllocReturn,
+            EventProgram::Free,
+        ]
+    }
+}
+
+fn sessions() -> bool {
+    bpf_prog::uprobe_sessions()
+}
 
 /// Heap profiling's command-line options.
 #[derive(Debug, Clone, clap::Args)]
@@ -296,11 +308,17 @@ impl AllocProbe {
         for (path, functions) in by_file {
             let (frees, allocs): (Vec<&AllocFunction>, Vec<&AllocFunction>) =
                 functions.into_iter().partition(|f| f.kind.frees_only());
-            for (program, functions, retprobe) in [
+            let with_sessions = [
+                (EventProgram::AllocSession, &allocs, false),
+                (EventProgram::Free, &frees, false),
+            ];
+            let without = [
                 (EventProgram::AllocEntry, &allocs, false),
                 (EventProgram::AllocReturn, &allocs, true),
                 (EventProgram::Free, &frees, false),
-            ] {
+            ];
+            let programs: &[_] = if sessions() { &with_sessions } else { &without };
+            for &(program, functions, retprobe) in programs {
                 if functions.is_empty() {
                     continue;
                 }
@@ -314,6 +332,7 @@ impl AllocProbe {
                         .map(|f| alloc_cookie(probe_id, f.kind))
                         .collect(),
                     retprobe,
+                    session: program == EventProgram::AllocSession,
                     ..UprobeMultiOpts::default()
                 };
                 let link = tracer
