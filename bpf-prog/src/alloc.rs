@@ -5,7 +5,7 @@
 //! An allocator function is attached as [`EventProgram::AllocEntry`] and
 //! [`EventProgram::AllocReturn`] (allocating functions) or [`EventProgram::Free`], each
 //! with the cookie [`alloc_cookie`] makes of the probe id and the function's
-//! [`AllocKind`].
+//! [`AllocKind`], one uprobe (or uretprobe) per function.
 //!
 //! [`EventProgram::AllocEntry`]: crate::EventProgram::AllocEntry
 //! [`EventProgram::AllocReturn`]: crate::EventProgram::AllocReturn
@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use libbpf_rs::{MapCore, MapFlags, MapMut};
+use libbpf_rs::{MapCore, MapFlags, MapMut, ProgramAttachType};
 
 use crate::error::{Error, Result};
 use crate::layout::alloc::{self as raw, CtAllocKey, CtAllocProc, CtAllocProcKey, CtAllocStats};
@@ -287,6 +287,15 @@ pub(crate) fn configure(
         let entries = if used { entries.max(1) } else { 1 };
         map.set_max_entries(entries)
             .map_err(|source| Error::Configure { map: name, source })?;
+    }
+    // The C sections say uprobe.multi, but the programs are attached one function at a
+    // time, as perf-event uprobes that the kernel can bind to the traced processes and
+    // their children (a multi-uprobe link follows one process, not its forks). Loaded
+    // with no expected attach type, as SEC("uprobe") would be: the cookie helper then
+    // reads the perf link's cookie.
+    let progs = &mut open.progs;
+    for prog in [&mut progs.on_alloc, &mut progs.on_alloc_return, &mut progs.on_free] {
+        prog.set_attach_type(ProgramAttachType::CgroupInetIngress);
     }
     Ok(())
 }

@@ -56,6 +56,37 @@ pub(crate) fn perf_event_open(
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Opens tracepoint `id` (a tracefs event's) on thread `tid` with `inherit`: every thread
+/// and process `tid` creates from now on gets a copy, before it runs. Disabled: a program
+/// attached to a tracepoint runs whatever the state of the event (so only the one the
+/// program attaches to is enabled, by libbpf), and a disabled event records nothing.
+pub(crate) fn open_inherited_tracepoint(id: u64, tid: i32) -> io::Result<OwnedFd> {
+    let mut attr = perf_event_attr {
+        type_: perf_event_open_sys::bindings::PERF_TYPE_TRACEPOINT,
+        size: std::mem::size_of::<perf_event_attr>() as u32,
+        config: id,
+        ..Default::default()
+    };
+    attr.__bindgen_anon_1.sample_period = 1;
+    attr.set_disabled(1);
+    attr.set_inherit(1);
+    // SAFETY: as in perf_event_open above.
+    let fd = unsafe {
+        perf_event_open_sys::perf_event_open(
+            &mut attr,
+            tid,
+            -1,
+            -1,
+            PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// `mount -t tracefs nodev TARGET`.
 pub(crate) fn mount_tracefs(target: &Path) -> io::Result<()> {
     let target = CString::new(target.as_os_str().as_encoded_bytes())

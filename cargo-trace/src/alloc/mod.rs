@@ -15,16 +15,15 @@
 pub mod allocators;
 pub mod live;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use bpf_prog::{alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS};
-use libbpf_rs::{Link, UprobeMultiOpts};
+use probes::{Attachment, Fire};
 
 use crate::profile::{HeapProcess, HeapTotals, RawSample, ValueType};
-use allocators::{AllocFunction, Allocator};
+use allocators::Allocator;
 
 /// The programs an `alloc` probe attaches.
 pub const PROGRAMS: [EventProgram; 3] = [
@@ -266,63 +265,45 @@ impl AllocProbe {
         Some(Allocator::parse(rest).map(|allocator| AllocProbe { allocator }))
     }
 
-    /// Attaches the allocator's functions in process `pid` (uprobes firing in `fire_in`
-    /// only, or in every process mapping the files if `None`), with probe id `probe_id`.
+    /// Attaches the allocator's functions as found in process `pid`, firing where `fire`
+    /// says, with probe id `probe_id`: each allocating function's entry and return, each
+    /// freeing function's entry.
     pub fn attach(
         &self,
         tracer: &Tracer,
         args: &AllocArgs,
         pid: u32,
-        fire_in: Option<u32>,
+        fire: Fire<'_>,
         probe_id: u32,
-    ) -> Result<Vec<Link>> {
+    ) -> Result<Vec<Attachment>> {
         let functions = allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid)?;
-        let fire_in = fire_in.map_or(-1, |pid| pid as i32);
-        // One link per program and file: the functions of one allocator file attach at once.
-        let mut by_file: BTreeMap<&Path, Vec<&AllocFunction>> = BTreeMap::new();
-        for function in &functions {
-            by_file
-                .entry(&function.target.path)
-                .or_default()
-                .push(function);
-        }
         let mut links = Vec::new();
-        for (path, functions) in by_file {
-            let (frees, allocs): (Vec<&AllocFunction>, Vec<&AllocFunction>) =
-                functions.into_iter().partition(|f| f.kind.frees_only());
-            for (program, functions, retprobe) in [
-                (EventProgram::AllocEntry, &allocs, false),
-                (EventProgram::AllocReturn, &allocs, true),
-                (EventProgram::Free, &frees, false),
-            ] {
-                if functions.is_empty() {
-                    continue;
-                }
-                let opts = UprobeMultiOpts {
-                    offsets: functions
-                        .iter()
-                        .map(|f| f.target.file_offset as usize)
-                        .collect(),
-                    cookies: functions
-                        .iter()
-                        .map(|f| alloc_cookie(probe_id, f.kind))
-                        .collect(),
+        for function in &functions {
+            let cookie = alloc_cookie(probe_id, function.kind);
+            let programs: &[(EventProgram, bool)] = if function.kind.frees_only() {
+                &[(EventProgram::Free, false)]
+            } else {
+                &[
+                    (EventProgram::AllocEntry, false),
+                    (EventProgram::AllocReturn, true),
+                ]
+            };
+            for &(program, retprobe) in programs {
+                let link = probes::attach_uprobe_in(
+                    tracer.program(program),
+                    &function.target,
+                    fire,
                     retprobe,
-                    ..UprobeMultiOpts::default()
-                };
-                let link = tracer
-                    .program(program)
-                    .attach_uprobe_multi_with_opts(fire_in, path, "", opts)
-                    .with_context(|| {
-                        let names: Vec<&str> =
-                            functions.iter().map(|f| f.target.symbol.as_str()).collect();
-                        format!(
-                            "attaching {} to {} in {}",
-                            program.name(),
-                            names.join(", "),
-                            path.display()
-                        )
-                    })?;
+                    cookie,
+                )
+                .with_context(|| {
+                    format!(
+                        "attaching {} to {} in {}",
+                        program.name(),
+                        function.target.symbol,
+                        function.target.path.display()
+                    )
+                })?;
                 links.push(link);
             }
         }
