@@ -294,7 +294,11 @@ pub(crate) fn configure(
     // with no expected attach type, as SEC("uprobe") would be: the cookie helper then
     // reads the perf link's cookie.
     let progs = &mut open.progs;
-    for prog in [&mut progs.on_alloc, &mut progs.on_alloc_return, &mut progs.on_free] {
+    for prog in [
+        &mut progs.on_alloc,
+        &mut progs.on_alloc_return,
+        &mut progs.on_free,
+    ] {
         prog.set_attach_type(ProgramAttachType::CgroupInetIngress);
     }
     Ok(())

@@ -129,7 +129,11 @@ fn a_process_the_session_does_not_trace_keeps_its_code_unpatched() {
     assert!(output.status.success(), "{stderr}");
 
     // The check can fail: in the traced process, the uprobe is there.
-    assert_eq!(traced_byte, Some(0xcc), "work is not patched in the traced process");
+    assert_eq!(
+        traced_byte,
+        Some(0xcc),
+        "work is not patched in the traced process"
+    );
     assert_eq!(
         before_byte,
         Some(byte),
@@ -151,6 +155,82 @@ fn a_process_the_session_does_not_trace_keeps_its_code_unpatched() {
     assert_eq!(
         count_from_work(&folded, |leaf| leaf.contains("malloc")),
         4 * CALLS,
+        "{stderr}"
+    );
+}
+
+/// With `-p`: the uprobes are bound to every thread of the running process (one that
+/// existed before the session attached included) and to what it starts after (a
+/// thread, a fork, a fork+exec): five tasks counted exactly; a process running the same
+/// binary beside it keeps its code.
+#[test]
+fn an_attached_process_is_followed_exactly_and_no_other_is_patched() {
+    if !bpf_available("untraced processes, -p") {
+        return;
+    }
+    let fixture = fixtures::c_fixture("bound_children");
+    let (offset, byte) = probed_instruction(&fixture);
+    let mut target = Command::new(&fixture)
+        .args(["attached", &CALLS.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target_out = BufReader::new(target.stdout.take().unwrap());
+    let pid = pid_after(&mut target_out, "waiting ");
+    let bystander = Untraced::start(&fixture);
+
+    let scratch = Scratch::new("untraced-attach");
+    let folded_path = scratch.path("out.folded");
+    let mut session = Command::new(binary())
+        .arg(format!("uprobe:{}:work", fixture.display()))
+        .args(["-p", &pid.to_string(), "--no-svg", "--folded"])
+        .arg(&folded_path)
+        .current_dir(scratch.dir())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(session.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("tracing process") {
+        said.clear();
+        assert!(
+            stderr.read_line(&mut said).unwrap() > 0,
+            "cargo-trace ended"
+        );
+    }
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    stdin.flush().unwrap();
+    assert_eq!(pid_after(&mut target_out, "ready "), pid);
+    let traced_byte = mapped_code_byte(pid, &fixture, offset);
+    let bystander_byte = mapped_code_byte(bystander.pid, &fixture, offset);
+
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(session.id() as i32, libc::SIGINT) }, 0);
+    let status = session.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let stderr = format!("{said}{rest}");
+    drop(stdin);
+    target.wait().unwrap();
+    assert!(status.success(), "{stderr}");
+
+    assert_eq!(
+        traced_byte,
+        Some(0xcc),
+        "work is not patched in the attached process"
+    );
+    assert_eq!(
+        bystander_byte,
+        Some(byte),
+        "work is patched in a process the session does not trace"
+    );
+    let folded = Folded::read(&folded_path);
+    assert_eq!(
+        count_from_work(&folded, |leaf| leaf == "work"),
+        5 * CALLS,
         "{stderr}"
     );
 }

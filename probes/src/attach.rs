@@ -93,7 +93,10 @@ pub enum AttachError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot attach {probe}: the processes it is for ({}) are gone", list_pids(processes))]
+    #[error(
+        "cannot attach {probe}: the processes it is for ({}) are gone",
+        list_pids(processes)
+    )]
     ProcessesGone { probe: String, processes: Vec<u32> },
 }
 

@@ -14,9 +14,12 @@
 //! processes with `inherit`: the kernel copies the event into every thread and process
 //! they create, before it runs, and patches the probed instruction only in the address
 //! spaces of tasks that hold one of the event's perf events (`uprobe_perf_filter`). The
-//! program is attached to one of those perf events; the kernel runs it at each hit of
-//! the event, in whichever traced task. Dropping a [`BoundUprobe`] closes the perf
-//! events, which removes the breakpoints, and then deletes the tracefs event.
+//! program is attached to one more perf event of the event, not inherited; the kernel
+//! runs it at each hit of the event, in whichever traced task. (Attached to an inherited
+//! one, the program would be copied into each copy of the event, and the first of them
+//! to go, with its thread or process, would take the program off the event for all.)
+//! Dropping a [`BoundUprobe`] closes the perf events, which removes the breakpoints, and
+//! then deletes the tracefs event.
 //!
 //! tracefs events outlive a process killed before it deletes them: whoever cleans up
 //! after a session that died deletes its whole group ([`UprobeGroup::removal`]); a new
@@ -201,10 +204,11 @@ impl Drop for UprobeEvent {
 /// A uprobe that fires only in the processes it was bound to, their threads, and every
 /// thread and process they start after; detached on drop.
 pub struct BoundUprobe {
-    /// The program, attached to the first perf event.
+    /// The program, attached to a perf event of its own (on the first thread, not
+    /// inherited).
     link: Option<Link>,
-    /// The perf events of the other threads.
-    others: Vec<OwnedFd>,
+    /// The inherited perf events, one per thread: where the uprobe fires.
+    inherited: Vec<OwnedFd>,
     /// Dropped last: the event cannot be deleted while a perf event holds it.
     event: Option<UprobeEvent>,
 }
@@ -212,7 +216,7 @@ pub struct BoundUprobe {
 impl Drop for BoundUprobe {
     fn drop(&mut self) {
         drop(self.link.take());
-        self.others.clear();
+        self.inherited.clear();
         drop(self.event.take());
     }
 }
@@ -242,6 +246,7 @@ pub fn attach_bound_uprobe(
     };
     let mut bound = Vec::new();
     let mut fds = Vec::new();
+    let mut first = None;
     loop {
         let tasks: Vec<u32> = processes
             .iter()
@@ -253,8 +258,17 @@ pub fn attach_bound_uprobe(
         }
         for tid in tasks {
             bound.push(tid);
-            match sys::open_inherited_tracepoint(event.id, tid as i32) {
-                Ok(fd) => fds.push(fd),
+            let mut opened = sys::open_tracepoint(event.id, tid as i32, true);
+            if matches!(&opened, Err(e) if e.raw_os_error() == Some(libc::EMFILE))
+                && sys::raise_open_files_limit()
+            {
+                opened = sys::open_tracepoint(event.id, tid as i32, true);
+            }
+            match opened {
+                Ok(fd) => {
+                    fds.push(fd);
+                    first.get_or_insert(tid);
+                }
                 // Exited since it was listed.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(source) => {
@@ -268,17 +282,23 @@ pub fn attach_bound_uprobe(
             }
         }
     }
-    if fds.is_empty() {
-        return Err(AttachError::ProcessesGone {
-            probe: describe(),
-            processes: processes.to_vec(),
-        });
-    }
-    let first = fds.remove(0);
-    let link = attach_perf_fd(prog, first, cookie, describe)?;
+    let gone = || AttachError::ProcessesGone {
+        probe: describe(),
+        processes: processes.to_vec(),
+    };
+    let first = first.ok_or_else(gone)?;
+    let carrier = sys::open_tracepoint(event.id, first as i32, false).map_err(|source| {
+        AttachError::PerfEventOpen {
+            event: format!("{} in thread {first}", describe()),
+            cpu: -1,
+            source,
+            hint: String::new(),
+        }
+    })?;
+    let link = attach_perf_fd(prog, carrier, cookie, describe)?;
     Ok(BoundUprobe {
         link: Some(link),
-        others: fds,
+        inherited: fds,
         event: Some(event),
     })
 }

@@ -1,4 +1,4 @@
-//! The crate's raw system calls: perf_event_open(2) and mount(2). Every `unsafe` block
+//! The crate's raw system calls: perf_event_open(2), mount(2) and the open files limit. Every `unsafe` block
 //! of the crate is in this module.
 
 use std::ffi::CString;
@@ -56,11 +56,11 @@ pub(crate) fn perf_event_open(
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Opens tracepoint `id` (a tracefs event's) on thread `tid` with `inherit`: every thread
+/// Opens tracepoint `id` (a tracefs event's) on thread `tid`; with `inherit`, every thread
 /// and process `tid` creates from now on gets a copy, before it runs. Disabled: a program
 /// attached to a tracepoint runs whatever the state of the event (so only the one the
 /// program attaches to is enabled, by libbpf), and a disabled event records nothing.
-pub(crate) fn open_inherited_tracepoint(id: u64, tid: i32) -> io::Result<OwnedFd> {
+pub(crate) fn open_tracepoint(id: u64, tid: i32, inherit: bool) -> io::Result<OwnedFd> {
     let mut attr = perf_event_attr {
         type_: perf_event_open_sys::bindings::PERF_TYPE_TRACEPOINT,
         size: std::mem::size_of::<perf_event_attr>() as u32,
@@ -69,7 +69,7 @@ pub(crate) fn open_inherited_tracepoint(id: u64, tid: i32) -> io::Result<OwnedFd
     };
     attr.__bindgen_anon_1.sample_period = 1;
     attr.set_disabled(1);
-    attr.set_inherit(1);
+    attr.set_inherit(inherit.into());
     // SAFETY: as in perf_event_open above.
     let fd = unsafe {
         perf_event_open_sys::perf_event_open(
@@ -85,6 +85,24 @@ pub(crate) fn open_inherited_tracepoint(id: u64, tid: i32) -> io::Result<OwnedFd
     }
     // SAFETY: a new file descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Raises this process's soft limit of open files to its hard limit: a bound uprobe
+/// holds a perf event per thread of the traced processes. Whether it was raised.
+pub(crate) fn raise_open_files_limit() -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit(2) read and write the rlimit on our stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return false;
+        }
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
+    }
 }
 
 /// `mount -t tracefs nodev TARGET`.
