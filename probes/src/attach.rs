@@ -185,6 +185,7 @@ pub enum Fire<'a> {
 }
 
 /// An attached probe; dropping it detaches it.
+#[derive(Debug)]
 pub enum Attachment {
     Link(Link),
     Bound(BoundUprobe),

@@ -203,6 +203,7 @@ impl Drop for UprobeEvent {
 
 /// A uprobe that fires only in the processes it was bound to, their threads, and every
 /// thread and process they start after; detached on drop.
+#[derive(Debug)]
 pub struct BoundUprobe {
     /// The program, attached to a perf event of its own (on the first thread, not
     /// inherited).
