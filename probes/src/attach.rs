@@ -213,9 +213,42 @@ pub fn attach_uprobe_in(
         }
         Fire::InDescendants { group, processes } => {
             check_uprobe_program(prog, target, retprobe)?;
-            attach_bound_uprobe(prog, target, group, processes, retprobe, cookie)
+            attach_bound_uprobe(prog, &[target], group, processes, retprobe, cookie)
                 .map(Attachment::Bound)
         }
+    }
+}
+
+/// [`attach_uprobe_in`] at several targets with the same cookie. Bound to processes
+/// ([`Fire::InDescendants`]), the targets are one event of the kernel: one attachment,
+/// and one wait of the kernel's (~70 ms) to detach them all. Targets at the same
+/// instruction count once.
+pub fn attach_uprobes_in(
+    prog: &ProgramMut<'_>,
+    targets: &[UprobeTarget],
+    fire: Fire<'_>,
+    retprobe: bool,
+    cookie: u64,
+) -> Result<Vec<Attachment>, AttachError> {
+    let mut distinct: Vec<&UprobeTarget> = Vec::new();
+    for target in targets {
+        let seen = distinct
+            .iter()
+            .any(|t| t.path == target.path && t.file_offset == target.file_offset);
+        if !seen {
+            distinct.push(target);
+        }
+    }
+    match fire {
+        Fire::InDescendants { group, processes } if !distinct.is_empty() => {
+            check_uprobe_program(prog, distinct[0], retprobe)?;
+            let bound = attach_bound_uprobe(prog, &distinct, group, processes, retprobe, cookie)?;
+            Ok(vec![Attachment::Bound(bound)])
+        }
+        _ => distinct
+            .into_iter()
+            .map(|target| attach_uprobe_in(prog, target, fire, retprobe, cookie))
+            .collect(),
     }
 }
 
@@ -624,19 +657,13 @@ pub fn attach_probe_with(
             let targets = resolution.targets;
             notices.extend(resolution.notices);
             notices.extend(not_mapped(spec, &targets, pid));
-            let links = targets
-                .iter()
-                .map(|t| attach_uprobe_in(prog, t, fire, u.retprobe, cookie))
-                .collect::<Result<_, _>>()?;
+            let links = attach_uprobes_in(prog, &targets, fire, u.retprobe, cookie)?;
             return Ok(Attached { links, notices });
         }
         ProbeSpec::Usdt(u) => {
             let targets = resolve_usdt(u, pid)?;
             notices.extend(not_mapped(spec, &targets, pid));
-            let links = targets
-                .iter()
-                .map(|t| attach_uprobe_in(prog, t, fire, false, cookie))
-                .collect::<Result<_, _>>()?;
+            let links = attach_uprobes_in(prog, &targets, fire, false, cookie)?;
             return Ok(Attached { links, notices });
         }
         ProbeSpec::Profile(rate) => attach_profile(prog, *rate, cookie)?,

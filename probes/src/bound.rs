@@ -114,38 +114,52 @@ impl UprobeGroup {
         }
     }
 
-    /// Defines a uprobe (or uretprobe) event at `target`.
-    fn define(&self, target: &UprobeTarget, retprobe: bool) -> Result<UprobeEvent, AttachError> {
+    /// Defines one uprobe (or uretprobe) event at every one of `targets`: the kernel
+    /// fires it at each, and a perf event of it (and the wait for the kernel to let go of
+    /// it, ~70 ms) covers them all.
+    fn define(
+        &self,
+        targets: &[&UprobeTarget],
+        retprobe: bool,
+    ) -> Result<UprobeEvent, AttachError> {
         let name = format!("p{}", NEXT_EVENT.fetch_add(1, Ordering::Relaxed));
-        // The kernel splits the command at white space: a path with some is named
-        // through a descriptor of ours, which it resolves to the file.
-        let (path, _file) = if target.path.to_string_lossy().contains(char::is_whitespace) {
-            let file = fs::File::open(&target.path).map_err(|e| tracefs_error(&self.control, e))?;
-            let path = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
-            (path, Some(file))
-        } else {
-            (target.path.display().to_string(), None)
-        };
-        let semaphore = target
-            .ref_ctr_offset
-            .map(|offset| format!("({offset:#x})"))
-            .unwrap_or_default();
-        let command = format!(
-            "{}:{}/{name} {path}:{:#x}{semaphore}",
-            if retprobe { 'r' } else { 'p' },
-            self.name,
-            target.file_offset,
-        );
-        write_command(&self.control, &command).map_err(|e| AttachError::UprobeEvent {
-            command: command.clone(),
-            source: e,
+        let mut event: Option<UprobeEvent> = None;
+        for target in targets {
+            // The kernel splits the command at white space: a path with some is named
+            // through a descriptor of ours, which it resolves to the file.
+            let (path, _file) = if target.path.to_string_lossy().contains(char::is_whitespace) {
+                let file =
+                    fs::File::open(&target.path).map_err(|e| tracefs_error(&self.control, e))?;
+                let path = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
+                (path, Some(file))
+            } else {
+                (target.path.display().to_string(), None)
+            };
+            let semaphore = target
+                .ref_ctr_offset
+                .map(|offset| format!("({offset:#x})"))
+                .unwrap_or_default();
+            // The same event name again adds a probe to the event.
+            let command = format!(
+                "{}:{}/{name} {path}:{:#x}{semaphore}",
+                if retprobe { 'r' } else { 'p' },
+                self.name,
+                target.file_offset,
+            );
+            write_command(&self.control, &command).map_err(|e| AttachError::UprobeEvent {
+                command: command.clone(),
+                source: e,
+            })?;
+            // Deleted on drop from here on, should anything after fail.
+            event.get_or_insert_with(|| UprobeEvent {
+                control: self.control.clone(),
+                removal: format!("-:{}/{name}", self.name),
+                id: 0,
+            });
+        }
+        let mut event = event.ok_or_else(|| AttachError::Tracefs {
+            reason: "no uprobe to define".into(),
         })?;
-        // Deleted on drop from here on, should anything below fail.
-        let mut event = UprobeEvent {
-            control: self.control.clone(),
-            removal: format!("-:{}/{name}", self.name),
-            id: 0,
-        };
         let id_path = self.events.join(&self.name).join(&name).join("id");
         event.id = fs::read_to_string(&id_path)
             .ok()
@@ -222,27 +236,33 @@ impl Drop for BoundUprobe {
     }
 }
 
-/// Attaches `prog` at `target` for every thread of `processes` and every thread and
-/// process they start from now on, with `cookie`. The program fires in no other process.
+/// Attaches `prog` at every one of `targets` (distinct instructions) for every thread of
+/// `processes` and every thread and process they start from now on, with `cookie`. The
+/// program fires in no other process.
 ///
 /// Threads that a process starts while this runs are looked for again until none is
 /// new. A process that is gone is skipped; that all are is an error.
 pub fn attach_bound_uprobe(
     prog: &ProgramMut<'_>,
-    target: &UprobeTarget,
+    targets: &[&UprobeTarget],
     group: &UprobeGroup,
     processes: &[u32],
     retprobe: bool,
     cookie: u64,
 ) -> Result<BoundUprobe, AttachError> {
-    let event = group.define(target, retprobe)?;
+    let event = group.define(targets, retprobe)?;
     let describe = || {
+        let first = targets[0];
         format!(
-            "{} {}:{} (file offset {:#x})",
+            "{} {}:{} (file offset {:#x}){}",
             if retprobe { "uretprobe" } else { "uprobe" },
-            target.path.display(),
-            target.symbol,
-            target.file_offset
+            first.path.display(),
+            first.symbol,
+            first.file_offset,
+            match targets.len() {
+                1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            }
         )
     };
     let mut bound = Vec::new();
@@ -272,14 +292,7 @@ pub fn attach_bound_uprobe(
                 }
                 // Exited since it was listed.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(source) => {
-                    return Err(AttachError::PerfEventOpen {
-                        event: format!("{} in thread {tid}", describe()),
-                        cpu: -1,
-                        source,
-                        hint: String::new(),
-                    })
-                }
+                Err(source) => return Err(open_error(source, tid, &describe)),
             }
         }
     }
@@ -288,20 +301,29 @@ pub fn attach_bound_uprobe(
         processes: processes.to_vec(),
     };
     let first = first.ok_or_else(gone)?;
-    let carrier = sys::open_tracepoint(event.id, first as i32, false).map_err(|source| {
-        AttachError::PerfEventOpen {
-            event: format!("{} in thread {first}", describe()),
-            cpu: -1,
-            source,
-            hint: String::new(),
-        }
-    })?;
+    let carrier = sys::open_tracepoint(event.id, first as i32, false)
+        .map_err(|source| open_error(source, first, &describe))?;
     let link = attach_perf_fd(prog, carrier, cookie, describe)?;
     Ok(BoundUprobe {
         link: Some(link),
         inherited: fds,
         event: Some(event),
     })
+}
+
+/// Why the perf event of a bound uprobe could not be opened on thread `tid`.
+fn open_error(source: io::Error, tid: u32, describe: &dyn Fn() -> String) -> AttachError {
+    // ENOTSUPP (524, a kernel-internal errno std does not name): the kernel's uprobes
+    // cannot run the instruction there (its tables refuse many AVX ones).
+    if source.raw_os_error() == Some(524) {
+        return AttachError::InstructionRefused { probe: describe() };
+    }
+    AttachError::PerfEventOpen {
+        event: format!("{} in thread {tid}", describe()),
+        cpu: -1,
+        source,
+        hint: String::new(),
+    }
 }
 
 /// The threads of process `pid` (none if it is gone).

@@ -74,8 +74,8 @@ mod wildcard;
 pub use attach::{
     attach_interval, attach_kprobe, attach_perf_event_per_cpu, attach_probe, attach_probe_for,
     attach_probe_with, attach_profile, attach_raw_tracepoint, attach_tracepoint, attach_uprobe,
-    attach_uprobe_in, online_cpus, open_perf_events_per_cpu, AttachError, AttachOptions, Attached,
-    Attachment, Error, Fire, PerfEventKind,
+    attach_uprobe_in, attach_uprobes_in, online_cpus, open_perf_events_per_cpu, AttachError,
+    AttachOptions, Attached, Attachment, Error, Fire, PerfEventKind,
 };
 pub use bound::{BoundUprobe, UprobeGroup};
 pub use detach::detach;

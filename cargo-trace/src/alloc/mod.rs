@@ -19,8 +19,10 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use bpf_prog::{alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS};
-use probes::{Attachment, Fire};
+use bpf_prog::{
+    alloc_cookie, AllocCounter, AllocKind, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS,
+};
+use probes::{Attachment, Fire, UprobeTarget};
 
 use crate::profile::{HeapProcess, HeapTotals, RawSample, ValueType};
 use allocators::Allocator;
@@ -277,10 +279,19 @@ impl AllocProbe {
         probe_id: u32,
     ) -> Result<Vec<Attachment>> {
         let functions = allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid)?;
-        let mut links = Vec::new();
+        // Functions of a kind share their programs and cookie: attached together (bound
+        // to processes, they are one event of the kernel's, attached and detached at once).
+        let mut by_kind: Vec<(AllocKind, Vec<UprobeTarget>)> = Vec::new();
         for function in &functions {
-            let cookie = alloc_cookie(probe_id, function.kind);
-            let programs: &[(EventProgram, bool)] = if function.kind.frees_only() {
+            match by_kind.iter_mut().find(|(kind, _)| *kind == function.kind) {
+                Some((_, targets)) => targets.push(function.target.clone()),
+                None => by_kind.push((function.kind, vec![function.target.clone()])),
+            }
+        }
+        let mut links = Vec::new();
+        for (kind, targets) in &by_kind {
+            let cookie = alloc_cookie(probe_id, *kind);
+            let programs: &[(EventProgram, bool)] = if kind.frees_only() {
                 &[(EventProgram::Free, false)]
             } else {
                 &[
@@ -289,22 +300,18 @@ impl AllocProbe {
                 ]
             };
             for &(program, retprobe) in programs {
-                let link = probes::attach_uprobe_in(
+                let attached = probes::attach_uprobes_in(
                     tracer.program(program),
-                    &function.target,
+                    targets,
                     fire,
                     retprobe,
                     cookie,
                 )
                 .with_context(|| {
-                    format!(
-                        "attaching {} to {} in {}",
-                        program.name(),
-                        function.target.symbol,
-                        function.target.path.display()
-                    )
+                    let names: Vec<&str> = targets.iter().map(|t| t.symbol.as_str()).collect();
+                    format!("attaching {} to {}", program.name(), names.join(", "))
                 })?;
-                links.push(link);
+                links.extend(attached);
             }
         }
         Ok(links)
