@@ -18,6 +18,9 @@
 //! runs it at each hit of the event, in whichever traced task. (Attached to an inherited
 //! one, the program would be copied into each copy of the event, and the first of them
 //! to go, with its thread or process, would take the program off the event for all.)
+//! The inherited perf events sample READ, which keeps the kernel from swapping them
+//! between a parent and a child at a context switch (a child that exited with its
+//! parent's events would have taken the parent out of the filter).
 //! Dropping a [`BoundUprobe`] closes the perf events, which removes the breakpoints, and
 //! then deletes the tracefs event.
 //!

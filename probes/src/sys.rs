@@ -6,7 +6,9 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 
-use perf_event_open_sys::bindings::{perf_event_attr, PERF_FLAG_FD_CLOEXEC};
+use perf_event_open_sys::bindings::{
+    perf_event_attr, PERF_FLAG_FD_CLOEXEC, PERF_SAMPLE_READ, PERF_SAMPLE_TID,
+};
 
 use crate::spec::Sampling;
 
@@ -70,10 +72,28 @@ pub(crate) fn open_tracepoint(id: u64, tid: i32, inherit: bool) -> io::Result<Ow
     attr.__bindgen_anon_1.sample_period = 1;
     attr.set_disabled(1);
     attr.set_inherit(inherit.into());
+    if inherit {
+        // A task's events move to another task when the scheduler switches between a
+        // parent and a child whose events are copies of each other (perf's context
+        // swap); the uprobe filter goes by each event's own task, so a child that exits
+        // with its parent's events would take the parent out of the filter. Inherited
+        // events that sample READ (with TID, as the kernel requires) keep their task:
+        // the kernel never swaps their contexts (6.12 and later; older kernels refuse
+        // the pair, and the event is opened without it).
+        attr.sample_type = u64::from(PERF_SAMPLE_READ | PERF_SAMPLE_TID);
+        match open_attr(&mut attr, tid) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => attr.sample_type = 0,
+            opened => return opened,
+        }
+    }
+    open_attr(&mut attr, tid)
+}
+
+fn open_attr(attr: &mut perf_event_attr, tid: i32) -> io::Result<OwnedFd> {
     // SAFETY: as in perf_event_open above.
     let fd = unsafe {
         perf_event_open_sys::perf_event_open(
-            &mut attr,
+            attr,
             tid,
             -1,
             -1,
