@@ -349,6 +349,26 @@ mod tests {
     }
 
     #[test]
+    fn a_new_group_deletes_the_events_of_processes_that_are_gone() {
+        // Above any pid_max: no such process ever runs.
+        let orphan = group_name(999_999_999);
+        let control = crate::tracefs::tracefs_root().map(|root| root.join("uprobe_events"));
+        let exe = std::env::current_exe().unwrap();
+        let defined = control.as_ref().map(|control| {
+            write_command(control, &format!("p:{orphan}/p0 {}:0x1000", exe.display()))
+        });
+        let Some((control, Ok(()))) = control.zip(defined) else {
+            eprintln!("skipping: defining a uprobe event in tracefs needs root");
+            return;
+        };
+        assert!(fs::read_to_string(&control).unwrap().contains(&orphan));
+        let group = UprobeGroup::new().unwrap();
+        let left = fs::read_to_string(&control).unwrap();
+        assert!(!left.contains(&orphan), "{left}");
+        assert!(group.removal().1.ends_with('/'));
+    }
+
+    #[test]
     fn the_threads_of_a_process_are_listed() {
         let pid = std::process::id();
         let (started, wait) = std::sync::mpsc::channel();
