@@ -162,7 +162,6 @@ impl Prepared {
             None => Some(command_line(cli)?),
         };
         let follow = !cli.no_follow_forks;
-        let scope = UprobeScope::new(follow);
         let options = Options {
             // The kernel fires bound uprobes in the traced processes only; the program
             // still keeps the processes it follows (those past a full pid filter are
@@ -186,6 +185,8 @@ impl Prepared {
                 error
             }
         })?;
+        // After the load, which says first when there are no privileges for any of it.
+        let scope = UprobeScope::new(follow);
         // Before anything can be stopped: resumes what is, should cargo-trace die.
         let guard = Guard::spawn(tracer.pid_filter_fd(), scope.removal())
             .context("starting the guard process")?;
