@@ -3,18 +3,15 @@
 //! sizes, and readers of what they counted.
 //!
 //! An allocator function is attached as [`EventProgram::AllocEntry`] and
-//! [`EventProgram::AllocReturn`] (allocating functions; [`EventProgram::AllocSession`]
-//! instead, where the kernel has uprobe sessions) or [`EventProgram::Free`], each
+//! [`EventProgram::AllocReturn`] (allocating functions) or [`EventProgram::Free`], each
 //! with the cookie [`alloc_cookie`] makes of the probe id and the function's
-//! [`AllocKind`].
+//! [`AllocKind`], one uprobe (or uretprobe) per function.
 //!
 //! [`EventProgram::AllocEntry`]: crate::EventProgram::AllocEntry
 //! [`EventProgram::AllocReturn`]: crate::EventProgram::AllocReturn
-//! [`EventProgram::AllocSession`]: crate::EventProgram::AllocSession
 //! [`EventProgram::Free`]: crate::EventProgram::Free
 
 use std::fmt;
-use std::sync::OnceLock;
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
@@ -120,25 +117,6 @@ pub struct AllocOptions {
     pub min_size: u64,
     /// Count only allocations of at most this many bytes (0: any).
     pub max_size: u64,
-}
-
-/// Whether the kernel has uprobe sessions (Linux 6.13), for
-/// [`EventProgram::AllocSession`](crate::EventProgram::AllocSession): told by its BTF,
-/// where `struct bpf_uprobe` has had a `session` member since. Asked once.
-pub fn uprobe_sessions() -> bool {
-    static SESSIONS: OnceLock<bool> = OnceLock::new();
-    *SESSIONS.get_or_init(|| {
-        use libbpf_rs::btf::{types::Struct, Btf};
-
-        Btf::from_vmlinux().is_ok_and(|btf| {
-            btf.type_by_name::<Struct<'_>>("bpf_uprobe")
-                .is_some_and(|uprobe| {
-                    uprobe
-                        .iter()
-                        .any(|member| member.name == Some(std::ffi::OsStr::new("session")))
-                })
-        })
-    })
 }
 
 impl AllocOptions {

@@ -60,8 +60,7 @@
 //! the stack with the same `take_stacks` and keeps its key and the size in the thread's
 //! task storage (nested allocator calls are told apart by the stack pointer);
 //! `on_alloc_return` tracks the block returned by (process, address) and counts it under
-//! (stack, process, probe) with log2 size buckets (`on_alloc_session` is both, where the
-//! kernel has uprobe sessions: an entry sampling leaves out skips its return); `on_free`
+//! (stack, process, probe) with log2 size buckets; `on_free`
 //! removes a block at the free's entry and counts its free, lifetime bucket and whether
 //! it was a temporary.
 //! Userspace reads [`Tracer::alloc_stats`], [`Tracer::alloc_processes`] and
@@ -180,8 +179,8 @@ mod skel {
 }
 
 pub use alloc::{
-    alloc_cookie, uprobe_sessions, AllocCounter, AllocKey, AllocKind, AllocOptions, AllocProcess,
-    AllocStats, Estimated, ALLOC_BUCKETS,
+    alloc_cookie, AllocCounter, AllocKey, AllocKind, AllocOptions, AllocProcess, AllocStats,
+    Estimated, ALLOC_BUCKETS,
 };
 pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};

@@ -78,10 +78,6 @@ event_programs! {
     AllocEntry => on_alloc, "allocations";
     /// An allocating function's return: the block tracked and counted.
     AllocReturn => on_alloc_return, "allocations";
-    /// [`AllocEntry`](Self::AllocEntry) and [`AllocReturn`](Self::AllocReturn) in one
-    /// program, attached as a uprobe session (`session: true`; Linux 6.13): an entry
-    /// that keeps nothing for its return (sampling left it out) skips the return.
-    AllocSession => on_alloc_session, "allocations";
     /// A freeing function's entry: the block's free counted.
     Free => on_free, "frees";
     /// Off-CPU time, on the `sched_switch` raw tracepoint: an event is a traced thread's

@@ -235,15 +235,12 @@ impl Tracer {
         crate::alloc::configure(
             &mut open,
             &options.alloc,
-            options.programs.contains(&EventProgram::AllocEntry)
-                || options.programs.contains(&EventProgram::AllocSession),
+            options.programs.contains(&EventProgram::AllocEntry),
         )?;
 
         for &kind in EventProgram::ALL {
-            // A kernel without uprobe sessions cannot load the session program.
-            let loadable = kind != EventProgram::AllocSession || crate::alloc::uprobe_sessions();
             kind.of_open(&mut open.progs)
-                .set_autoload(options.programs.contains(&kind) && loadable);
+                .set_autoload(options.programs.contains(&kind));
         }
 
         let cpus = libbpf_rs::num_possible_cpus().map_err(|source| Error::Configure {

@@ -202,18 +202,12 @@ fn main() {
             added(1) / 1e3
         );
         // The sampled way's programs do next to nothing: the rest is the kernel's.
-        let sessions = sampled.iter().any(|p| p.name == "on_alloc_session");
         println!(
             "  sampled: BPF {:.0} ns per pair, the kernel's events the other {:.2} µs of \
-             +{:.2} ({})",
+             +{:.2} (a call left out still has its return probe)",
             per_pair(&sampled),
             (added(3) - per_pair(&sampled)) / 1e3,
             added(3) / 1e3,
-            if sessions {
-                "uprobe sessions: a call left out has no return probe"
-            } else {
-                "a call left out still has its return probe"
-            }
         );
     }
     allocator_crates(cargo_trace, &storm, &scratch, rounds);
@@ -278,18 +272,14 @@ struct HeapProgram {
 }
 
 /// The heap programs' figures in the `--bpf-stats` lines of a run
-/// (`cargo-trace: bpf NAME: R runs, T ns per run`): the entry and the return in one
-/// program where the kernel has uprobe sessions, in two elsewhere.
+/// (`cargo-trace: bpf NAME: R runs, T ns per run`).
 fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let programs: Vec<HeapProgram> = stderr
         .lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cargo-trace: bpf ")?.split_once(": ")?;
-            if !matches!(
-                name,
-                "on_alloc" | "on_alloc_return" | "on_alloc_session" | "on_free"
-            ) {
+            if !matches!(name, "on_alloc" | "on_alloc_return" | "on_free") {
                 return None;
             }
             let mut numbers = rest

@@ -26,16 +26,23 @@
 //!   loop; the ratio to the untraced loop is the cost on a context-switch-heavy
 //!   program.
 //!
+//! - A bystander: `storm` run outside any session, alone and while a session
+//!   probes `uprobe:libc:malloc` in another program (a shell) and its children.
+//!   The session's uprobes are bound to the processes it traces: the bystander's
+//!   loop should run at its own speed (a ratio of 1 within noise; it was 80 when
+//!   uprobes trapped in every process mapping libc).
+//!
 //! The BPF programs' own cost per event, against a probe that only counts,
 //! is bpf-prog's `uprobe` benchmark.
 //!
 //! Prints figures only; asserts nothing about time. Needs root.
-//! `cargo bench -p cargo-trace --bench overhead [-- ROUNDS] [storm|profile|offcpu...]`
+//! `cargo bench -p cargo-trace --bench overhead [-- ROUNDS] [storm|profile|offcpu|bystander...]`
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use cargo_trace_tests::fixtures::{self, Lang};
@@ -102,6 +109,57 @@ fn main() {
     if wanted("offcpu") {
         off_cpu(cargo_trace, &ping_pong, rounds);
     }
+    if wanted("bystander") {
+        bystander(cargo_trace, &storm, rounds);
+    }
+}
+
+/// What a session probing malloc elsewhere costs a process it does not trace.
+fn bystander(cargo_trace: &Path, storm: &Path, rounds: usize) {
+    let calls = MALLOC_CALLS;
+    let args = [calls.to_string()];
+    let (mut alone, mut beside) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let solo = run(Command::new(storm).args(&args));
+        alone.push(value_after(&solo.stdout, "loop_ns"));
+        // The session's target tells when tracing has begun (its first line runs
+        // after the probes are attached) and ends when its stdin closes.
+        let mut session = Command::new(cargo_trace)
+            .args(["uprobe:libc:malloc", "-q", "--no-svg", "-c"])
+            .arg("sh -c 'echo tracing; cat >/dev/null; ls / >/dev/null'")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|error| panic!("running {}: {error}", cargo_trace.display()));
+        let mut line = String::new();
+        BufReader::new(session.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "tracing\n", "the session did not start");
+        let bystander = run(Command::new(storm).args(&args));
+        beside.push(value_after(&bystander.stdout, "loop_ns"));
+        drop(session.stdin.take());
+        let output = session.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "the session failed: {stderr}");
+        assert!(
+            event_count(&stderr) > 0,
+            "the session counted none of its own mallocs: {stderr}"
+        );
+    }
+    let ns_per_call = |ns: &[f64]| Spread::of(ns.iter().map(|ns| ns / calls as f64));
+    println!(
+        "\na bystander: `storm {calls}` untraced, alone and while a session probes \
+         uprobe:libc:malloc in a shell and its children; loop timed by storm"
+    );
+    row(&["", "alone (baseline)", "beside a session", "beside / alone"]);
+    row(&[
+        "loop, ns per call",
+        &ns_per_call(&alone).show(1),
+        &ns_per_call(&beside).show(1),
+        &format!("×{}", ratio(&alone, &beside).show(2)),
+    ]);
 }
 
 /// The cost of `offcpu` on a pipe ping-pong: every round trip two context switches.

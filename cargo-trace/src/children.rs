@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bpf_prog::Tracer;
-use libbpf_rs::{Link, RingBuffer};
-use probes::ProbeSpec;
+use libbpf_rs::RingBuffer;
+use probes::{Attachment, Fire, ProbeSpec};
 
 use crate::tables::ProcessTables;
 
@@ -29,7 +29,7 @@ const START_MAIN_HOOK: &str = "uprobe:libc:__libc_start_main";
 pub struct Children {
     /// The fork/exec programs and the stop hooks; dropped first, so that no process
     /// stops once the last reports are read.
-    links: Vec<Link>,
+    links: Vec<Attachment>,
     /// Reports processes stopped for registration.
     ring: RingBuffer<'static>,
     /// What the ring reported, not registered and continued yet.
@@ -39,12 +39,15 @@ pub struct Children {
 impl Children {
     /// Starts following the children of `pid`. `attached` (`-p`): the attached process
     /// itself is never stopped, so the ld.so hook, which stops any traced process after
-    /// a dlopen, is left out.
-    pub fn follow(tracer: &Tracer, pid: u32, attached: bool) -> Result<Children> {
-        let mut links = tracer
+    /// a dlopen, is left out. `fire`: where the hooks' uprobes fire.
+    pub fn follow(tracer: &Tracer, pid: u32, attached: bool, fire: Fire<'_>) -> Result<Children> {
+        let mut links: Vec<Attachment> = tracer
             .follow_forks()
-            .context("following the target's children")?;
-        links.extend(stop_hooks(tracer, pid, attached)?);
+            .context("following the target's children")?
+            .into_iter()
+            .map(Attachment::from)
+            .collect();
+        links.extend(stop_hooks(tracer, pid, attached, fire)?);
         let started = Rc::new(RefCell::new(Vec::new()));
         let sink = Rc::clone(&started);
         let ring = tracer.new_images(move |pid| sink.borrow_mut().push(pid))?;
@@ -97,11 +100,16 @@ fn resume(pid: u32) {
 }
 
 /// Attaches the program that stops an exec'd child once ld.so has mapped its libraries,
-/// in every process (the program picks the followed ones): at ld.so's `_dl_debug_state`
+/// where `fire` says (the program picks the followed processes): at ld.so's `_dl_debug_state`
 /// when the link map turns consistent (before relocation ends and before any library
 /// constructor runs), and, failing that, at libc's `__libc_start_main` (before `main`).
 /// Children that use neither the target's ld.so nor its libc are registered by polling.
-fn stop_hooks(tracer: &Tracer, pid: u32, attached: bool) -> Result<Vec<Link>> {
+fn stop_hooks(
+    tracer: &Tracer,
+    pid: u32,
+    attached: bool,
+    fire: Fire<'_>,
+) -> Result<Vec<Attachment>> {
     let hooks: &[&str] = if attached {
         &[START_MAIN_HOOK]
     } else {
@@ -127,7 +135,7 @@ fn stop_hooks(tracer: &Tracer, pid: u32, attached: bool) -> Result<Vec<Link>> {
                 bpf_prog::START_MAIN_COOKIE
             };
             let link =
-                probes::attach_uprobe(tracer.start_main_program(), target, None, false, cookie)?;
+                probes::attach_uprobe_in(tracer.start_main_program(), target, fire, false, cookie)?;
             links.push(link);
         }
     }

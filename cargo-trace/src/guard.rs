@@ -8,13 +8,17 @@
 //! the pid filter map. A session that ends normally writes a byte, and the
 //! guard leaves. End of file without that byte means cargo-trace died: its BPF
 //! links died with it, so nothing stops a process any more, and the guard
-//! continues every traced process that is stopped.
+//! continues every traced process that is stopped. The uprobes bound to the
+//! traced processes went with cargo-trace's perf events too, but their tracefs
+//! events outlive it: the guard deletes the session's group of them.
 //!
 //! The guard is forked, not exec'd, while cargo-trace has one thread, and
 //! runs only async-signal-safe system calls (no allocation): what a fork child
 //! may do in any process.
 
+use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
@@ -24,6 +28,17 @@ const GUARD_PID_FILTER: libc::c_int = 4;
 /// How long after a first pass the guard looks again: a program that was
 /// running on another CPU when the links went may have stopped one more.
 const SECOND_PASS_DELAY_NS: libc::c_long = 100_000_000;
+/// How often, and how many times, the guard tries to delete the tracefs events
+/// while the kernel still releases cargo-trace's perf events (they hold them).
+const REMOVAL_RETRY_NS: libc::c_long = 10_000_000;
+const REMOVAL_TRIES: u32 = 500;
+
+/// What deletes the session's tracefs uprobe events: the file and the command to
+/// append, made before the fork (the guard does not allocate).
+struct Removal {
+    control: CString,
+    command: CString,
+}
 
 /// The running guard; [`Guard::dismiss`] when every stopped process is resumed.
 /// Dropped, it closes its end of the pipe (without a dismissal, the guard then
@@ -35,8 +50,16 @@ pub struct Guard {
 
 impl Guard {
     /// Forks the guard. `pid_filter`: the map of traced processes (u32 keys).
-    /// Call it while the process has a single thread.
-    pub fn spawn(pid_filter: BorrowedFd<'_>) -> Result<Guard> {
+    /// `uprobes`: the tracefs file and the command that delete the session's bound
+    /// uprobes. Call it while the process has a single thread.
+    pub fn spawn(pid_filter: BorrowedFd<'_>, uprobes: Option<(PathBuf, String)>) -> Result<Guard> {
+        let removal = match uprobes {
+            Some((control, command)) => Some(Removal {
+                control: CString::new(control.into_os_string().into_encoded_bytes())?,
+                command: CString::new(command)?,
+            }),
+            None => None,
+        };
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into the array it is given.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -54,7 +77,12 @@ impl Guard {
                 "cannot fork the guard process: {}",
                 std::io::Error::last_os_error()
             ),
-            0 => guard_main(read.as_raw_fd(), write.as_raw_fd(), pid_filter.as_raw_fd()),
+            0 => guard_main(
+                read.as_raw_fd(),
+                write.as_raw_fd(),
+                pid_filter.as_raw_fd(),
+                removal.as_ref(),
+            ),
             pid => Ok(Guard {
                 pipe: Some(write),
                 pid,
@@ -82,7 +110,12 @@ impl Drop for Guard {
 
 /// The guard: waits for cargo-trace to end, then resumes the processes left
 /// stopped if it died. Async-signal-safe calls only.
-fn guard_main(read: libc::c_int, write: libc::c_int, pid_filter: libc::c_int) -> ! {
+fn guard_main(
+    read: libc::c_int,
+    write: libc::c_int,
+    pid_filter: libc::c_int,
+    removal: Option<&Removal>,
+) -> ! {
     // SAFETY: system calls on descriptors this process owns (its copies of
     // cargo-trace's) and on buffers that live across each call.
     unsafe {
@@ -126,6 +159,9 @@ fn guard_main(read: libc::c_int, write: libc::c_int, pid_filter: libc::c_int) ->
             }
         }
         resume_stopped(GUARD_PID_FILTER);
+        if let Some(removal) = removal {
+            remove_uprobes(removal);
+        }
         let delay = libc::timespec {
             tv_sec: 0,
             tv_nsec: SECOND_PASS_DELAY_NS,
@@ -133,6 +169,40 @@ fn guard_main(read: libc::c_int, write: libc::c_int, pid_filter: libc::c_int) ->
         libc::nanosleep(&delay, std::ptr::null_mut());
         resume_stopped(GUARD_PID_FILTER);
         libc::_exit(0)
+    }
+}
+
+/// Deletes the session's tracefs uprobe events. The kernel refuses (EBUSY) while
+/// a perf event of one is open, and cargo-trace's are released as it exits, maybe
+/// after the pipe told the guard: tried again until done (or none is left).
+fn remove_uprobes(removal: &Removal) {
+    let command = removal.command.as_bytes();
+    let delay = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: REMOVAL_RETRY_NS,
+    };
+    for _ in 0..REMOVAL_TRIES {
+        // SAFETY: open(2) with a NUL-terminated path, write(2) from a buffer that
+        // outlives the call, close(2) of the descriptor just opened: all
+        // async-signal-safe.
+        let busy = unsafe {
+            let fd = libc::open(
+                removal.control.as_ptr(),
+                libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return;
+            }
+            let written = libc::write(fd, command.as_ptr().cast(), command.len());
+            let busy = written < 0 && *libc::__errno_location() == libc::EBUSY;
+            libc::close(fd);
+            busy
+        };
+        if !busy {
+            return;
+        }
+        // SAFETY: nanosleep(2) reads the timespec on our stack.
+        unsafe { libc::nanosleep(&delay, std::ptr::null_mut()) };
     }
 }
 

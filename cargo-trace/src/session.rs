@@ -14,8 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer};
-use libbpf_rs::Link;
-use probes::{ProbeSpec, ProgramKind, Rate};
+use probes::{Attachment, Fire, ProbeSpec, ProgramKind, Rate, UprobeGroup};
 
 use crate::alloc::live::HeapWatch;
 use crate::alloc::{AllocArgs, AllocProbe};
@@ -141,7 +140,7 @@ struct Traced {
     /// The target's executable (`/proc/PID/exe`).
     executable: Option<String>,
     /// Links and children before the tracer: they reference its programs.
-    links: Vec<Link>,
+    links: Vec<Attachment>,
     /// Probes on a library no traced process maps yet (one to be dlopened): attached
     /// when one maps it.
     pending: Pending,
@@ -172,8 +171,9 @@ impl Prepared {
         };
         let follow = !cli.no_follow_forks;
         let options = Options {
-            // Uprobes that fire in every process mapping the file, for the children,
-            // filtered to the traced ones in the program.
+            // The kernel fires bound uprobes in the traced processes only; the program
+            // still keeps the processes it follows (those past a full pid filter are
+            // not).
             filter_uprobes: follow,
             programs: programs_for(&probes),
             alloc: cli.alloc.options(),
@@ -199,8 +199,11 @@ impl Prepared {
                 error
             }
         })?;
+        // After the load, which says first when there are no privileges for any of it.
+        let scope = UprobeScope::new(follow);
         // Before anything can be stopped: resumes what is, should cargo-trace die.
-        let guard = Guard::spawn(tracer.pid_filter_fd()).context("starting the guard process")?;
+        let guard = Guard::spawn(tracer.pid_filter_fd(), scope.removal())
+            .context("starting the guard process")?;
         let mut tables = ProcessTables::new();
 
         let (pid, stopped) = match (&argv, cli.pid) {
@@ -218,13 +221,15 @@ impl Prepared {
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
         let attach = AttachPlan {
-            follow,
+            scope,
             unsafe_addresses: cli.unsafe_addresses,
         };
         tracer.set_interval_target(pid);
-        let (links, pending) = attach_all(&tracer, &probes, &cli.alloc, pid, attach)?;
+        let (links, pending) = attach_all(&tracer, &probes, &cli.alloc, pid, &attach)?;
         let children = if follow {
-            Some(Children::follow(&tracer, pid, stopped.is_none())?)
+            let target = [pid];
+            let fire = attach.scope.fire(pid, &target);
+            Some(Children::follow(&tracer, pid, stopped.is_none(), fire)?)
         } else {
             None
         };
@@ -816,7 +821,7 @@ fn programs_for(probes: &[Probe]) -> std::collections::BTreeSet<EventProgram> {
         .iter()
         .flat_map(|probe| match &probe.kind {
             ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
-            ProbeKind::Alloc(_) => crate::alloc::programs(),
+            ProbeKind::Alloc(_) => crate::alloc::PROGRAMS.to_vec(),
         })
         .collect()
 }
@@ -836,12 +841,59 @@ fn event_program(kind: ProgramKind) -> EventProgram {
 }
 
 /// How the probes attach.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct AttachPlan {
-    /// Uprobes fire in every process (the program keeps the target and its children);
-    /// else in the target only.
-    follow: bool,
+    scope: UprobeScope,
     unsafe_addresses: bool,
+}
+
+/// Where the session's uprobes fire.
+#[derive(Clone, Debug)]
+enum UprobeScope {
+    /// In the target only (`--no-follow-forks`).
+    Target,
+    /// In the traced processes and all they start ([`probes::bound`]): untraced
+    /// processes never trap.
+    Bound(UprobeGroup),
+    /// In every process mapping the file, the program keeping the traced ones: where
+    /// tracefs has no uprobe events to bind with.
+    Everywhere,
+}
+
+impl UprobeScope {
+    fn new(follow: bool) -> UprobeScope {
+        if !follow {
+            return UprobeScope::Target;
+        }
+        match UprobeGroup::new() {
+            Ok(group) => UprobeScope::Bound(group),
+            Err(error) => {
+                eprintln!(
+                    "cargo-trace: warning: uprobes cannot be bound to the traced processes \
+                     ({error}); they trap in every process mapping their files"
+                );
+                UprobeScope::Everywhere
+            }
+        }
+    }
+
+    /// Where a uprobe attached now fires: `target` is the session's target, `processes`
+    /// every process traced now.
+    fn fire<'a>(&'a self, target: u32, processes: &'a [u32]) -> Fire<'a> {
+        match self {
+            UprobeScope::Target => Fire::InProcess(target),
+            UprobeScope::Bound(group) => Fire::InDescendants { group, processes },
+            UprobeScope::Everywhere => Fire::Everywhere,
+        }
+    }
+
+    /// What deletes the bound uprobes should cargo-trace die (the guard does it).
+    fn removal(&self) -> Option<(std::path::PathBuf, String)> {
+        match self {
+            UprobeScope::Bound(group) => Some(group.removal()),
+            UprobeScope::Target | UprobeScope::Everywhere => None,
+        }
+    }
 }
 
 /// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
@@ -852,21 +904,22 @@ fn attach_all(
     probes: &[Probe],
     alloc: &AllocArgs,
     pid: u32,
-    plan: AttachPlan,
-) -> Result<(Vec<Link>, Pending)> {
+    plan: &AttachPlan,
+) -> Result<(Vec<Attachment>, Pending)> {
     let mut links = Vec::new();
     let mut pending = Pending {
         probes: Vec::new(),
-        plan,
+        plan: plan.clone(),
         target: pid,
     };
     for (index, probe) in probes.iter().enumerate() {
         if let ProbeKind::Alloc(heap) = &probe.kind {
-            let fire_in = (!plan.follow).then_some(pid);
-            links.extend(heap.attach(tracer, alloc, pid, fire_in, index as u32)?);
+            let target = [pid];
+            let fire = plan.scope.fire(pid, &target);
+            links.extend(heap.attach(tracer, alloc, pid, fire, index as u32)?);
             continue;
         }
-        match attach_one(tracer, probe, index, pid, plan) {
+        match attach_one(tracer, probe, index, pid, plan, &[pid]) {
             Ok(attached) => links.extend(attached),
             Err(error) if waits_for_a_library(&error) => {
                 eprintln!(
@@ -882,14 +935,16 @@ fn attach_all(
     Ok((links, pending))
 }
 
-/// Attaches one probe, resolving its names in process `pid`; prints its notices.
+/// Attaches one probe, resolving its names in process `pid`, for the traced
+/// `processes`; prints its notices.
 fn attach_one(
     tracer: &Tracer,
     probe: &Probe,
     index: usize,
     pid: u32,
-    plan: AttachPlan,
-) -> Result<Vec<Link>, probes::Error> {
+    plan: &AttachPlan,
+    processes: &[u32],
+) -> Result<Vec<Attachment>, probes::Error> {
     // An alloc probe attaches as a whole (attach_all); it never waits for a library.
     let Some(spec) = probe.event_spec() else {
         return Ok(Vec::new());
@@ -897,7 +952,7 @@ fn attach_one(
     let program = tracer.program(event_program(spec.program_kind()));
     let options = probes::AttachOptions {
         resolve_in: Some(pid),
-        fire_in: (!plan.follow).then_some(pid),
+        fire: plan.scope.fire(pid, processes),
         unsafe_addresses: plan.unsafe_addresses,
     };
     let attached = probes::attach_probe_with(program, spec, &options, index as u64)?;
@@ -929,16 +984,24 @@ impl Pending {
         self.probes.is_empty()
     }
 
-    /// Attaches the pending probes whose library process `pid` maps now. `pid` is held
-    /// stopped after a dlopen (except an attached process), so nothing it runs in the
-    /// library goes uncounted.
-    fn attach_in(&mut self, tracer: &Tracer, probes: &[Probe], pid: u32, links: &mut Vec<Link>) {
-        if !self.plan.follow && pid != self.target {
+    /// Attaches the pending probes whose library process `pid` maps now, for every
+    /// process traced now. `pid` is held stopped after a dlopen (except an attached
+    /// process), so nothing it runs in the library goes uncounted.
+    fn attach_in(
+        &mut self,
+        tracer: &Tracer,
+        probes: &[Probe],
+        pid: u32,
+        links: &mut Vec<Attachment>,
+    ) {
+        let following = !matches!(self.plan.scope, UprobeScope::Target);
+        if self.probes.is_empty() || (!following && pid != self.target) {
             return;
         }
+        let processes = tracer.filtered_pids();
         self.probes.retain(|&index| {
             let probe = &probes[index];
-            match attach_one(tracer, probe, index, pid, self.plan) {
+            match attach_one(tracer, probe, index, pid, &self.plan, &processes) {
                 Ok(attached) => {
                     eprintln!(
                         "cargo-trace: note: {} attached: process {pid} mapped its library",

@@ -6,9 +6,10 @@
 //!
 //! What a session leaves behind is checked from the outside: the ids of the BPF objects
 //! cargo-trace held (read from its `/proc/PID/fdinfo` while it ran) must no longer exist
-//! in the kernel, and a uprobe on a file of the test's own (a private copy of a fixture,
+//! in the kernel, a uprobe on a file of the test's own (a private copy of a fixture,
 //! so that no other session on the machine probes it) must no longer patch the file's
-//! code where it is mapped.
+//! code in the processes of the session that map it, and no tracefs uprobe event of the
+//! session may be left.
 //!
 //! Covered elsewhere: a target that aborts or is killed (`lifecycle.rs`), SIGINT
 //! (`lifecycle.rs`), SIGHUP and a daemon left running (`security.rs`), SIGKILL and the
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cargo_trace_tests::fixtures::{self, Lang};
-use cargo_trace_tests::process::process_state;
+use cargo_trace_tests::process::{mapped_code_byte, process_state};
 use common::{binary, bpf_available, quoted, Folded, Scratch};
 
 /// The kinds of BPF object a process holds a descriptor of, by the `*_id:` line of
@@ -127,6 +128,8 @@ fn descendants_of(pid: u32) -> Vec<u32> {
 /// milliseconds until it is killed.
 #[derive(Default)]
 struct Seen {
+    /// The cargo-trace process.
+    tracer: u32,
     objects: BTreeSet<(BpfObject, u32)>,
     processes: BTreeSet<u32>,
 }
@@ -176,6 +179,7 @@ impl Watcher {
             thread.join().unwrap();
         }
         let mut seen = std::mem::take(&mut *self.seen.lock().unwrap());
+        seen.tracer = pid;
         let held = bpf_objects_of(pid);
         // The check that they are gone later must be able to fail: held, they exist.
         assert!(held.iter().all(|(kind, id)| kind.exists(*id)), "{held:?}");
@@ -217,36 +221,37 @@ impl ProbedFile {
         format!("uprobe:{}:{FUNCTION}", self.path.display())
     }
 
-    /// The byte at the probed instruction as a fresh executable mapping of the file
-    /// reads it: int3 (0xcc) while a uprobe is registered on it, the file's own byte
-    /// otherwise (the kernel patches every mapping of a probed file, new ones too).
-    fn mapped_byte(&self) -> u8 {
-        let file = std::fs::File::open(&self.path).unwrap();
-        let page = 4096;
-        let start = self.offset / page * page;
-        let len = (self.offset - start + 1) as usize;
-        use std::os::fd::AsRawFd;
-        // SAFETY: a private read-only mapping of a file we hold open, read within its
-        // length and unmapped before returning.
-        unsafe {
-            let map = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                start as libc::off_t,
-            );
-            assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-            let byte = *map.cast::<u8>().add(len - 1);
-            libc::munmap(map, len);
-            byte
-        }
+    /// Whether the uprobe patched the probed instruction in process `pid` (int3,
+    /// 0xcc, where it maps the file). The session's uprobes are bound to its
+    /// processes: the kernel patches no other.
+    fn probed_in(&self, pid: u32) -> bool {
+        mapped_code_byte(pid, &self.path, self.offset) == Some(0xcc)
     }
 
-    fn probed(&self) -> bool {
-        self.mapped_byte() == 0xcc
+    /// Whether the uprobe patched the instruction in some process started by `tracer`.
+    fn probed_under(&self, tracer: u32) -> bool {
+        descendants_of(tracer)
+            .into_iter()
+            .any(|pid| self.probed_in(pid))
     }
+
+    /// Whether process `pid`, if it still maps the file, runs its own code again.
+    fn unpatched_in(&self, pid: u32) -> bool {
+        mapped_code_byte(pid, &self.path, self.offset).is_none_or(|byte| byte == self.byte)
+    }
+}
+
+/// The tracefs uprobe events of the bound uprobes of cargo-trace process `tracer`.
+fn uprobe_events_of(tracer: u32) -> Vec<String> {
+    let group = format!("{}/", probes::bound::group_name(tracer));
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|root| std::fs::read_to_string(format!("{root}/uprobe_events")).ok())
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains(&group))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Polls `condition` every 20 ms for up to 20 s; whether it came true.
@@ -286,7 +291,11 @@ fn assert_nothing_left(moment: &str, seen: &Seen, file: &ProbedFile) {
         .iter()
         .filter(|(kind, id)| kind.exists(*id))
         .collect();
-    let uprobe_gone = eventually(|| file.mapped_byte() == file.byte);
+    let uprobe_gone = eventually(|| {
+        seen.processes.iter().all(|pid| file.unpatched_in(*pid))
+            && uprobe_events_of(seen.tracer).is_empty()
+    });
+    let events_left = uprobe_events_of(seen.tracer);
     let stopped_gone = eventually(|| {
         seen.processes
             .iter()
@@ -304,7 +313,7 @@ fn assert_nothing_left(moment: &str, seen: &Seen, file: &ProbedFile) {
     assert!(objects_gone, "{moment}: BPF objects left behind: {left:?}");
     assert!(
         uprobe_gone,
-        "{moment}: the uprobe on {FUNCTION} is still set"
+        "{moment}: the uprobe on {FUNCTION} is still set (tracefs events left: {events_left:?})"
     );
     assert!(
         stopped_gone,
@@ -355,7 +364,7 @@ fn sigkill_during_start_up_leaves_nothing_behind() {
                 .iter()
                 .any(|(kind, _)| *kind == BpfObject::Link)
         }),
-        ("uprobe set", |_, file| file.probed()),
+        ("uprobe set", |pid, file| file.probed_under(pid)),
     ];
     for (moment, reached) in moments {
         let mut child = start_session(&file, &scratch, &command);
@@ -393,8 +402,8 @@ fn sigkill_mid_run_leaves_nothing_behind() {
         .unwrap();
     let target: u32 = line.trim().parse().expect("the target's pid");
     assert!(
-        file.probed(),
-        "the uprobe is not set while the session runs"
+        !uprobe_events_of(child.id()).is_empty(),
+        "no tracefs uprobe event while the session runs"
     );
     let seen = watcher.kill(&mut child);
     let running = process_state(target).is_some_and(|state| state == 'S' || state == 'R');
@@ -438,8 +447,8 @@ fn sigkill_while_a_child_is_held_for_registration_leaves_nothing_behind() {
     });
     assert!(held, "the shell's child was never stopped at its exec");
     assert!(
-        file.probed(),
-        "the uprobe is not set while the session runs"
+        !uprobe_events_of(tracer).is_empty(),
+        "no tracefs uprobe event while the session runs"
     );
 
     let seen = watcher.kill(&mut child);

@@ -13,6 +13,7 @@ use libbpf_rs::{
     TracepointCategory, TracepointOpts, UprobeOpts,
 };
 
+use crate::bound::{attach_bound_uprobe, BoundUprobe, UprobeGroup};
 use crate::features::kprobe_support;
 use crate::notice::Notice;
 use crate::resolve::{resolve_uprobe_with, resolve_usdt, ResolveOptions, UprobeTarget};
@@ -86,6 +87,24 @@ pub enum AttachError {
     },
     #[error("{what} are not supported yet")]
     Unsupported { what: String },
+    #[error("cannot define the uprobe event '{command}' in tracefs: {source}")]
+    UprobeEvent {
+        command: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "cannot attach {probe}: the processes it is for ({}) are gone",
+        list_pids(processes)
+    )]
+    ProcessesGone { probe: String, processes: Vec<u32> },
+}
+
+fn list_pids(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn libbpf_hint(error: &libbpf_rs::Error) -> &'static str {
@@ -148,6 +167,114 @@ fn check_program(
     })
 }
 
+/// Where a uprobe fires.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Fire<'a> {
+    /// In every process that maps the file (the program filters).
+    #[default]
+    Everywhere,
+    /// In this process only, all its threads (the kernel matches by address space), not
+    /// its children.
+    InProcess(u32),
+    /// In these processes, their threads and every thread and process they start from
+    /// now on ([`crate::bound`]); in no other.
+    InDescendants {
+        group: &'a UprobeGroup,
+        processes: &'a [u32],
+    },
+}
+
+/// An attached probe; dropping it detaches it.
+#[derive(Debug)]
+pub enum Attachment {
+    Link(Link),
+    Bound(BoundUprobe),
+}
+
+impl From<Link> for Attachment {
+    fn from(link: Link) -> Attachment {
+        Attachment::Link(link)
+    }
+}
+
+/// Attaches a uprobe (or uretprobe) program at a resolved target, firing where `fire`
+/// says.
+pub fn attach_uprobe_in(
+    prog: &ProgramMut<'_>,
+    target: &UprobeTarget,
+    fire: Fire<'_>,
+    retprobe: bool,
+    cookie: u64,
+) -> Result<Attachment, AttachError> {
+    match fire {
+        Fire::Everywhere => attach_uprobe(prog, target, None, retprobe, cookie).map(Into::into),
+        Fire::InProcess(pid) => {
+            attach_uprobe(prog, target, Some(pid as i32), retprobe, cookie).map(Into::into)
+        }
+        Fire::InDescendants { group, processes } => {
+            check_uprobe_program(prog, target, retprobe)?;
+            attach_bound_uprobe(prog, &[target], group, processes, retprobe, cookie)
+                .map(Attachment::Bound)
+        }
+    }
+}
+
+/// [`attach_uprobe_in`] at several targets with the same cookie. Bound to processes
+/// ([`Fire::InDescendants`]), the targets are one event of the kernel: one attachment,
+/// and one wait of the kernel's (~70 ms) to detach them all. Targets at the same
+/// instruction count once.
+pub fn attach_uprobes_in(
+    prog: &ProgramMut<'_>,
+    targets: &[UprobeTarget],
+    fire: Fire<'_>,
+    retprobe: bool,
+    cookie: u64,
+) -> Result<Vec<Attachment>, AttachError> {
+    let mut distinct: Vec<&UprobeTarget> = Vec::new();
+    for target in targets {
+        let seen = distinct
+            .iter()
+            .any(|t| t.path == target.path && t.file_offset == target.file_offset);
+        if !seen {
+            distinct.push(target);
+        }
+    }
+    match fire {
+        Fire::InDescendants { group, processes } if !distinct.is_empty() => {
+            check_uprobe_program(prog, distinct[0], retprobe)?;
+            let bound = attach_bound_uprobe(prog, &distinct, group, processes, retprobe, cookie)?;
+            Ok(vec![Attachment::Bound(bound)])
+        }
+        _ => distinct
+            .into_iter()
+            .map(|target| attach_uprobe_in(prog, target, fire, retprobe, cookie))
+            .collect(),
+    }
+}
+
+fn check_uprobe_program(
+    prog: &ProgramMut<'_>,
+    target: &UprobeTarget,
+    retprobe: bool,
+) -> Result<(), AttachError> {
+    check_program(
+        prog,
+        &[ProgramType::Kprobe],
+        &|| describe_uprobe(target, retprobe),
+        "a uprobe program (SEC(\"uprobe\") or SEC(\"uretprobe\"))",
+    )
+}
+
+fn describe_uprobe(target: &UprobeTarget, retprobe: bool) -> String {
+    format!(
+        "{} {}:{} (file offset {:#x})",
+        if retprobe { "uretprobe" } else { "uprobe" },
+        target.path.display(),
+        target.symbol,
+        target.file_offset
+    )
+}
+
 /// Attaches a uprobe (or uretprobe) program at a resolved target.
 ///
 /// `pid`: only that process hits the probe (`None`: every process that maps the file,
@@ -160,21 +287,8 @@ pub fn attach_uprobe(
     retprobe: bool,
     cookie: u64,
 ) -> Result<Link, AttachError> {
-    let describe = || {
-        format!(
-            "{} {}:{} (file offset {:#x})",
-            if retprobe { "uretprobe" } else { "uprobe" },
-            target.path.display(),
-            target.symbol,
-            target.file_offset
-        )
-    };
-    check_program(
-        prog,
-        &[ProgramType::Kprobe],
-        &describe,
-        "a uprobe program (SEC(\"uprobe\") or SEC(\"uretprobe\"))",
-    )?;
+    let describe = || describe_uprobe(target, retprobe);
+    check_uprobe_program(prog, target, retprobe)?;
     let opts = UprobeOpts {
         ref_ctr_offset: target.ref_ctr_offset.unwrap_or(0) as usize,
         cookie,
@@ -293,7 +407,7 @@ pub fn open_perf_events_per_cpu(
         .collect()
 }
 
-fn attach_perf_fd(
+pub(crate) fn attach_perf_fd(
     prog: &ProgramMut<'_>,
     fd: OwnedFd,
     cookie: u64,
@@ -482,45 +596,43 @@ pub fn attach_probe(
     spec: &ProbeSpec,
     pid: Option<u32>,
     cookie: u64,
-) -> Result<Vec<Link>, Error> {
+) -> Result<Vec<Attachment>, Error> {
     attach_probe_for(prog, spec, pid, pid, cookie)
 }
 
 /// [`attach_probe`] with names resolved for process `resolve_in` but uprobes firing in
-/// `fire_in` only (`None`: every process that maps the file, e.g. to follow a process's
-/// children and let the program filter).
+/// `fire_in` only (`None`: every process that maps the file).
 pub fn attach_probe_for(
     prog: &ProgramMut<'_>,
     spec: &ProbeSpec,
     resolve_in: Option<u32>,
     fire_in: Option<u32>,
     cookie: u64,
-) -> Result<Vec<Link>, Error> {
+) -> Result<Vec<Attachment>, Error> {
     let options = AttachOptions {
         resolve_in,
-        fire_in,
+        fire: fire_in.map_or(Fire::Everywhere, Fire::InProcess),
         unsafe_addresses: false,
     };
     Ok(attach_probe_with(prog, spec, &options, cookie)?.links)
 }
 
 /// For whom and how [`attach_probe_with`] attaches a probe.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AttachOptions {
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttachOptions<'a> {
     /// The process names resolve for (its mappings, its executable, its mount
     /// namespace); probes on files it does not map get a [`Notice::NotMapped`].
     pub resolve_in: Option<u32>,
-    /// Uprobes fire in this process only (`None`: every process that maps the file, for
-    /// the program to filter, e.g. to follow a process's children).
-    pub fire_in: Option<u32>,
+    /// Where uprobes (and USDT probes) fire.
+    pub fire: Fire<'a>,
     /// See [`ResolveOptions::unsafe_addresses`].
     pub unsafe_addresses: bool,
 }
 
 /// What [`attach_probe_with`] attached, and what the user should know about it.
 pub struct Attached {
-    /// Dropping a link detaches it.
-    pub links: Vec<Link>,
+    /// Dropping one detaches it.
+    pub links: Vec<Attachment>,
     pub notices: Vec<Notice>,
 }
 
@@ -529,13 +641,13 @@ pub struct Attached {
 pub fn attach_probe_with(
     prog: &ProgramMut<'_>,
     spec: &ProbeSpec,
-    options: &AttachOptions,
+    options: &AttachOptions<'_>,
     cookie: u64,
 ) -> Result<Attached, Error> {
     let pid = options.resolve_in;
-    let filter = options.fire_in.map(|p| p as i32);
+    let fire = options.fire;
     let mut notices = Vec::new();
-    let links = match spec {
+    let links: Vec<Link> = match spec {
         ProbeSpec::Uprobe(u) => {
             let resolve = ResolveOptions {
                 pid,
@@ -545,18 +657,14 @@ pub fn attach_probe_with(
             let targets = resolution.targets;
             notices.extend(resolution.notices);
             notices.extend(not_mapped(spec, &targets, pid));
-            targets
-                .iter()
-                .map(|t| attach_uprobe(prog, t, filter, u.retprobe, cookie))
-                .collect::<Result<_, _>>()?
+            let links = attach_uprobes_in(prog, &targets, fire, u.retprobe, cookie)?;
+            return Ok(Attached { links, notices });
         }
         ProbeSpec::Usdt(u) => {
             let targets = resolve_usdt(u, pid)?;
             notices.extend(not_mapped(spec, &targets, pid));
-            targets
-                .iter()
-                .map(|t| attach_uprobe(prog, t, filter, false, cookie))
-                .collect::<Result<_, _>>()?
+            let links = attach_uprobes_in(prog, &targets, fire, false, cookie)?;
+            return Ok(Attached { links, notices });
         }
         ProbeSpec::Profile(rate) => attach_profile(prog, *rate, cookie)?,
         ProbeSpec::Interval(rate) => vec![attach_interval(prog, *rate, cookie)?],
@@ -586,7 +694,10 @@ pub fn attach_probe_with(
             cookie,
         )?,
     };
-    Ok(Attached { links, notices })
+    Ok(Attached {
+        links: links.into_iter().map(Into::into).collect(),
+        notices,
+    })
 }
 
 /// A notice for each file of `targets` that process `pid` does not map.

@@ -1,4 +1,4 @@
-//! Detaching many links at once.
+//! Detaching many links (or any [`crate::Attachment`]) at once.
 //!
 //! Closing a tracepoint's perf event waits for RCU grace periods in the kernel
 //! (`tracepoint_synchronize_unregister`, under a mutex): about 70 ms each here, so
@@ -7,8 +7,6 @@
 
 use std::sync::mpsc;
 use std::time::Duration;
-
-use libbpf_rs::Link;
 
 /// At most this many threads close links at once.
 const MAX_THREADS: usize = 64;
@@ -19,13 +17,13 @@ const SLOW: Duration = Duration::from_secs(1);
 /// Detaches `links` (drops them), from several threads when there are many. Calls
 /// `slow` with the number of links if detaching them takes longer than a second, for
 /// the user to know what the wait is.
-pub fn detach(links: Vec<Link>, slow: impl FnOnce(usize)) {
+pub fn detach<L: Send>(links: Vec<L>, slow: impl FnOnce(usize)) {
     let total = links.len();
     let threads = total.min(MAX_THREADS);
     if threads == 0 {
         return;
     }
-    let mut shares: Vec<Vec<Link>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut shares: Vec<Vec<L>> = (0..threads).map(|_| Vec::new()).collect();
     for (index, link) in links.into_iter().enumerate() {
         shares[index % threads].push(link);
     }

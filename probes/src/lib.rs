@@ -25,7 +25,9 @@
 //! - **Attaches** a loaded program of the right kind ([`ProbeSpec::program_kind`]) with a
 //!   BPF cookie ([`attach_probe`], or per kind: [`attach_uprobe`],
 //!   [`attach_perf_event_per_cpu`], [`attach_tracepoint`], [`attach_raw_tracepoint`],
-//!   [`attach_kprobe`]). Perf events are opened per online CPU, system-wide. [`detach`]
+//!   [`attach_kprobe`]). A uprobe fires in every process, in one, or ([`bound`]) in
+//!   given processes and all they start, so that untraced processes never trap.
+//!   Perf events are opened per online CPU, system-wide. [`detach`]
 //!   closes many links from several threads (a tracepoint's close waits for the kernel);
 //!   [`libbpf_log`] routes libbpf's own log.
 //! - **Detects** kernel features ([`features`]) and turns missing ones into one-line
@@ -43,7 +45,7 @@
 //! ```text
 //! "uprobe:libc:malloc" --parse--> ProbeSpec::Uprobe --resolve_uprobe(pid)--> [UprobeTarget
 //!   {path, file_offset}] --attach_uprobe(prog, cookie)--> libbpf Link (detaches on drop)
-//! spec --attach_probe_with(prog, AttachOptions{resolve_in, fire_in, ..})--> Attached
+//! spec --attach_probe_with(prog, AttachOptions{resolve_in, fire, ..})--> Attached
 //!   {links, notices}
 //! "profile:hz:99" --parse--> ProbeSpec::Profile --attach_profile--> perf_event_open per CPU
 //!   --> one Link per CPU
@@ -52,6 +54,7 @@
 //! system calls.
 
 mod attach;
+pub mod bound;
 mod detach;
 mod elf;
 mod features;
@@ -71,9 +74,10 @@ mod wildcard;
 pub use attach::{
     attach_interval, attach_kprobe, attach_perf_event_per_cpu, attach_probe, attach_probe_for,
     attach_probe_with, attach_profile, attach_raw_tracepoint, attach_tracepoint, attach_uprobe,
-    online_cpus, open_perf_events_per_cpu, AttachError, AttachOptions, Attached, Error,
-    PerfEventKind,
+    attach_uprobe_in, attach_uprobes_in, online_cpus, open_perf_events_per_cpu, AttachError,
+    AttachOptions, Attached, Attachment, Error, Fire, PerfEventKind,
 };
+pub use bound::{BoundUprobe, UprobeGroup};
 pub use detach::detach;
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
 pub use libbpf_log::libbpf_log;

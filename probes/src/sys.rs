@@ -1,4 +1,4 @@
-//! The crate's raw system calls: perf_event_open(2) and mount(2). Every `unsafe` block
+//! The crate's raw system calls: perf_event_open(2), mount(2) and the open files limit. Every `unsafe` block
 //! of the crate is in this module.
 
 use std::ffi::CString;
@@ -6,7 +6,9 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 
-use perf_event_open_sys::bindings::{perf_event_attr, PERF_FLAG_FD_CLOEXEC};
+use perf_event_open_sys::bindings::{
+    perf_event_attr, PERF_FLAG_FD_CLOEXEC, PERF_SAMPLE_READ, PERF_SAMPLE_TID,
+};
 
 use crate::spec::Sampling;
 
@@ -54,6 +56,73 @@ pub(crate) fn perf_event_open(
     // SAFETY: a non-negative return of perf_event_open is a new file descriptor that
     // nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens tracepoint `id` (a tracefs event's) on thread `tid`; with `inherit`, every thread
+/// and process `tid` creates from now on gets a copy, before it runs. Disabled: a program
+/// attached to a tracepoint runs whatever the state of the event (so only the one the
+/// program attaches to is enabled, by libbpf), and a disabled event records nothing.
+pub(crate) fn open_tracepoint(id: u64, tid: i32, inherit: bool) -> io::Result<OwnedFd> {
+    let mut attr = perf_event_attr {
+        type_: perf_event_open_sys::bindings::PERF_TYPE_TRACEPOINT,
+        size: std::mem::size_of::<perf_event_attr>() as u32,
+        config: id,
+        ..Default::default()
+    };
+    attr.__bindgen_anon_1.sample_period = 1;
+    attr.set_disabled(1);
+    attr.set_inherit(inherit.into());
+    if inherit {
+        // A task's events move to another task when the scheduler switches between a
+        // parent and a child whose events are copies of each other (perf's context
+        // swap); the uprobe filter goes by each event's own task, so a child that exits
+        // with its parent's events would take the parent out of the filter. Inherited
+        // events that sample READ (with TID, as the kernel requires) keep their task:
+        // the kernel never swaps their contexts (6.12 and later; older kernels refuse
+        // the pair, and the event is opened without it).
+        attr.sample_type = u64::from(PERF_SAMPLE_READ | PERF_SAMPLE_TID);
+        match open_attr(&mut attr, tid) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => attr.sample_type = 0,
+            opened => return opened,
+        }
+    }
+    open_attr(&mut attr, tid)
+}
+
+fn open_attr(attr: &mut perf_event_attr, tid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: as in perf_event_open above.
+    let fd = unsafe {
+        perf_event_open_sys::perf_event_open(
+            attr,
+            tid,
+            -1,
+            -1,
+            PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Raises this process's soft limit of open files to its hard limit: a bound uprobe
+/// holds a perf event per thread of the traced processes. Whether it was raised.
+pub(crate) fn raise_open_files_limit() -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit(2) read and write the rlimit on our stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return false;
+        }
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
+    }
 }
 
 /// `mount -t tracefs nodev TARGET`.

@@ -424,3 +424,22 @@ impl Drop for SeizedThreads {
         }
     }
 }
+
+/// The byte at file offset `offset` of `path` as process `pid` sees it in its executable
+/// mapping of the file (read through `/proc/PID/mem`): int3 (0xcc) where a uprobe
+/// patched it in this process, the file's own byte otherwise. `None` if the process is
+/// gone or does not map that part of the file executable.
+pub fn mapped_code_byte(pid: u32, path: &std::path::Path, offset: u64) -> Option<u8> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let path = path.canonicalize().ok()?;
+    let entry = parse_maps(&maps).into_iter().find(|entry| {
+        entry.perms.contains('x')
+            && std::path::Path::new(&entry.name) == path
+            && (entry.offset..entry.offset + (entry.end - entry.start)).contains(&offset)
+    })?;
+    let address = entry.start + (offset - entry.offset);
+    let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut byte = [0u8];
+    mem.read_exact_at(&mut byte, address).ok()?;
+    Some(byte[0])
+}

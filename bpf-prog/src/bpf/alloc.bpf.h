@@ -13,12 +13,10 @@
  * on_alloc_return (uretprobe): the address (NULL: nothing allocated) enters
  * the live map with its size, stack and birth time; the stack's counters and
  * size histogram grow.
- * on_alloc_session is both, where the kernel has uprobe sessions (6.13): an
- * entry that keeps no call (sampling left it out) skips its return, which
- * costs the kernel about as much as the entry's trap (~1 µs here).
- * All are multi-uprobe programs: an allocator's functions in one file
- * attach as one link per program, where a link per function costs ~65 ms to
- * attach and ~100 ms to detach on the machines measured.
+ * All are attached as uprobes of one perf event per kind of function, which
+ * the kernel binds to the traced processes and their children (probes'
+ * bound.rs): a multi-uprobe link, or a uprobe session, follows one process
+ * and not its forks, or else every process on the machine.
  * on_free (uprobe on free and the like): the block leaves the live map at
  * entry, for the same reason; its stack's frees, freed bytes and lifetime
  * histogram grow. An address the map does not hold (allocated before the
@@ -245,17 +243,12 @@ static __always_inline bool sampled(__u64 size)
 	return true;
 }
 
-/* The run context of the running multi-uprobe program: its cookie and, in a
- * session, whether this is the return, read with loads where the helper and
- * the kfunc are calls; the task is at hand for its storage anyway. */
-static __always_inline struct bpf_uprobe_multi_run_ctx *multi_run(struct task_struct *task)
+/* The running uprobe program's cookie, read from its perf link's run context
+ * with a load where bpf_get_attach_cookie is a call; the task is at hand for
+ * its storage anyway. */
+static __always_inline __u64 run_cookie(struct task_struct *task)
 {
-	return bpf_core_cast(task->bpf_ctx, struct bpf_uprobe_multi_run_ctx);
-}
-
-static __always_inline __u64 multi_cookie(struct task_struct *task)
-{
-	return multi_run(task)->uprobe->cookie;
+	return bpf_core_cast(task->bpf_ctx, struct bpf_trace_run_ctx)->bpf_cookie;
 }
 
 /* What a sampled event of a block of size bytes stands for: allocations (or
@@ -508,7 +501,7 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *
 	 * of the others that the sampled ones make (they are nested). The return
 	 * of a call left here finds no call of its own: see on_alloc_return. */
 	bool unsampled = alloc_sample_every > 1 && !sampled(0);
-	__u64 cookie = multi_cookie(task);
+	__u64 cookie = run_cookie(task);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
 
 	bool resizes = kind == CT_ALLOC_REALLOC || kind == CT_ALLOC_REALLOCARRAY ||
@@ -653,34 +646,20 @@ static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct 
 	return 0;
 }
 
-SEC("uprobe.multi")
+SEC("uprobe")
 int on_alloc(struct pt_regs *ctx)
 {
 	alloc_entry(ctx, bpf_get_current_task_btf());
 	return 0;
 }
 
-SEC("uretprobe.multi")
+SEC("uretprobe")
 int on_alloc_return(struct pt_regs *ctx)
 {
 	return alloc_return(ctx, bpf_get_current_task_btf());
 }
 
-/* Entry and return in one program, where the kernel has uprobe sessions
- * (Linux 6.13): an entry that keeps no call, as most do under sampling,
- * skips its return altogether, a trip through the kernel as dear as the
- * entry's trap. */
-SEC("uprobe.session")
-int on_alloc_session(struct pt_regs *ctx)
-{
-	struct task_struct *task = bpf_get_current_task_btf();
-
-	if (multi_run(task)->session_ctx.is_return) /* bpf_session_is_return(), without a call */
-		return alloc_return(ctx, task);
-	return alloc_entry(ctx, task);
-}
-
-SEC("uprobe.multi")
+SEC("uprobe")
 int on_free(struct pt_regs *ctx)
 {
 	__u64 address = ctx->di;
@@ -708,7 +687,7 @@ int on_free(struct pt_regs *ctx)
 	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, false);
 	if (t && t->depth > 0)
 		return 0; /* inside an allocator call: part of it */
-	__u64 cookie = multi_cookie(task);
+	__u64 cookie = run_cookie(task);
 	/* most munmaps unmap files, or memory malloc mapped for itself */
 	if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
 		count_unknown_free(tgid, (__u32)cookie);

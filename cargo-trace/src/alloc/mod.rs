@@ -15,35 +15,24 @@
 pub mod allocators;
 pub mod live;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use bpf_prog::{alloc_cookie, AllocCounter, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS};
-use libbpf_rs::{Link, UprobeMultiOpts};
+use bpf_prog::{
+    alloc_cookie, AllocCounter, AllocKind, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS,
+};
+use probes::{Attachment, Fire, UprobeTarget};
 
 use crate::profile::{HeapProcess, HeapTotals, RawSample, SamplingMode, ValueType};
-use allocators::{AllocFunction, Allocator};
+use allocators::Allocator;
 
-/// The programs an `alloc` probe attaches: an allocating function's entry and return as
-/// one session program where the kernel has uprobe sessions (an entry that sampling
-/// leaves out then skips its return, a trip through the kernel), else as two.
-pub fn programs() -> Vec<EventProgram> {
-    if sessions() {
-        vec![EventProgram::AllocSession, EventProgram::Free]
-    } else {
-        vec![
-            EventProgram::AllocEntry,
-            EventProgram::AllocReturn,
-            EventProgram::Free,
-        ]
-    }
-}
-
-fn sessions() -> bool {
-    bpf_prog::uprobe_sessions()
-}
+/// The programs an `alloc` probe attaches.
+pub const PROGRAMS: [EventProgram; 3] = [
+    EventProgram::AllocEntry,
+    EventProgram::AllocReturn,
+    EventProgram::Free,
+];
 
 /// Heap profiling's command-line options.
 #[derive(Debug, Clone, clap::Args)]
@@ -284,71 +273,51 @@ impl AllocProbe {
         Some(Allocator::parse(rest).map(|allocator| AllocProbe { allocator }))
     }
 
-    /// Attaches the allocator's functions in process `pid` (uprobes firing in `fire_in`
-    /// only, or in every process mapping the files if `None`), with probe id `probe_id`.
+    /// Attaches the allocator's functions as found in process `pid`, firing where `fire`
+    /// says, with probe id `probe_id`: each allocating function's entry and return, each
+    /// freeing function's entry.
     pub fn attach(
         &self,
         tracer: &Tracer,
         args: &AllocArgs,
         pid: u32,
-        fire_in: Option<u32>,
+        fire: Fire<'_>,
         probe_id: u32,
-    ) -> Result<Vec<Link>> {
+    ) -> Result<Vec<Attachment>> {
         let functions = allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid)?;
-        let fire_in = fire_in.map_or(-1, |pid| pid as i32);
-        // One link per program and file: the functions of one allocator file attach at once.
-        let mut by_file: BTreeMap<&Path, Vec<&AllocFunction>> = BTreeMap::new();
+        // Functions of a kind share their programs and cookie: attached together (bound
+        // to processes, they are one event of the kernel's, attached and detached at once).
+        let mut by_kind: Vec<(AllocKind, Vec<UprobeTarget>)> = Vec::new();
         for function in &functions {
-            by_file
-                .entry(&function.target.path)
-                .or_default()
-                .push(function);
+            match by_kind.iter_mut().find(|(kind, _)| *kind == function.kind) {
+                Some((_, targets)) => targets.push(function.target.clone()),
+                None => by_kind.push((function.kind, vec![function.target.clone()])),
+            }
         }
         let mut links = Vec::new();
-        for (path, functions) in by_file {
-            let (frees, allocs): (Vec<&AllocFunction>, Vec<&AllocFunction>) =
-                functions.into_iter().partition(|f| f.kind.frees_only());
-            let with_sessions = [
-                (EventProgram::AllocSession, &allocs, false),
-                (EventProgram::Free, &frees, false),
-            ];
-            let without = [
-                (EventProgram::AllocEntry, &allocs, false),
-                (EventProgram::AllocReturn, &allocs, true),
-                (EventProgram::Free, &frees, false),
-            ];
-            let programs: &[_] = if sessions() { &with_sessions } else { &without };
-            for &(program, functions, retprobe) in programs {
-                if functions.is_empty() {
-                    continue;
-                }
-                let opts = UprobeMultiOpts {
-                    offsets: functions
-                        .iter()
-                        .map(|f| f.target.file_offset as usize)
-                        .collect(),
-                    cookies: functions
-                        .iter()
-                        .map(|f| alloc_cookie(probe_id, f.kind))
-                        .collect(),
+        for (kind, targets) in &by_kind {
+            let cookie = alloc_cookie(probe_id, *kind);
+            let programs: &[(EventProgram, bool)] = if kind.frees_only() {
+                &[(EventProgram::Free, false)]
+            } else {
+                &[
+                    (EventProgram::AllocEntry, false),
+                    (EventProgram::AllocReturn, true),
+                ]
+            };
+            for &(program, retprobe) in programs {
+                let attached = probes::attach_uprobes_in(
+                    tracer.program(program),
+                    targets,
+                    fire,
                     retprobe,
-                    session: program == EventProgram::AllocSession,
-                    ..UprobeMultiOpts::default()
-                };
-                let link = tracer
-                    .program(program)
-                    .attach_uprobe_multi_with_opts(fire_in, path, "", opts)
-                    .with_context(|| {
-                        let names: Vec<&str> =
-                            functions.iter().map(|f| f.target.symbol.as_str()).collect();
-                        format!(
-                            "attaching {} to {} in {}",
-                            program.name(),
-                            names.join(", "),
-                            path.display()
-                        )
-                    })?;
-                links.push(link);
+                    cookie,
+                )
+                .with_context(|| {
+                    let names: Vec<&str> = targets.iter().map(|t| t.symbol.as_str()).collect();
+                    format!("attaching {} to {}", program.name(), names.join(", "))
+                })?;
+                links.extend(attached);
             }
         }
         Ok(links)
