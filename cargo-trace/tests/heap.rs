@@ -433,11 +433,16 @@ fn attached_to_a_leaking_server() {
     eprintln!("{stderr}");
     assert!(output.status.success(), "cargo-trace failed: {stderr}");
 
-    let live = stderr
-        .lines()
-        .skip_while(|line| !line.contains("cargo-trace: live at"))
-        .nth(1)
+    // The last live view's top stack (in the first, half a second in, the leaking site
+    // may not have outgrown the churn site's 50 live blocks yet).
+    let lines: Vec<&str> = stderr.lines().collect();
+    let last_view = lines
+        .iter()
+        .rposition(|line| line.contains("cargo-trace: live at"))
         .unwrap_or_else(|| panic!("no live view in {stderr}"));
+    let live = lines
+        .get(last_view + 1)
+        .unwrap_or_else(|| panic!("an empty live view in {stderr}"));
     assert!(live.contains("site_leak_tick"), "{live}");
 
     let run = Run {
