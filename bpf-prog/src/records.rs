@@ -356,6 +356,7 @@ mod tests {
                 "process exiting",
                 "kernel thread",
                 "not on the interval timer's CPU",
+                "off-CPU map full",
             ]
         );
     }
