@@ -3,7 +3,7 @@
 
 mod common;
 
-use bpf_prog::{Error, EventProgram, Loss, Mapping, Options, TableMap};
+use bpf_prog::{Error, EventProgram, Loss, Mapping, Options, TableMap, Tracer};
 use common::tracer_or_skip;
 use unwind_tables::{Cfa, CompactRow, CompactTable, PageSpan, RbpRule, Rule};
 
@@ -214,11 +214,9 @@ fn prebuilt_object_loads() {
     }
 }
 
-#[test]
-fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
-    let Some(mut tracer) = tracer_or_skip("follow forks", &small()) else {
-        return;
-    };
+/// This process traced with one mapping of a table, and its forks and execs followed:
+/// its pid, the mapping, and the links of the programs that follow it.
+fn follow_this_process(tracer: &mut Tracer) -> (u32, Mapping, Vec<libbpf_rs::Link>) {
     let id = tracer.add_table(&table()).unwrap();
     let me = std::process::id();
     let mapping = Mapping {
@@ -229,9 +227,18 @@ fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
     };
     tracer.set_mappings(me, &[mapping]).unwrap();
     tracer.filter_pid(me).unwrap();
-    let _links = tracer
+    let links = tracer
         .follow_forks()
         .expect("attach the fork and exec programs");
+    (me, mapping, links)
+}
+
+#[test]
+fn forks_of_filtered_processes_are_followed_and_execs_drop_their_mappings() {
+    let Some(mut tracer) = tracer_or_skip("follow forks", &small()) else {
+        return;
+    };
+    let (me, mapping, _links) = follow_this_process(&mut tracer);
 
     // A fork without exec runs with its parent's mappings.
     // SAFETY: the child only sleeps and exits through async-signal-safe calls.
@@ -305,19 +312,7 @@ fn full_pid_filter_and_process_map_are_counted() {
     let Some(mut tracer) = tracer_or_skip("full_pid_filter_and_process_map", &options) else {
         return;
     };
-    let id = tracer.add_table(&table()).unwrap();
-    let me = std::process::id();
-    let mapping = Mapping {
-        start: 0x1000,
-        end: 0x2000,
-        bias: 0,
-        table: Some(id),
-    };
-    tracer.set_mappings(me, &[mapping]).unwrap();
-    tracer.filter_pid(me).unwrap();
-    let _links = tracer
-        .follow_forks()
-        .expect("attach the fork and exec programs");
+    let (_, _, _links) = follow_this_process(&mut tracer);
     let fork_and_wait = || {
         // SAFETY: the child exits at once through an async-signal-safe call.
         let child = unsafe { libc::fork() };

@@ -228,17 +228,7 @@ pub fn build_source(
             stderr: String::from_utf8_lossy(&result.stderr).into_owned(),
         });
     }
-    fs::rename(&partial, &output).map_err(|source| FixtureError::Io {
-        what: "renaming to",
-        path: output.clone(),
-        source,
-    })?;
-    fs::write(&stamp_path, stamp).map_err(|source| FixtureError::Io {
-        what: "writing",
-        path: stamp_path,
-        source,
-    })?;
-    Ok(output)
+    publish(&partial, output, &stamp_path, &stamp)
 }
 
 /// Builds (or reuses) the Cargo fixture `tests/fixtures/<name>/` (a crate of its own
@@ -330,17 +320,7 @@ pub fn cargo_fixture(name: &str, features: &str) -> Result<PathBuf, FixtureError
         path: built.clone(),
         source,
     })?;
-    fs::rename(&partial, &output).map_err(|source| FixtureError::Io {
-        what: "renaming to",
-        path: output.clone(),
-        source,
-    })?;
-    fs::write(&stamp_path, stamp).map_err(|source| FixtureError::Io {
-        what: "writing",
-        path: stamp_path,
-        source,
-    })?;
-    Ok(output)
+    publish(&partial, output, &stamp_path, &stamp)
 }
 
 /// The Rust flags of a Cargo fixture (its profile sets the rest: debug info, one codegen
@@ -439,4 +419,24 @@ impl Fnv {
             self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
         }
     }
+}
+
+/// Renames a fixture built at `partial` into place at `output` and writes its stamp.
+fn publish(
+    partial: &Path,
+    output: PathBuf,
+    stamp_path: &Path,
+    stamp: &str,
+) -> Result<PathBuf, FixtureError> {
+    fs::rename(partial, &output).map_err(|source| FixtureError::Io {
+        what: "renaming to",
+        path: output.clone(),
+        source,
+    })?;
+    fs::write(stamp_path, stamp).map_err(|source| FixtureError::Io {
+        what: "writing",
+        path: stamp_path.to_path_buf(),
+        source,
+    })?;
+    Ok(output)
 }

@@ -54,6 +54,17 @@ static __always_inline void count_stay(const struct ct_off_cpu_start *stay, __u6
 		count_event(stacks, stay->tgid, stay->probe_id, away);
 }
 
+/* A stay whose thread came back with no switch in seen, counted at its next
+ * switch out (at now, the thread having run ran ns in all): away is the time
+ * since it left less the time it ran since. */
+static __always_inline void count_unseen(const struct ct_off_cpu_start *stay, __u64 now, __u64 ran)
+{
+	__u64 elapsed = now - stay->since, ran_since = ran - stay->ran;
+
+	if (elapsed > ran_since)
+		count_stay(stay, elapsed - ran_since);
+}
+
 /* raw_tp sched_switch: args are (bool preempt, struct task_struct *prev,
  * struct task_struct *next, unsigned int prev_state). */
 SEC("raw_tp")
@@ -76,20 +87,17 @@ int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
 	if (!tgid || !pid_wanted(tgid))
 		return 0;
 	struct task_struct *prev = bpf_get_current_task_btf();
-	struct ct_off_cpu_start *unseen = bpf_map_lookup_elem(&off_cpu_starts, &tid);
-	if (unseen) {
-		/* back with no switch in seen: away is the time since it left
-		 * less the time it ran since */
-		struct ct_off_cpu_start back = *unseen;
-		__u64 elapsed = bpf_ktime_get_ns() - back.since;
-		__u64 ran = prev->se.sum_exec_runtime - back.ran;
+	if (prev->flags & CT_PF_EXITING) {
+		/* never back: a stay of its still open is counted now */
+		struct ct_off_cpu_start *unseen = bpf_map_lookup_elem(&off_cpu_starts, &tid);
+		if (unseen) {
+			struct ct_off_cpu_start back = *unseen;
 
-		bpf_map_delete_elem(&off_cpu_starts, &tid);
-		if (elapsed > ran)
-			count_stay(&back, elapsed - ran);
-	}
-	if (prev->flags & CT_PF_EXITING)
+			bpf_map_delete_elem(&off_cpu_starts, &tid);
+			count_unseen(&back, bpf_ktime_get_ns(), prev->se.sum_exec_runtime);
+		}
 		return 0;
+	}
 	struct event_stacks stacks = take_stacks_from_kernel(ctx, tgid);
 	struct ct_off_cpu_start start = {
 		.user_stack = stacks.user,
@@ -100,7 +108,19 @@ int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
 		.tgid = tgid,
 		.probe_id = bpf_get_attach_cookie(ctx),
 	};
-	if (bpf_map_update_elem(&off_cpu_starts, &tid, &start, BPF_ANY))
+	/* One map operation on the common path: a stay still there is the rare
+	 * one whose switch in went unseen. */
+	long err = bpf_map_update_elem(&off_cpu_starts, &tid, &start, BPF_NOEXIST);
+	if (err == -EEXIST) {
+		struct ct_off_cpu_start *unseen = bpf_map_lookup_elem(&off_cpu_starts, &tid);
+		if (unseen) {
+			struct ct_off_cpu_start back = *unseen;
+
+			count_unseen(&back, start.since, start.ran);
+		}
+		err = bpf_map_update_elem(&off_cpu_starts, &tid, &start, BPF_ANY);
+	}
+	if (err)
 		count_loss(CT_LOSS_OFF_CPU_FULL);
 	return 0;
 }
