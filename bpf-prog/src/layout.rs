@@ -83,6 +83,14 @@ pub mod sigframe {
 /// `CT_MAPPING_NO_TABLE`.
 pub const MAPPING_NO_TABLE: u32 = 1;
 
+/// `CT_FRAME_IN_OBJECT`: set in a stored user frame that is an object's ELF address
+/// (see [`Frame`](crate::Frame)). A `#define` (an enum cannot hold it), so unchecked.
+pub const FRAME_IN_OBJECT: u64 = 1 << 63;
+/// `CT_FRAME_OBJECT_SHIFT`: where the object id starts in such a frame.
+pub const FRAME_OBJECT_SHIFT: u32 = 48;
+/// `CT_MAX_OBJECTS`: object ids are below this.
+pub const MAX_OBJECTS: u32 = 1 << 15;
+
 /// `enum ct_walk_end`: `ct_stack.error`, and the index of the walk_ends map.
 pub mod walk_end {
     pub const COMPLETE: u16 = 0;
@@ -150,6 +158,8 @@ check_constants! {
     sigframe::RSP => c::ct_sigframe::CT_SIGFRAME_RSP,
     sigframe::RIP => c::ct_sigframe::CT_SIGFRAME_RIP,
     MAPPING_NO_TABLE => c::ct_mapping_flags::CT_MAPPING_NO_TABLE,
+    FRAME_OBJECT_SHIFT => c::ct_frame::CT_FRAME_OBJECT_SHIFT,
+    MAX_OBJECTS => c::ct_frame::CT_MAX_OBJECTS,
     walk_end::COMPLETE => c::ct_walk_end::CT_WALK_COMPLETE,
     walk_end::NO_PROC => c::ct_walk_end::CT_WALK_NO_PROC,
     walk_end::NO_MAPPING => c::ct_walk_end::CT_WALK_NO_MAPPING,
@@ -344,14 +354,16 @@ mirror!(
 pub struct CtRuleCacheEntry {
     pub addr: u64,
     pub generation: u32,
-    pub pad: u32,
+    pub object: u32,
+    pub bias: u64,
     pub rule: CtRule,
 }
 mirror!(
     CtRuleCacheEntry = ct_rule_cache_entry {
         addr: u64,
         generation: u32,
-        pad: u32,
+        object: u32,
+        bias: u64,
         rule: CtRule as c::ct_rule,
     }
 );
@@ -443,6 +455,8 @@ pub struct CtMapping {
     pub bias: u64,
     pub table_id: u32,
     pub flags: u32,
+    pub object: u32,
+    pub pad: u32,
 }
 mirror!(
     CtMapping = ct_mapping {
@@ -451,6 +465,8 @@ mirror!(
         bias: u64,
         table_id: u32,
         flags: u32,
+        object: u32,
+        pad: u32,
     }
 );
 

@@ -193,12 +193,90 @@ pub(crate) fn walk_end_from_raw(error: u16, reason: u16) -> WalkEnd {
     }
 }
 
+/// The id of a mapped object, chosen by whoever registers mappings ([`Mapping::object`]
+/// (crate::Mapping::object)): user frames in its mappings are stored as addresses in it
+/// ([`Frame::InObject`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(u16);
+
+impl ObjectId {
+    /// The id `index` (1 up to [`ObjectId::MAX`]), `None` outside that range.
+    pub fn new(index: u32) -> Option<ObjectId> {
+        (index > 0 && index <= Self::MAX)
+            .then(|| ObjectId(u16::try_from(index).expect("below MAX_OBJECTS")))
+    }
+
+    /// The largest id.
+    pub const MAX: u32 = layout::MAX_OBJECTS - 1;
+
+    pub fn index(self) -> u32 {
+        u32::from(self.0)
+    }
+}
+
+/// One user frame of a stored stack, as the BPF program stores it (`CT_FRAME_IN_OBJECT`).
+///
+/// A frame the walker found in a registered mapping of an object with an id is its
+/// object's ELF address (runtime address minus the mapping's load bias): the same in
+/// every process running that code, wherever address-space randomization put it, so
+/// that the kernel keeps, and sends, one copy of a stack that many processes meet.
+/// Other frames (no mapping, no object id) are runtime addresses of their process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Frame {
+    InObject { object: ObjectId, address: u64 },
+    Runtime(u64),
+}
+
+impl Frame {
+    /// A frame as stored in [`Stack::pcs`].
+    pub fn from_raw(raw: u64) -> Frame {
+        let object = (raw & !layout::FRAME_IN_OBJECT) >> layout::FRAME_OBJECT_SHIFT;
+        match ObjectId::new(object as u32) {
+            Some(object) if raw & layout::FRAME_IN_OBJECT != 0 => Frame::InObject {
+                object,
+                address: raw & ((1 << layout::FRAME_OBJECT_SHIFT) - 1),
+            },
+            _ => Frame::Runtime(raw),
+        }
+    }
+
+    /// The frame as [`Stack::pcs`] stores it.
+    pub fn to_raw(self) -> u64 {
+        match self {
+            Frame::InObject { object, address } => {
+                layout::FRAME_IN_OBJECT
+                    | u64::from(object.index()) << layout::FRAME_OBJECT_SHIFT
+                    | address
+            }
+            Frame::Runtime(address) => address,
+        }
+    }
+
+    /// The frame's runtime address in a process with these mappings: for a frame in an
+    /// object, in the first of the object's mappings that holds it.
+    pub fn runtime_address(self, mappings: &[crate::Mapping]) -> Option<u64> {
+        match self {
+            Frame::Runtime(address) => Some(address),
+            Frame::InObject { object, address } => mappings
+                .iter()
+                .filter(|m| m.object == Some(object))
+                .map(|m| address.wrapping_add(m.bias))
+                // a return address may be the end of its mapping
+                .find(|&pc| {
+                    mappings
+                        .iter()
+                        .any(|m| m.object == Some(object) && m.start <= pc && pc <= m.end)
+                }),
+        }
+    }
+}
+
 /// A user stack as the BPF program stored it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stack {
     /// `pcs[0]` is the pc of the event; the others are return addresses as
     /// read (symbolize them at `pc - 1`), or after a signal frame the
-    /// interrupted pc.
+    /// interrupted pc. Each is stored as [`Frame`] says: [`Stack::frames`] reads them.
     pub pcs: Vec<u64>,
     /// How the walk ended; [`WalkEnd::Complete`] for a complete stack (and for a kernel
     /// stack).
@@ -206,6 +284,19 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// The frames, innermost first.
+    pub fn frames(&self) -> impl Iterator<Item = Frame> + '_ {
+        self.pcs.iter().map(|&raw| Frame::from_raw(raw))
+    }
+
+    /// The frames as runtime addresses of a process with these mappings (a frame of an
+    /// object it does not map as 0).
+    pub fn runtime_pcs(&self, mappings: &[crate::Mapping]) -> Vec<u64> {
+        self.frames()
+            .map(|frame| frame.runtime_address(mappings).unwrap_or(0))
+            .collect()
+    }
+
     /// Whether the walk reached the end of the stack.
     pub fn is_complete(&self) -> bool {
         self.end == WalkEnd::Complete

@@ -114,6 +114,9 @@ pub struct Mapping {
     /// The unwind table of the mapped object; `None` for code without one
     /// (a pc there ends the walk with [`WalkEnd::NoRow`](unwind_tables::walk::WalkEnd::NoRow)).
     pub table: Option<TableId>,
+    /// The mapped object's id: frames in this mapping are stored as its ELF addresses
+    /// ([`Frame::InObject`](crate::Frame::InObject)); `None`, as runtime addresses.
+    pub object: Option<crate::ObjectId>,
 }
 
 /// What a table occupies in the table maps.
@@ -148,7 +151,8 @@ pub struct Tracer {
 struct Received {
     /// Every stack sent, by key, with its check.
     stacks: HashMap<u64, (u64, Stack)>,
-    /// Events the counts map had no room for.
+    /// Counters kept here rather than in the kernel: events the counts map had no room
+    /// for, and the counters of processes that exited ([`Tracer::retire_processes`]).
     counts: HashMap<CountKey, Count>,
     /// Stacks sent again (the known set was full, or two CPUs met a new stack at once).
     repeats: u64,
@@ -454,6 +458,8 @@ impl Tracer {
                 } else {
                     layout::MAPPING_NO_TABLE
                 },
+                object: m.object.map_or(0, crate::ObjectId::index),
+                pad: 0,
             };
         }
         update(&self.skel.maps.procs, "procs", &pid, &*proc, MapFlags::ANY)
@@ -614,8 +620,81 @@ impl Tracer {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Every counter, in no particular order: the kernel's and those that came through the
-    /// ring buffer (drained first).
+    /// Moves the counters of the processes in `retired`, which exited, out of the
+    /// kernel's map into this tracer's own store, each under the pid `retired` gives
+    /// (its own, or one that stands for many: counters of one stack then add up), so
+    /// that the map holds the processes still running and [`Tracer::counts`] still
+    /// gives every event. Returns how many kernel counters moved.
+    ///
+    /// One pass over the map: call it for many processes at once, not for each. A
+    /// process must be gone: an event counted under its pid between the pass's read and
+    /// its delete would be lost (a pid reused that soon by a traced process).
+    pub fn retire_processes(&self, retired: &HashMap<u32, u32>) -> Result<usize> {
+        if retired.is_empty() {
+            return Ok(0);
+        }
+        self.drain_records()?;
+        let map = &self.skel.maps.counts;
+        let map_error = |op: &'static str| {
+            move |source| Error::Map {
+                map: "counts",
+                op,
+                source,
+            }
+        };
+        let batch = map
+            .lookup_batch(4096, MapFlags::ANY, MapFlags::ANY)
+            .map_err(map_error("lookup batch"))?;
+        let keys: Vec<Vec<u8>> = batch
+            .map(|(key, _)| key)
+            .filter(|key| {
+                from_bytes::<CtCountKey>(key).is_some_and(|key| retired.contains_key(&key.pid))
+            })
+            .collect();
+        let mut moved = HashMap::<CountKey, Count>::new();
+        let mut value = [0u8; size_of::<CtCount>()];
+        for key in &keys {
+            if !map
+                .lookup_into_and_delete(key, &mut value)
+                .map_err(map_error("lookup and delete"))?
+            {
+                continue;
+            }
+            let (Some(key), Some(value)) =
+                (from_bytes::<CtCountKey>(key), from_bytes::<CtCount>(&value))
+            else {
+                continue;
+            };
+            let total = moved.entry(CountKey::from_raw(&key)).or_default();
+            total.events += value.events;
+            total.amount += value.amount;
+        }
+        let mut received = self.received();
+        // Those that came through the ring buffer move under their new pid too.
+        let overflowed: Vec<CountKey> = received
+            .counts
+            .keys()
+            .filter(|key| retired.get(&key.pid).is_some_and(|&to| to != key.pid))
+            .copied()
+            .collect();
+        for key in overflowed {
+            if let Some(count) = received.counts.remove(&key) {
+                let total = moved.entry(key).or_default();
+                total.events += count.events;
+                total.amount += count.amount;
+            }
+        }
+        for (mut key, count) in moved {
+            key.pid = retired[&key.pid];
+            let total = received.counts.entry(key).or_default();
+            total.events += count.events;
+            total.amount += count.amount;
+        }
+        Ok(keys.len())
+    }
+
+    /// Every counter, in no particular order: the kernel's and those kept here (the ring
+    /// buffer drained first).
     pub fn counts(&self) -> Result<Vec<(CountKey, Count)>> {
         self.drain_records()?;
         let map = &self.skel.maps.counts;

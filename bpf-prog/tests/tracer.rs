@@ -140,6 +140,7 @@ fn invalid_tables_and_mappings_are_rejected() {
         end,
         bias: 0,
         table: Some(id),
+        object: None,
     };
     tracer
         .set_mappings(42, &[mapping(0x3000, 0x4000), mapping(0x1000, 0x2000)])
@@ -224,6 +225,7 @@ fn follow_this_process(tracer: &mut Tracer) -> (u32, Mapping, Vec<libbpf_rs::Lin
         end: 0x2000,
         bias: 0,
         table: Some(id),
+        object: None,
     };
     tracer.set_mappings(me, &[mapping]).unwrap();
     tracer.filter_pid(me).unwrap();

@@ -9,8 +9,8 @@ mod common;
 
 use bpf_prog::{CountKey, EventProgram, Options, Stack, StackRef, Tracer, WalkEnd};
 use common::{
-    assert_complete, chain_below, chain_fixture as fixture, register_process, serial,
-    tracer_or_skip, Symbols, Target,
+    assert_complete, chain_below, chain_fixture as fixture, register_process,
+    register_process_by_object, serial, tracer_or_skip, Symbols, Target,
 };
 use libbpf_rs::UprobeOpts;
 
@@ -84,6 +84,67 @@ fn uprobe_stack_is_walked_to_start() {
     let ends = tracer.walk_ends().expect("walk ends");
     assert_eq!(ends.get(WalkEnd::Complete), calls as u64);
     assert_eq!(ends.total(), calls as u64, "{ends:?}");
+}
+
+/// Two processes of one program, each placed at its own addresses: with the objects
+/// registered under ids, the walker stores every frame as its object's address, so both
+/// meet one stack, stored once under one key, that each process's mappings turn back
+/// into its own runtime addresses.
+#[test]
+fn frames_stored_by_object_make_one_stack_for_every_process() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("frames_stored_by_object", &options()) else {
+        return;
+    };
+    let randomized = std::fs::read_to_string("/proc/sys/kernel/randomize_va_space")
+        .is_ok_and(|value| value.trim() != "0");
+    if !randomized {
+        eprintln!("skipping frames_stored_by_object: address-space randomization is off");
+        return;
+    }
+    let binary = fixture();
+    let (depth, calls) = (12, 30);
+    let args = [calls.to_string(), depth.to_string()];
+    let (first, second) = (Target::spawn(&binary, &args), Target::spawn(&binary, &args));
+    let mut tables = std::collections::HashMap::new();
+    let mut registered = Vec::new();
+    let mut links = Vec::new();
+    for target in [&first, &second] {
+        let pid = target.pid();
+        registered.push((
+            pid,
+            register_process_by_object(&mut tracer, &mut tables, pid),
+        ));
+        links.push(attach(&tracer, pid, &binary, "leaf", false));
+    }
+    let starts: Vec<u64> = registered
+        .iter()
+        .map(|(_, (files, _))| files.iter().find(|f| f.path == binary).unwrap().start)
+        .collect();
+    assert_ne!(starts[0], starts[1], "the two processes share one layout");
+    first.run_to_end();
+    second.run_to_end();
+
+    let mut keys = Vec::new();
+    for (pid, (files, mappings)) in &registered {
+        let (events, key, stack) = only_stack(&tracer, *pid);
+        assert_eq!(events, calls as u64);
+        assert!(
+            stack
+                .frames()
+                .all(|frame| matches!(frame, bpf_prog::Frame::InObject { .. })),
+            "a frame stored at its runtime address: {:x?}",
+            stack.pcs
+        );
+        let runtime = Stack {
+            pcs: stack.runtime_pcs(mappings),
+            end: stack.end,
+        };
+        assert_complete(&runtime, files, &chain_below("leaf", depth), &binary);
+        keys.push(key.stack);
+    }
+    assert_eq!(keys[0], keys[1], "one stack, stored once");
+    assert_eq!(tracer.stack_storage().unwrap().stacks, 1);
 }
 
 #[test]

@@ -134,6 +134,13 @@ pub struct Cli {
     #[arg(long = "max-processes", value_name = "N", default_value_t = bpf_prog::Options::default().max_procs)]
     pub max_processes: u32,
 
+    /// Processes that exited while traced whose counts stay apart, each under its own
+    /// pid (the target's always do). The counts of later ones are added up under pid 0
+    /// (said in the summary), so that a program starting short children without end
+    /// keeps cargo-trace's memory and the kernel's maps to what its stacks need.
+    #[arg(long = "keep-exited", value_name = "N", default_value_t = 1024)]
+    pub keep_exited: usize,
+
     /// With `offcpu`: threads of the traced processes off the CPU at once that are
     /// followed (48 bytes each, allocated at start). Past it, a stay is not counted
     /// ("off-CPU map full" in the summary).

@@ -14,6 +14,7 @@ mod children;
 mod cli;
 mod diff;
 mod elf_symbols;
+mod exited;
 mod guard;
 mod invoker;
 mod launch;

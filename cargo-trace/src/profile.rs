@@ -103,6 +103,9 @@ pub struct Summary {
     /// samples of the launched target returning from the breakpoint that held it at
     /// its entry point.
     pub not_the_targets: u64,
+    /// Processes that exited, past `--keep-exited`, whose counts are added up under
+    /// pid 0 rather than kept under their own pids.
+    pub merged_processes: u64,
 }
 
 /// Where the profile came from.
@@ -263,8 +266,13 @@ impl Profile {
 
     /// Processes with at least one sample.
     pub fn processes(&self) -> usize {
-        let pids: std::collections::BTreeSet<u32> = self.samples.iter().map(|s| s.pid).collect();
-        pids.len()
+        let pids: std::collections::BTreeSet<u32> = self
+            .samples
+            .iter()
+            .map(|s| s.pid)
+            .filter(|&pid| pid != crate::exited::MERGED_PID || self.summary.merged_processes == 0)
+            .collect();
+        pids.len() + usize::try_from(self.summary.merged_processes).unwrap_or(usize::MAX)
     }
 }
 
@@ -273,8 +281,8 @@ impl Profile {
 pub struct RawSample {
     pub probe: usize,
     pub pid: u32,
-    /// User addresses, innermost first; `user[0]` is the pc of the event, the others
-    /// return addresses.
+    /// User frames as the walker stored them ([`bpf_prog::Frame`]), innermost first;
+    /// `user[0]` is the pc of the event, the others return addresses.
     pub user: Vec<u64>,
     pub truncated: Option<String>,
     /// Kernel addresses, innermost first.
@@ -294,7 +302,8 @@ pub struct MappingSource {
 pub struct ProfileBuilder<'a> {
     symbolizer: &'a mut Symbolizer,
     profile: Profile,
-    /// (pid, address, is return address) → location.
+    /// (pid, frame as stored, is return address) → location; pid 0 for the frames
+    /// stored as objects' addresses, the same in every process.
     user_locations: HashMap<(u32, u64, bool), LocationId>,
     kernel_locations: HashMap<u64, LocationId>,
     kernel_frames: HashMap<u64, Frame>,
@@ -395,20 +404,26 @@ impl<'a> ProfileBuilder<'a> {
         Some(id)
     }
 
-    fn user_location(&mut self, pid: u32, address: u64, is_return_address: bool) -> LocationId {
-        let key = (pid, address, is_return_address);
+    fn user_location(&mut self, pid: u32, frame: u64, is_return_address: bool) -> LocationId {
+        // A frame stored as an object's address is one location for every process.
+        let owner = if Symbolizer::is_process_independent(frame) {
+            0
+        } else {
+            pid
+        };
+        let key = (owner, frame, is_return_address);
         if let Some(&id) = self.user_locations.get(&key) {
             return id;
         }
-        let mut frames = self.symbolizer.user(pid, address, is_return_address);
+        let mut frames = self.symbolizer.user(pid, frame, is_return_address);
         // The symbolizer lists the outermost inline frame first.
         frames.reverse();
         let mapping = self
             .symbolizer
-            .mapping_source(pid, address)
+            .mapping_source(pid, frame)
             .map(|source| self.mapping_id(source));
         let id = self.push_location(Location {
-            address,
+            address: self.symbolizer.runtime_address(pid, frame),
             mapping,
             frames,
             kernel: false,

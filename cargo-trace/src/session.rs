@@ -20,6 +20,7 @@ use crate::alloc::live::HeapWatch;
 use crate::alloc::{AllocArgs, AllocProbe};
 use crate::children::Children;
 use crate::cli::Cli;
+use crate::exited::{ExitedProcesses, MERGED_PID};
 use crate::guard::Guard;
 use crate::launch::{self, Exit};
 use crate::output::{self, Destination};
@@ -146,6 +147,8 @@ struct Traced {
     pending: Pending,
     children: Option<Children>,
     tables: ProcessTables,
+    /// Processes that exited: their counters moved out of the kernel.
+    exited: ExitedProcesses,
     tracer: Tracer,
     /// Resumes the processes held stopped, should cargo-trace die without doing so.
     guard: Guard,
@@ -251,6 +254,7 @@ impl Prepared {
                 pending,
                 children,
                 tables,
+                exited: ExitedProcesses::new(cli.keep_exited, pid),
                 tracer,
                 guard,
             },
@@ -346,6 +350,7 @@ impl Running {
             pending: _,
             children,
             tables,
+            exited,
             tracer,
             guard,
         } = traced;
@@ -363,6 +368,7 @@ impl Running {
             entry,
             executable,
             tables,
+            exited,
             tracer,
             target,
             exit,
@@ -445,7 +451,8 @@ impl Running {
             // whole filter map is a system call per process.
             if last_refresh.elapsed() >= REFRESH_INTERVAL {
                 last_refresh = Instant::now();
-                self.processes = track_processes(&mut traced.tracer, &mut traced.tables);
+                self.processes =
+                    track_processes(&mut traced.tracer, &mut traced.tables, &mut traced.exited);
                 if !traced.pending.is_empty() {
                     for pid in traced.tracer.filtered_pids() {
                         traced.pending.attach_in(
@@ -478,6 +485,8 @@ impl Running {
             tracer: &traced.tracer,
             probes: &traced.probes,
             symbol_mappings: traced.tables.symbol_mappings().clone(),
+            object_mappings: traced.tables.object_mappings().clone(),
+            merged_processes: traced.exited.merged(),
             without_table: traced.tables.coverage.without_table.clone(),
             pid: traced.pid,
             entry: traced.entry,
@@ -503,6 +512,7 @@ struct Finished {
     entry: Option<u64>,
     executable: Option<String>,
     tables: ProcessTables,
+    exited: ExitedProcesses,
     tracer: Tracer,
     target: Target,
     /// `None`: the target still runs (attached, or stopped after a duration).
@@ -520,11 +530,15 @@ struct Finished {
 impl Finished {
     /// The kernel's counts, symbolized.
     pub fn profile(&mut self, alloc: &AllocArgs) -> Result<Profile> {
+        // Every exited process under the pid it is counted under.
+        self.exited.retire(&self.tracer, true);
         build_profile(
             ProfileSource {
                 tracer: &self.tracer,
                 probes: &self.probes,
                 symbol_mappings: self.tables.take_symbol_mappings(),
+                object_mappings: self.tables.object_mappings().clone(),
+                merged_processes: self.exited.merged(),
                 without_table: self.tables.coverage.without_table.clone(),
                 pid: self.pid,
                 entry: self.entry,
@@ -601,6 +615,9 @@ struct ProfileSource<'a> {
     tracer: &'a Tracer,
     probes: &'a [Probe],
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
+    object_mappings: HashMap<bpf_prog::ObjectId, Vec<SymbolMapping>>,
+    /// Exited processes counted together under [`MERGED_PID`].
+    merged_processes: u64,
     without_table: Vec<(String, String)>,
     pid: u32,
     entry: Option<u64>,
@@ -635,11 +652,17 @@ fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile
     for (pid, mappings) in source.symbol_mappings {
         symbolizer.add_process(pid, mappings);
     }
+    symbolizer.add_objects(source.object_mappings);
+    if source.merged_processes > 0 {
+        // Runtime addresses of many processes: none of their mappings can name them.
+        symbolizer.add_process(MERGED_PID, Vec::new());
+    }
     let mut not_the_targets = 0;
     let held_at_entry = |sample: &RawSample, symbolizer: &mut Symbolizer| {
         source.entry.is_some_and(|entry| {
             sample.pid == source.pid
-                && sample.user == [entry]
+                && sample.user.len() == 1
+                && symbolizer.runtime_address(sample.pid, sample.user[0]) == entry
                 && sample
                     .kernel
                     .iter()
@@ -694,6 +717,7 @@ fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile
             .collect(),
         without_table: source.without_table,
         not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
+        merged_processes: source.merged_processes,
     };
     let metadata = Metadata {
         command: source.argv,
@@ -1023,7 +1047,11 @@ impl Pending {
 /// Registers the mappings of processes that joined the filter (children the
 /// program followed) or exec'd since, re-reads every traced process's mappings
 /// (dlopen) and forgets those that exited. Returns how many are traced.
-fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
+fn track_processes(
+    tracer: &mut Tracer,
+    tables: &mut ProcessTables,
+    exited_processes: &mut ExitedProcesses,
+) -> usize {
     let mut traced = 0;
     let mut exited = Vec::new();
     for pid in tracer.filtered_pids() {
@@ -1041,11 +1069,13 @@ fn track_processes(tracer: &mut Tracer, tables: &mut ProcessTables) -> usize {
         let _ = tables.sync(tracer, pid);
     }
     for pid in exited {
-        // Its counts stay; its filter and mappings entries are freed.
+        // Its filter and mappings entries are freed; its counts leave the kernel.
         let _ = tracer.unfilter_pid(pid);
         let _ = tracer.remove_process(pid);
-        tables.release(pid);
+        let apart = exited_processes.exited(pid);
+        tables.release(pid, apart);
     }
+    exited_processes.retire(tracer, false);
     traced
 }
 

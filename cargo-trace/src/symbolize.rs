@@ -8,6 +8,8 @@ use std::sync::Arc;
 use object::Object;
 use process_image::demangle;
 
+use bpf_prog::{Frame as StoredFrame, ObjectId};
+
 use crate::elf_symbols::{ElfSymbols, SymbolHit};
 use crate::profile::{Mapping, MappingSource};
 use process_image::{MappedObject, MapsEntry};
@@ -92,11 +94,31 @@ impl MappedNames {
     }
 }
 
-/// Symbolizes user addresses of the traced processes and kernel addresses.
+/// Where a stored user frame's address lies: in a process (a runtime address), or in an
+/// object (an ELF address, the same in every process: see [`bpf_prog::Frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Place {
+    Process(u32),
+    Object(ObjectId),
+}
+
+impl Place {
+    /// The place and address of `frame` (as the walker stored it) of process `pid`.
+    fn of(pid: u32, frame: u64) -> (Place, u64) {
+        match StoredFrame::from_raw(frame) {
+            StoredFrame::InObject { object, address } => (Place::Object(object), address),
+            StoredFrame::Runtime(address) => (Place::Process(pid), address),
+        }
+    }
+}
+
+/// Symbolizes the user frames of the traced processes and kernel addresses.
 pub struct Symbolizer {
     mappings: HashMap<u32, Vec<SymbolMapping>>,
+    /// Each object's mappings in one process, for the frames stored as its addresses.
+    object_mappings: HashMap<ObjectId, Vec<SymbolMapping>>,
     objects: HashMap<PathBuf, ObjectInfo>,
-    cache: HashMap<(u32, u64, bool), Vec<Frame>>,
+    cache: HashMap<(Place, u64, bool), Vec<Frame>>,
     kernel: Option<KernelSymbols>,
     /// The process whose mappings stand in for a process without its own.
     fallback: Option<u32>,
@@ -108,6 +130,7 @@ impl Symbolizer {
     pub fn new() -> Self {
         Symbolizer {
             mappings: HashMap::new(),
+            object_mappings: HashMap::new(),
             objects: HashMap::new(),
             cache: HashMap::new(),
             kernel: None,
@@ -133,33 +156,60 @@ impl Symbolizer {
         self.mappings.insert(pid, mappings);
     }
 
-    /// Frames for user address `pc` of `pid`, outermost inline frame first.
-    /// `is_return_address`: `pc` was read from the stack, so the call is at `pc - 1`.
-    pub fn user(&mut self, pid: u32, pc: u64, is_return_address: bool) -> Vec<Frame> {
-        let key = (pid, pc, is_return_address);
+    /// Record the mappings that symbolize the frames stored as objects' addresses.
+    pub fn add_objects(&mut self, objects: HashMap<ObjectId, Vec<SymbolMapping>>) {
+        self.object_mappings.extend(objects);
+    }
+
+    /// Frames for user frame `frame` of `pid` (as the walker stored it: see
+    /// [`bpf_prog::Frame`]), outermost inline frame first. `is_return_address`: the
+    /// address was read from the stack, so the call is at the address - 1.
+    pub fn user(&mut self, pid: u32, frame: u64, is_return_address: bool) -> Vec<Frame> {
+        let (place, pc) = Place::of(pid, frame);
+        let key = (place, pc, is_return_address);
         if let Some(frames) = self.cache.get(&key) {
             return frames.clone();
         }
-        let frames = self.resolve_user(pid, pc, is_return_address);
+        let frames = self.resolve_user(place, pc, is_return_address);
         self.cache.insert(key, frames.clone());
         frames
     }
 
-    fn resolve_user(&mut self, pid: u32, pc: u64, is_return_address: bool) -> Vec<Frame> {
+    /// Whether user frame `frame` (as the walker stored it) names the same code in
+    /// every process: a frame stored as an object's address does.
+    pub fn is_process_independent(frame: u64) -> bool {
+        matches!(StoredFrame::from_raw(frame), StoredFrame::InObject { .. })
+    }
+
+    /// The runtime address of user frame `frame` of `pid`: a frame stored as an
+    /// object's address is placed in the mappings that symbolize it.
+    pub fn runtime_address(&self, pid: u32, frame: u64) -> u64 {
+        let (place, address) = Place::of(pid, frame);
+        match place {
+            Place::Process(_) => address,
+            Place::Object(object) => self
+                .in_object(object, address)
+                .map_or(address, |(_, runtime)| runtime),
+        }
+    }
+
+    fn resolve_user(&mut self, place: Place, pc: u64, is_return_address: bool) -> Vec<Frame> {
         if is_return_address {
-            if let Ok(frames) = self.lookup(pid, pc.saturating_sub(1)) {
+            if let Ok(frames) = self.lookup(place, pc.saturating_sub(1)) {
                 return frames;
             }
             // Nothing is known before this address, so it was not pushed by a call:
             // it is a signal trampoline's start (the kernel makes __restore_rt the
             // handler's return address) or an interrupted pc. Take it as exact.
         }
-        self.lookup(pid, pc).unwrap_or_else(|unknown| vec![unknown])
+        self.lookup(place, pc)
+            .unwrap_or_else(|unknown| vec![unknown])
     }
 
-    /// The mapping holding user address `address` of `pid`, for a profile's mappings.
-    pub fn mapping_source(&self, pid: u32, address: u64) -> Option<MappingSource> {
-        let mapping = self.mapping_of(pid, address)?;
+    /// The mapping holding user frame `frame` of `pid`, for a profile's mappings.
+    pub fn mapping_source(&self, pid: u32, frame: u64) -> Option<MappingSource> {
+        let (place, address) = Place::of(pid, frame);
+        let (mapping, _) = self.mapping_at(place, address)?;
         Some(MappingSource {
             mapping: Mapping {
                 start: mapping.start,
@@ -199,13 +249,35 @@ impl Symbolizer {
             .and_then(|maps| holding(maps, address))
     }
 
-    /// Frames for `address`, or a frame naming the object and offset when neither
-    /// DWARF nor the symbol table knows it.
-    fn lookup(&mut self, pid: u32, address: u64) -> Result<Vec<Frame>, Frame> {
-        let Some(mapping) = self.mapping_of(pid, address) else {
-            return Err(Frame::named(format!("[unknown] {address:#x}")));
+    /// The mapping of `object` holding its ELF address `address`, and the address
+    /// there.
+    fn in_object(&self, object: ObjectId, address: u64) -> Option<(&SymbolMapping, u64)> {
+        self.object_mappings.get(&object)?.iter().find_map(|m| {
+            let runtime = address.wrapping_add(m.bias);
+            (m.start <= runtime && runtime < m.end).then_some((m, runtime))
+        })
+    }
+
+    /// The mapping holding `address` at `place`, and the runtime address there.
+    fn mapping_at(&self, place: Place, address: u64) -> Option<(&SymbolMapping, u64)> {
+        match place {
+            Place::Process(pid) => self.mapping_of(pid, address).map(|m| (m, address)),
+            Place::Object(object) => self.in_object(object, address),
+        }
+    }
+
+    /// Frames for `address` at `place`, or a frame naming the object and offset when
+    /// neither DWARF nor the symbol table knows it.
+    fn lookup(&mut self, place: Place, address: u64) -> Result<Vec<Frame>, Frame> {
+        let Some((mapping, runtime)) = self.mapping_at(place, address) else {
+            return Err(Frame::named(match place {
+                Place::Process(_) => format!("[unknown] {address:#x}"),
+                Place::Object(object) => {
+                    format!("[unknown object {}+{address:#x}]", object.index())
+                }
+            }));
         };
-        let elf_address = address.wrapping_sub(mapping.bias);
+        let elf_address = runtime.wrapping_sub(mapping.bias);
         let label = mapping.names.label.clone();
         let Some(path) = mapping.names.path.clone() else {
             return Err(Frame::named(format!("[{label}]")));

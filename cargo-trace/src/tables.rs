@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bpf_prog::{Mapping, TableId, Tracer};
+use bpf_prog::{Mapping, ObjectId, TableId, Tracer};
 use unwind_tables::cache::{Cache, Outcome};
 
-use crate::symbolize::{MappedNames, SymbolMapping};
+use crate::symbolize::{MappedNames, SymbolMapping, Symbolizer};
 use process_image::{MappedObject, MapsEntry};
 
 /// What the process's objects are, as far as the unwinder is concerned.
@@ -36,6 +36,9 @@ pub struct Coverage {
 struct LoadedObject {
     table: Option<TableId>,
     symbols: Option<PathBuf>,
+    /// Its id, under which the walker stores the frames in it (none past
+    /// [`ObjectId::MAX`] objects: their frames are stored as runtime addresses).
+    id: Option<ObjectId>,
 }
 
 /// The tables and mappings of the traced processes.
@@ -49,8 +52,14 @@ pub struct ProcessTables {
     bias_offsets: HashMap<(ObjectKey, u64), Option<u64>>,
     /// The last mappings registered per pid, to skip unchanged refreshes.
     registered: HashMap<u32, Vec<MapsEntry>>,
-    /// Every mapping seen per pid, for symbolization at the end.
+    /// Every mapping seen per pid, for symbolizing the frames stored as runtime
+    /// addresses (those the walker found in no object with an id).
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
+    /// Each object's mappings in the first process seen mapping it: where frames stored
+    /// as the object's addresses are symbolized, whichever process they came from.
+    object_mappings: HashMap<ObjectId, Vec<SymbolMapping>>,
+    /// Objects given an id so far.
+    object_ids: u32,
     /// The objects' names, one copy each for all the mappings of the object.
     names: HashSet<Arc<MappedNames>>,
     /// Every object file loaded, open until the session ends (see `symbols`), and the
@@ -81,6 +90,8 @@ impl ProcessTables {
             held_files: Vec::new(),
             registered: HashMap::new(),
             symbol_mappings: HashMap::new(),
+            object_mappings: HashMap::new(),
+            object_ids: 0,
             names: HashSet::new(),
             coverage: Coverage::default(),
         }
@@ -101,20 +112,28 @@ impl ProcessTables {
             mappings.truncate(bpf_prog::MAX_MAPPINGS);
         }
         let mut registered = Vec::with_capacity(mappings.len());
+        let mut first_seen: HashMap<ObjectId, Vec<SymbolMapping>> = HashMap::new();
         for mapping in &mappings {
             let (object, bias) = self.load(tracer, pid, mapping);
+            let id = bias.and(object.id);
             registered.push(Mapping {
                 start: mapping.start,
                 end: mapping.end,
                 bias: bias.unwrap_or(0),
                 table: bias.and(object.table),
+                object: id,
             });
             let names = self.intern(MappedNames::of(mapping, object.symbols));
-            self.remember(
-                pid,
-                SymbolMapping::with_names(mapping, bias.unwrap_or(0), names),
-            );
+            let symbol_mapping = SymbolMapping::with_names(mapping, bias.unwrap_or(0), names);
+            if let Some(id) = id.filter(|id| !self.object_mappings.contains_key(id)) {
+                first_seen
+                    .entry(id)
+                    .or_default()
+                    .push(symbol_mapping.clone());
+            }
+            self.remember(pid, symbol_mapping);
         }
+        self.object_mappings.extend(first_seen);
         tracer
             .set_mappings(pid, &registered)
             .with_context(|| format!("registering the mappings of process {pid}"))?;
@@ -139,12 +158,38 @@ impl ProcessTables {
     }
 
     /// Releases what is kept for `pid`, which exited, to compare its next mappings
-    /// with. Its mappings stay for the symbolizer: which processes have samples is
-    /// known only at the end, and a child with its parent's stacks is symbolized
-    /// through its own mappings or its ancestors'. The objects and their tables stay,
-    /// shared by every process mapping them.
-    pub fn release(&mut self, pid: u32) {
+    /// with; with `keep_mappings`, its mappings stay for the symbolizer (for the
+    /// frames stored as runtime addresses of a process whose counts stay apart: a child
+    /// with its parent's stacks is symbolized through its own mappings or its
+    /// ancestors'). The objects, their tables and the mappings that symbolize their
+    /// frames stay, shared by every process mapping them.
+    pub fn release(&mut self, pid: u32, keep_mappings: bool) {
         self.registered.remove(&pid);
+        if !keep_mappings {
+            self.symbol_mappings.remove(&pid);
+        }
+    }
+
+    /// Each object's mappings, to symbolize the frames stored as its addresses.
+    pub fn object_mappings(&self) -> &HashMap<ObjectId, Vec<SymbolMapping>> {
+        &self.object_mappings
+    }
+
+    /// A symbolizer for the stacks of the processes as of now.
+    pub fn symbolizer(&self) -> Symbolizer {
+        let mut symbolizer = Symbolizer::new();
+        for (pid, mappings) in &self.symbol_mappings {
+            symbolizer.add_process(*pid, mappings.clone());
+        }
+        symbolizer.add_objects(self.object_mappings.clone());
+        symbolizer
+    }
+
+    /// The next object id, `None` once they are all given.
+    fn new_object_id(&mut self) -> Option<ObjectId> {
+        let id = ObjectId::new(self.object_ids + 1)?;
+        self.object_ids += 1;
+        Some(id)
     }
 
     /// The mappings of every process seen, for the symbolizer.
@@ -181,6 +226,7 @@ impl ProcessTables {
         let none = LoadedObject {
             table: None,
             symbols: None,
+            id: None,
         };
         match &mapping.object() {
             MappedObject::Anonymous(name) => {
@@ -247,6 +293,7 @@ impl ProcessTables {
                 let object = LoadedObject {
                     table,
                     symbols: Some(symbols),
+                    id: self.new_object_id(),
                 };
                 self.objects.insert(key, object.clone());
                 (object, bias)
@@ -320,6 +367,7 @@ impl ProcessTables {
         let object = LoadedObject {
             table: Some(table),
             symbols,
+            id: self.new_object_id(),
         };
         self.objects.insert(key, object.clone());
         Ok((object, bias))

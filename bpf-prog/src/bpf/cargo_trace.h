@@ -99,6 +99,23 @@ enum ct_limits {
  * for a CT_RULE_RETURN_IN_RDI row past its first frame. */
 #define CT_UNSUPPORTED_RETURN_ADDRESS 5
 
+/*
+ * How a user frame is stored (ct_stack.pcs): where the walker found the
+ * mapping holding it, as the ELF address in that mapping's object,
+ *   CT_FRAME_IN_OBJECT | object << CT_FRAME_OBJECT_SHIFT | (pc - bias),
+ * with object the mapping's ct_mapping.object (1 .. CT_MAX_OBJECTS - 1);
+ * otherwise (no mapping, an object without an id, an ELF address of
+ * CT_FRAME_OBJECT_SHIFT bits or more) as the runtime address itself, which
+ * has the top bit clear. A stack is then the same, and hashed the same, in
+ * every process that runs the same code, wherever ASLR put it: the kernel
+ * and userspace keep one copy of it however many processes met it.
+ */
+#define CT_FRAME_IN_OBJECT (1ULL << 63)
+enum ct_frame {
+	CT_FRAME_OBJECT_SHIFT = 48,
+	CT_MAX_OBJECTS = 1 << 15,
+};
+
 /* Reserved values of ct_count_key.stack_hash; stored stacks have keys >= CT_STACK_FIRST. */
 enum ct_stack_key {
 	CT_STACK_NONE = 0,	 /* no user stack was walked (kernel thread, counting probe) */
@@ -184,7 +201,8 @@ struct ct_user_pages {
 struct ct_rule_cache_entry {
 	__u64 addr;	  /* runtime address looked up */
 	__u32 generation; /* ct_proc.generation of the mappings it was found in; 0: empty */
-	__u32 pad;
+	__u32 object;	  /* ct_mapping.object of the mapping holding addr */
+	__u64 bias;	  /* ct_mapping.bias of that mapping */
 	struct ct_rule rule; /* the rule at addr (never CT_RULE_CFA_RSP_STEPS) */
 };
 
@@ -227,6 +245,8 @@ struct ct_mapping {
 	__u64 bias;	/* runtime address - ELF virtual address */
 	__u32 table_id; /* index into the tables map */
 	__u32 flags;	/* CT_MAPPING_* */
+	__u32 object;	/* the mapped object's id (see CT_FRAME_IN_OBJECT); 0: none */
+	__u32 pad;
 };
 
 enum ct_mapping_flags {

@@ -52,6 +52,7 @@ const volatile enum ct_reg anchor_reg;
 const volatile enum ct_rbp_kind anchor_rbp_kind;
 const volatile enum ct_sigframe anchor_sigframe;
 const volatile enum ct_mapping_flags anchor_mapping_flags;
+const volatile enum ct_frame anchor_frame;
 const volatile enum ct_walk_end anchor_walk_end;
 const volatile enum ct_loss anchor_loss;
 const volatile enum ct_record_kind anchor_record_kind;

@@ -71,11 +71,13 @@ struct walk_state {
 	__u16 page_lo[CT_PAGE_SLOTS];  /* the slot holds bytes [page_lo, page end) of it, from 0 */
 	__u32 use_rule_cache;	       /* level 0 only: see CT_NEST_LEVELS */
 	struct ct_rule rule;	       /* the rule of the current step, when not from the cache */
-	__u64 pc;
+	__u64 pc; /* the current frame's runtime address */
 	__u64 rsp;
 	__u64 rbp;
-	__u64 hash;
+	__u64 hash;  /* of the frames named so far (see name_frame) */
 	__u64 check;
+	__u32 named; /* frames named: stack.pcs[named..] still hold runtime addresses */
+	__u32 pad;
 	__u32 nmappings;
 	__u32 mapping; /* index of the mapping of the previous pc: tried first */
 	__u32 exact;   /* pc is a current pc, not a return address */
@@ -267,6 +269,27 @@ static __always_inline __s64 steps_moved(__u32 steps, __u32 row_offset)
 }
 
 /*
+ * Stores the current frame (the last of w->stack, at w->pc) as it is kept
+ * (see CT_FRAME_IN_OBJECT): the ELF address in object, which the mapping
+ * with this bias holds, or the runtime address where object is 0 or the
+ * address does not fit. Adds it to the hashes: a stack's key is that of its
+ * frames as stored, the same in every process running the same code.
+ */
+static __always_inline void name_frame(struct walk_state *w, __u32 object, __u64 bias)
+{
+	__u64 frame = w->pc;
+	__u64 address = frame - bias;
+
+	if (object && object < CT_MAX_OBJECTS && address < 1ULL << CT_FRAME_OBJECT_SHIFT)
+		frame = CT_FRAME_IN_OBJECT | (__u64)object << CT_FRAME_OBJECT_SHIFT | address;
+	__u32 len = w->stack.len;
+	w->stack.pcs[(len - 1) & (CT_MAX_FRAMES - 1)] = frame;
+	w->hash = hash_step(w->hash, frame);
+	w->check = check_step(w->check, frame);
+	w->named = len;
+}
+
+/*
  * The rule for runtime address lookup (the pc, or a return address - 1) in
  * the process whose mappings proc holds, as the per-CPU rule cache keeps
  * it: a CT_RULE_CFA_RSP_STEPS row resolved to the CT_RULE_CFA_RSP in effect
@@ -286,12 +309,15 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 	if (w->use_rule_cache) {
 		__u32 slot = ((lookup ^ ((__u64)generation << 40)) * 0x9e3779b97f4a7c15ULL) >> 52;
 		entry = &cache->entries[slot & (CT_RULE_CACHE_SLOTS - 1)];
-		if (entry->addr == lookup && entry->generation == generation)
+		if (entry->addr == lookup && entry->generation == generation) {
+			name_frame(w, entry->object, entry->bias);
 			return &entry->rule;
+		}
 	}
 
 	__u32 mi = w->mapping;
 	if (mi >= CT_MAX_MAPPINGS) {
+		name_frame(w, 0, 0);
 		w->error = CT_WALK_NO_MAPPING;
 		return NULL;
 	}
@@ -299,12 +325,14 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 	if (lookup < m->start || lookup >= m->end) {
 		mi = find_mapping(proc, w->nmappings, lookup);
 		if (mi >= CT_MAX_MAPPINGS) {
+			name_frame(w, 0, 0);
 			w->error = CT_WALK_NO_MAPPING;
 			return NULL;
 		}
 		m = &proc->mappings[mi];
 		w->mapping = mi;
 	}
+	name_frame(w, m->object, m->bias);
 	__u32 table_id = m->table_id;
 	struct ct_table *t = bpf_map_lookup_elem(&tables, &table_id);
 	if ((m->flags & CT_MAPPING_NO_TABLE) || !t) {
@@ -332,6 +360,8 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 		entry->rule = w->rule;
 		entry->addr = lookup;
 		entry->generation = generation;
+		entry->object = m->object;
+		entry->bias = m->bias;
 	}
 	return &w->rule;
 }
@@ -516,10 +546,9 @@ push:
 	__u32 len = w->stack.len;
 	if (len >= CT_MAX_FRAMES)
 		return stop(w, CT_WALK_DEPTH_CAP);
+	/* stored as the next step names it */
 	w->stack.pcs[len & (CT_MAX_FRAMES - 1)] = ra;
 	w->stack.len = len + 1;
-	w->hash = hash_step(w->hash, ra);
-	w->check = check_step(w->check, ra);
 	w->pc = ra;
 	w->rsp = cfa;
 	w->rbp = rbp;
@@ -545,9 +574,10 @@ static int walk_steps(__u32 index, void *arg)
 /*
  * Walks the user stack of process tgid from the given registers into w,
  * using the page slots of nesting level `level` (and the rule cache at level
- * 0): w->stack holds the frames found, w->error how the walk ended (an enum
- * ct_walk_end), w->reason the reason of an unsupported row, and w->hash and
- * w->check the two hashes of the frames, unfinished (see finish_hashes).
+ * 0): w->stack holds the frames found (stored as CT_FRAME_IN_OBJECT says),
+ * w->error how the walk ended (an enum ct_walk_end), w->reason the reason of
+ * an unsupported row, and w->hash and w->check the two hashes of the frames,
+ * unfinished (see finish_hashes).
  */
 static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, __u32 tgid,
 					    __u64 rip, __u64 rsp, __u64 rbp, __u64 rdi)
@@ -558,8 +588,9 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, _
 	w->pc = rip;
 	w->rsp = rsp;
 	w->rbp = rbp;
-	w->hash = hash_step(0, rip);
-	w->check = check_step(0x5851f42d4c957f2dULL, rip);
+	w->hash = 0;
+	w->check = 0x5851f42d4c957f2dULL;
+	w->named = 0;
 	w->mapping = 0;
 	w->exact = 1;
 	w->rdi = rdi;
@@ -580,8 +611,6 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, _
 			w->pc = ret;
 			w->rsp = slot + 8;
 			w->exact = 0;
-			w->hash = hash_step(0, ret);
-			w->check = check_step(0x5851f42d4c957f2dULL, ret);
 		}
 	}
 
@@ -606,6 +635,10 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, _
 	} else {
 		w->error = CT_WALK_NO_PROC;
 	}
+	/* Every step names its frame before it can stop: only a walk that never
+	 * stepped (no process) leaves its one frame as it was read. */
+	if (w->named < stack->len)
+		name_frame(w, 0, 0);
 	stack->error = w->error;
 	stack->reason = w->reason;
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
-use bpf_prog::{Mapping, Options, Stack, TableId, Tracer, WalkEnd};
+use bpf_prog::{Mapping, ObjectId, Options, Stack, TableId, Tracer, WalkEnd};
 use cargo_trace_tests::process;
 use object::{Object, ObjectSymbol, SymbolKind};
 
@@ -202,6 +202,26 @@ pub fn register_process_with(
     pid: u32,
     skip: impl Fn(&MappedFile) -> bool,
 ) -> Vec<MappedFile> {
+    register(tracer, tables, pid, skip, false).0
+}
+
+/// [`register_process_with`], each object with an id (its table's index + 1), so that
+/// the frames in it are stored as its addresses; returns the mappings as registered too.
+pub fn register_process_by_object(
+    tracer: &mut Tracer,
+    tables: &mut HashMap<PathBuf, TableId>,
+    pid: u32,
+) -> (Vec<MappedFile>, Vec<Mapping>) {
+    register(tracer, tables, pid, |_| false, true)
+}
+
+fn register(
+    tracer: &mut Tracer,
+    tables: &mut HashMap<PathBuf, TableId>,
+    pid: u32,
+    skip: impl Fn(&MappedFile) -> bool,
+    by_object: bool,
+) -> (Vec<MappedFile>, Vec<Mapping>) {
     let mut registered = Vec::new();
     let mut mappings = Vec::new();
     for file in executable_mappings(pid) {
@@ -223,11 +243,14 @@ pub fn register_process_with(
             end: file.end,
             bias: file.bias,
             table: Some(table),
+            object: by_object
+                .then(|| ObjectId::new(table.index() + 1))
+                .flatten(),
         });
         registered.push(file);
     }
     tracer.set_mappings(pid, &mappings).expect("set mappings");
-    registered
+    (registered, mappings)
 }
 
 /// Function symbols of ELF files, for naming the frames of a stack.

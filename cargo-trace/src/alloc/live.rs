@@ -10,7 +10,6 @@ use anyhow::Result;
 use bpf_prog::Tracer;
 
 use crate::profile::HeapPoint;
-use crate::symbolize::Symbolizer;
 use crate::tables::ProcessTables;
 
 /// How often the timeline takes a point.
@@ -131,10 +130,7 @@ impl LiveView {
              while traced); top {TOP} stacks:",
             self.started.elapsed().as_secs_f64()
         )?;
-        let mut symbolizer = Symbolizer::new();
-        for (pid, mappings) in tables.symbol_mappings() {
-            symbolizer.add_process(*pid, mappings.clone());
-        }
+        let mut symbolizer = tables.symbolizer();
         for (rank, (key, stats)) in stats.iter().take(TOP).enumerate() {
             let (pcs, _) = crate::session::user_stack(tracer, key.stack)?;
             let mut names: Vec<String> = Vec::new();

@@ -182,6 +182,12 @@ fn summary_section(profile: &Profile, html: &mut String) {
             summary.not_the_targets.to_string(),
         );
     }
+    if summary.merged_processes > 0 {
+        row(
+            "exited processes counted together as pid 0",
+            summary.merged_processes.to_string(),
+        );
+    }
     for (object, reason) in &summary.without_table {
         row(
             &format!("no unwind table: {}", escape(object)),

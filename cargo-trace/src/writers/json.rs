@@ -70,6 +70,7 @@ pub fn to_json(profile: &Profile) -> Value {
             "in_execve": summary.in_exec,
             "no_user_stack": counters(&summary.no_user_stack),
             "not_the_targets": summary.not_the_targets,
+            "merged_processes": summary.merged_processes,
             "without_unwind_table": summary.without_table.iter().map(|(object, reason)| json!({
                 "object": object,
                 "reason": reason,

@@ -212,6 +212,7 @@ pub(crate) mod tests {
                 no_user_stack: vec![],
                 without_table: vec![],
                 not_the_targets: 0,
+                merged_processes: 0,
             },
             metadata: Metadata {
                 command: Some(vec!["./demo".into(), "arg".into()]),

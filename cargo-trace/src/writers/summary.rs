@@ -64,6 +64,14 @@ pub fn line(profile: &Profile) -> String {
             "; {in_exec} in execve with no user stack left to walk (kernel stack only)"
         );
     }
+    let merged = profile.summary.merged_processes;
+    if merged > 0 {
+        let _ = write!(
+            line,
+            "; {merged} exited processes counted together as pid 0 (--keep-exited raises \
+             the processes kept apart)"
+        );
+    }
     let own = profile.summary.not_the_targets;
     if own > 0 {
         let _ = write!(
