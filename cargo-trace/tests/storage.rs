@@ -372,3 +372,81 @@ fn an_interpreter_started_through_a_shell_wrapper_loses_no_event() {
     assert_no_event_lost(&run);
     assert!(run.summary_events() >= 10_000, "{}", run.stderr);
 }
+
+/// A loop of short children past `--keep-exited`: the counts of the later ones leave
+/// the kernel and add up under pid 0, none lost, and since every child runs the same
+/// code at its own addresses, its stacks are the others' (stored by object): pid 0 has
+/// each stack once, counted once per child.
+#[test]
+fn exited_processes_past_keep_exited_add_up_under_pid_0() {
+    if !bpf_available("keep-exited") {
+        return;
+    }
+    const RUNS: u64 = 6;
+    // recurse(64) .. recurse(1): 64 calls a run, each under a stack of its own depth.
+    const CALLS: u64 = 64;
+    let path = fixtures::c_fixture("chains_c");
+    let scratch = Scratch::new("keep-exited-json");
+    let json_path = scratch.path("out.json");
+    // Each child lives long enough for the session to see it exit (it looks every
+    // 200 ms): the sleeps are children too.
+    let run = trace(
+        "keep-exited",
+        &[&format!("uprobe:{}:recurse", path.display())],
+        &format!(
+            "sh -c 'for i in $(seq {RUNS}); do {} >/dev/null; sleep 0.3; done'",
+            quoted(&path)
+        ),
+        &[
+            "--keep-exited",
+            "2",
+            "--no-svg",
+            "--json",
+            json_path.to_str().unwrap(),
+        ],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    run.assert_every_walk_complete();
+    assert_eq!(run.summary_events(), RUNS * CALLS, "{}", run.stderr);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let merged = json["summary"]["merged_processes"].as_u64().unwrap();
+    // 2 × RUNS children exit; the last one or two may still be running when the
+    // target ends.
+    assert!(merged >= 2 * RUNS - 2 - 2, "{merged} merged: {}", run.stderr);
+    assert!(
+        run.stderr
+            .contains(&format!("{merged} exited processes counted together as pid 0")),
+        "{}",
+        run.stderr
+    );
+    let samples = json["samples"].as_array().unwrap();
+    let of_pid = |pid: u64| -> Vec<&serde_json::Value> {
+        samples
+            .iter()
+            .filter(|s| s["pid"].as_u64() == Some(pid))
+            .collect()
+    };
+    let pids: std::collections::BTreeSet<u64> =
+        samples.iter().map(|s| s["pid"].as_u64().unwrap()).collect();
+    assert!(pids.contains(&0), "nothing under pid 0: {pids:?}");
+    // pid 0, the two kept apart, and children whose exit was not seen yet.
+    assert!(pids.len() <= 1 + 2 + 2, "{pids:?}");
+    for pid in pids {
+        let samples = of_pid(pid);
+        let events: Vec<u64> = samples
+            .iter()
+            .map(|s| s["values"][0].as_u64().unwrap())
+            .collect();
+        assert_eq!(samples.len() as u64, CALLS, "pid {pid}: {events:?}");
+        // Every stack of the pid counted as often as its children ran.
+        let runs = events[0];
+        assert!(
+            runs >= 1 && events.iter().all(|&n| n == runs),
+            "pid {pid}: {events:?}"
+        );
+        if pid != 0 {
+            assert_eq!(runs, 1, "pid {pid} is one process");
+        }
+    }
+}
