@@ -38,10 +38,16 @@
 //! claimed in the set and sent once, its header and frames only, through the
 //! `records` ring buffer; [`Tracer::drain_records`] moves what arrived into
 //! the tracer's own store, which [`Tracer::stack`] and
-//! [`Tracer::kernel_stack`] read (the session drains about every 20 ms). The
-//! counters stay in the kernel (`counts`, allocated on use) and
-//! [`Tracer::counts`] reads them. Nothing can fill without saying so, and a
-//! full map or ring buffer loses no event:
+//! [`Tracer::kernel_stack`] read (the session drains about every 20 ms). A
+//! user frame is stored as its object's ELF address where the mapping holding
+//! it was registered with an object id ([`Mapping::object`], [`Frame`]): a
+//! stack is then one stack, under one key, in every process running that code,
+//! wherever each was placed, and a program that starts many short processes
+//! stores each of its stacks once. The counters stay in the kernel (`counts`,
+//! allocated on use) while their processes run and [`Tracer::counts`] reads
+//! them; [`Tracer::retire_processes`] moves those of processes that exited to
+//! the tracer's own store. Nothing can fill without saying so, and a full map
+//! or ring buffer loses no event:
 //! - ring buffer full for a new stack: the claim is withdrawn, so the next
 //!   event with that stack sends it again; the event is counted under the
 //!   stack's key all the same ([`Loss::StackRingFull`]), and a stack that
