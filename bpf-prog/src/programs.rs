@@ -87,7 +87,7 @@ event_programs! {
     /// An `interval` timer (one cpu-clock perf event): a firing while a traced process
     /// runs on its CPU is a sample with stacks, any other is counted for the target set
     /// with [`Tracer::set_interval_target`](crate::Tracer::set_interval_target), without
-    /// stacks.
+    /// stacks; none is counted while no target is set.
     Interval => on_interval, "firings";
 }
 

@@ -484,10 +484,12 @@ impl Tracer {
     }
 
     /// The process [`EventProgram::Interval`] counts a firing for when no traced process
-    /// runs on its CPU.
-    pub fn set_interval_target(&mut self, pid: u32) {
+    /// runs on its CPU. The program counts nothing while there is none: set it when the
+    /// target is let run and clear it when tracing ends, and the firings are those of
+    /// that span, whenever the timer was attached and detached.
+    pub fn set_interval_target(&mut self, pid: Option<u32>) {
         if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            bss.interval_target = pid;
+            bss.interval_target = pid.unwrap_or(0);
         }
     }
 

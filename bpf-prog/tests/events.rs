@@ -1,5 +1,6 @@
 //! Perf samples and tracepoints: user stacks taken from `bpf_task_pt_regs`
-//! when the event fires in kernel mode, kernel stacks, and the pid filter.
+//! when the event fires in kernel mode, kernel stacks, the pid filter, and the
+//! interval timer's span.
 //!
 //! Needs root (CAP_BPF, CAP_PERFMON) and gcc; without BPF each test prints
 //! why it is skipped.
@@ -7,8 +8,9 @@
 mod common;
 
 use std::os::raw::c_int;
+use std::time::{Duration, Instant};
 
-use bpf_prog::{EventProgram, Loss, Options, StackRef, WalkEnd};
+use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer, WalkEnd};
 use common::{
     assert_complete, chain_below, chain_fixture, register_process, serial, tracer_or_skip, Symbols,
     Target,
@@ -39,6 +41,27 @@ fn cpu_clock(pid: u32, frequency: u64) -> c_int {
     // SAFETY: `attr` is a valid, fully initialized perf_event_attr whose
     // `size` says so; the call only reads it.
     let fd = unsafe { perf::perf_event_open(&mut attr, pid as c_int, -1, -1, 0) };
+    assert!(
+        fd >= 0,
+        "perf_event_open: {}",
+        std::io::Error::last_os_error()
+    );
+    fd
+}
+
+/// A cpu-clock timer on `cpu` that fires every `period_ns` whatever runs there, as
+/// `interval` probes are.
+fn cpu_clock_timer(cpu: c_int, period_ns: u64) -> c_int {
+    let mut attr = perf::bindings::perf_event_attr {
+        type_: perf::bindings::PERF_TYPE_SOFTWARE,
+        size: size_of::<perf::bindings::perf_event_attr>() as u32,
+        config: perf::bindings::PERF_COUNT_SW_CPU_CLOCK.into(),
+        ..Default::default()
+    };
+    attr.__bindgen_anon_1.sample_period = period_ns;
+    // SAFETY: `attr` is a valid, fully initialized perf_event_attr whose
+    // `size` says so; the call only reads it.
+    let fd = unsafe { perf::perf_event_open(&mut attr, -1, cpu, -1, 0) };
     assert!(
         fd >= 0,
         "perf_event_open: {}",
@@ -204,4 +227,95 @@ fn pid_filter_keeps_other_processes_out() {
     assert!(tracer.counts().unwrap().is_empty());
     assert_eq!(tracer.walk_ends().unwrap().total(), 0);
     assert_eq!(tracer.losses().unwrap(), [0; Loss::COUNT]);
+}
+
+/// A process that never ends by itself, killed when the test is done or fails.
+struct Spinner(std::process::Child);
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The interval program counts only while a target is set: the session sets it as the
+/// target is let run and clears it as tracing ends, while the timer runs from the attach,
+/// with the target held at its entry, to the detach. A firing outside that span would
+/// be counted against a duration that leaves it out, a traced process's on the timer's
+/// CPU as much as the target's elsewhere.
+#[test]
+fn interval_counts_only_while_a_target_is_set() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("interval_counts_only_while_a_target_is_set", &options())
+    else {
+        return;
+    };
+    const TIMER_CPU: c_int = 0;
+    // A traced process that runs on the timer's CPU: its firings are samples.
+    let cpu = TIMER_CPU.to_string();
+    let spinner = Spinner(
+        std::process::Command::new("taskset")
+            .args(["-c", &cpu, "sh", "-c", "while :; do :; done"])
+            .spawn()
+            .expect("run taskset"),
+    );
+    let traced = spinner.0.id();
+    tracer.filter_pid(traced).unwrap();
+    let firings = |tracer: &Tracer| -> u64 {
+        let counts = tracer.counts().unwrap();
+        counts.iter().map(|(_, count)| count.events).sum()
+    };
+    let period = Duration::from_millis(1);
+    let span = Duration::from_millis(100);
+    let _link = tracer
+        .program(EventProgram::Interval)
+        .attach_perf_event_with_opts(
+            cpu_clock_timer(TIMER_CPU, period.as_nanos() as u64),
+            PerfEventOpts {
+                cookie: PROBE_ID.into(),
+                ..PerfEventOpts::default()
+            },
+        )
+        .expect("attach the interval timer");
+    std::thread::sleep(span);
+    let before = firings(&tracer);
+
+    let target = std::process::id();
+    let started = Instant::now();
+    tracer.set_interval_target(Some(target));
+    std::thread::sleep(span);
+    tracer.set_interval_target(None);
+    let periods = started.elapsed().as_secs_f64() / period.as_secs_f64();
+    // A firing that read the target just before it was cleared lands within microseconds.
+    std::thread::sleep(Duration::from_millis(5));
+    let during = firings(&tracer);
+    let counts = tracer.counts().unwrap();
+    let elsewhere = tracer.losses().unwrap()[Loss::TargetElsewhere as usize];
+    std::thread::sleep(span);
+    let after = firings(&tracer);
+    drop(spinner);
+
+    assert_eq!(before, 0, "counted before a target was set");
+    assert!(
+        during > 0 && during as f64 <= periods + 2.0,
+        "{during} firings in {periods:.1} periods of the timer"
+    );
+    assert!(
+        counts
+            .iter()
+            .all(|(key, _)| key.pid == traced || (key.pid == target && key.stack == StackRef::None)),
+        "firings counted for another process, or with stacks for the target: {counts:?}"
+    );
+    let samples: u64 = counts
+        .iter()
+        .filter(|(key, _)| key.pid == traced)
+        .map(|(_, count)| count.events)
+        .sum();
+    assert!(
+        samples > 0,
+        "no firing while the traced process ran on the timer's CPU"
+    );
+    assert_eq!(elsewhere, during - samples);
+    assert_eq!(after, during, "counted after the target was cleared");
 }

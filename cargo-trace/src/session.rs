@@ -227,7 +227,6 @@ impl Prepared {
             scope,
             unsafe_addresses: cli.unsafe_addresses,
         };
-        tracer.set_interval_target(pid);
         let (links, pending) = attach_all(&tracer, &probes, &cli.alloc, pid, &attach)?;
         let children = if follow {
             let target = [pid];
@@ -264,12 +263,20 @@ impl Prepared {
 
     /// Lets the target run. `bpf_stats`: count the programs' run time (a clock read per
     /// run, so only when asked for). `quiet`: no progress line.
-    pub fn start(self, bpf_stats: bool, quiet: bool) -> Result<Running> {
+    pub fn start(mut self, bpf_stats: bool, quiet: bool) -> Result<Running> {
         let stats = if bpf_stats {
             Some(bpf_prog::enable_run_time_stats().context("enabling BPF run-time statistics")?)
         } else {
             None
         };
+        // The session's span, the duration it reports, starts here, and an interval
+        // counts from here: not while the probes were attached with the target held
+        // at its entry (a second and more on a loaded machine).
+        let started = Instant::now();
+        let started_at = SystemTime::now();
+        self.traced
+            .tracer
+            .set_interval_target(Some(self.traced.pid));
         let target = match self.stopped {
             Some(stopped) => Target::Launched(stopped.resume()?),
             None => Target::Attached(self.traced.pid),
@@ -288,8 +295,8 @@ impl Prepared {
             progress,
             processes: 1,
             timeline: Vec::new(),
-            started: Instant::now(),
-            started_at: SystemTime::now(),
+            started,
+            started_at,
             stats,
         })
     }
@@ -322,6 +329,9 @@ impl Running {
     ) -> Result<Finished> {
         let deadline = duration.map(|duration| self.started + duration);
         let exit = self.wait_for_end(deadline, alloc, on_snapshot)?;
+        // The span ends: an interval counts no more, though its timer runs until the
+        // links are detached below (which can take seconds with many probes).
+        self.traced.tracer.set_interval_target(None);
         let elapsed = self.started.elapsed();
         self.note_walks();
         let untraced = process::still_running(self.traced.tracer.filtered_pids(), self.traced.pid);
