@@ -427,6 +427,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn frames_in_objects_round_trip_and_runtime_addresses_stay_as_they_are() {
+        let object = ObjectId::new(ObjectId::MAX).unwrap();
+        let frame = Frame::InObject {
+            object,
+            address: 0x1234,
+        };
+        assert_eq!(Frame::from_raw(frame.to_raw()), frame);
+        assert_eq!(frame.to_raw() >> 63, 1);
+        let runtime = Frame::Runtime(0x7fff_ffff_f000);
+        assert_eq!(Frame::from_raw(runtime.to_raw()), runtime);
+        assert!(ObjectId::new(0).is_none() && ObjectId::new(ObjectId::MAX + 1).is_none());
+        let mapping = crate::Mapping {
+            start: 0x5555_0000,
+            end: 0x5556_0000,
+            bias: 0x5554_0000,
+            table: None,
+            object: Some(object),
+        };
+        assert_eq!(
+            Frame::InObject {
+                object,
+                address: 0x10010,
+            }
+            .runtime_address(&[mapping]),
+            Some(0x5555_0010)
+        );
+        // A return address may be its mapping's end; an address past it is not the
+        // object's there.
+        assert_eq!(
+            Frame::InObject {
+                object,
+                address: 0x20000
+            }
+            .runtime_address(&[mapping]),
+            Some(0x5556_0000)
+        );
+        assert_eq!(
+            Frame::InObject {
+                object,
+                address: 0x30000
+            }
+            .runtime_address(&[mapping]),
+            None
+        );
+    }
+
+    #[test]
     fn losses_have_report_names() {
         let names: Vec<String> = Loss::ALL.iter().map(ToString::to_string).collect();
         assert_eq!(

@@ -447,25 +447,22 @@ mod tests {
         std::hint::black_box(7)
     }
 
-    #[test]
-    fn symbolizes_a_function_of_this_binary() {
-        let pid = std::process::id();
-        let maps = process_image::executable_mappings(pid).unwrap();
+    /// This test binary's executable mappings, as the session keeps them.
+    fn own_mappings() -> Vec<SymbolMapping> {
+        let maps = process_image::executable_mappings(std::process::id()).unwrap();
         let exe = std::env::current_exe().unwrap();
         let bytes = std::fs::read(&exe).unwrap();
         let elf = object::File::parse(&*bytes).unwrap();
-        let mut symbolizer = Symbolizer::new();
-        let mappings = maps
-            .iter()
+        maps.iter()
             .filter(|m| m.object() == MappedObject::File(exe.clone()))
             .map(|m| {
                 let bias = process_image::load_bias_of(&elf, m.start, m.offset).unwrap();
                 SymbolMapping::new(m, bias, Some(exe.clone()))
             })
-            .collect();
-        symbolizer.add_process(pid, mappings);
-        assert_eq!(a_known_function(), 7);
-        let frames = symbolizer.user(pid, a_known_function as *const () as u64, false);
+            .collect()
+    }
+
+    fn assert_names_the_known_function(frames: &[Frame]) {
         let last = frames.last().expect("a frame");
         assert!(
             last.function
@@ -473,6 +470,47 @@ mod tests {
             "{frames:?}"
         );
         assert!(last.file.as_deref().unwrap_or("").ends_with("symbolize.rs"));
+    }
+
+    #[test]
+    fn symbolizes_a_function_of_this_binary() {
+        let pid = std::process::id();
+        let mut symbolizer = Symbolizer::new();
+        symbolizer.add_process(pid, own_mappings());
+        assert_eq!(a_known_function(), 7);
+        let frames = symbolizer.user(pid, a_known_function as *const () as u64, false);
+        assert_names_the_known_function(&frames);
+    }
+
+    /// A frame stored as the object's address names the same function for any process,
+    /// one the symbolizer has no mappings of included, at the object's runtime address.
+    #[test]
+    fn symbolizes_a_frame_stored_as_an_object_address() {
+        let mappings = own_mappings();
+        let runtime = a_known_function as *const () as u64;
+        let bias = mappings
+            .iter()
+            .find(|m| m.start <= runtime && runtime < m.end)
+            .unwrap()
+            .bias;
+        let object = ObjectId::new(3).unwrap();
+        let frame = StoredFrame::InObject {
+            object,
+            address: runtime - bias,
+        }
+        .to_raw();
+        let mut symbolizer = Symbolizer::new();
+        symbolizer.add_objects(HashMap::from([(object, mappings)]));
+        assert_names_the_known_function(&symbolizer.user(12345, frame, false));
+        assert_eq!(symbolizer.runtime_address(12345, frame), runtime);
+        let other = StoredFrame::InObject {
+            object: ObjectId::new(4).unwrap(),
+            address: 0x1234,
+        };
+        assert_eq!(
+            symbolizer.user(1, other.to_raw(), false)[0].function,
+            "[unknown object 4+0x1234]"
+        );
     }
 
     #[test]

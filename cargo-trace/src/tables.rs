@@ -55,8 +55,9 @@ pub struct ProcessTables {
     /// Every mapping seen per pid, for symbolizing the frames stored as runtime
     /// addresses (those the walker found in no object with an id).
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
-    /// Each object's mappings in the first process seen mapping it: where frames stored
-    /// as the object's addresses are symbolized, whichever process they came from.
+    /// Each object's mappings in the first process seen mapping each part of it: where
+    /// frames stored as the object's addresses are symbolized, whichever process they
+    /// came from.
     object_mappings: HashMap<ObjectId, Vec<SymbolMapping>>,
     /// Objects given an id so far.
     object_ids: u32,
@@ -112,7 +113,6 @@ impl ProcessTables {
             mappings.truncate(bpf_prog::MAX_MAPPINGS);
         }
         let mut registered = Vec::with_capacity(mappings.len());
-        let mut first_seen: HashMap<ObjectId, Vec<SymbolMapping>> = HashMap::new();
         for mapping in &mappings {
             let (object, bias) = self.load(tracer, pid, mapping);
             let id = bias.and(object.id);
@@ -125,15 +125,11 @@ impl ProcessTables {
             });
             let names = self.intern(MappedNames::of(mapping, object.symbols));
             let symbol_mapping = SymbolMapping::with_names(mapping, bias.unwrap_or(0), names);
-            if let Some(id) = id.filter(|id| !self.object_mappings.contains_key(id)) {
-                first_seen
-                    .entry(id)
-                    .or_default()
-                    .push(symbol_mapping.clone());
+            if let Some(id) = id {
+                self.remember_object(id, &symbol_mapping);
             }
             self.remember(pid, symbol_mapping);
         }
-        self.object_mappings.extend(first_seen);
         tracer
             .set_mappings(pid, &registered)
             .with_context(|| format!("registering the mappings of process {pid}"))?;
@@ -205,6 +201,21 @@ impl ProcessTables {
         let names = Arc::new(names);
         self.names.insert(Arc::clone(&names));
         names
+    }
+
+    /// Keeps `mapping` of object `id` to symbolize the frames stored as the object's
+    /// addresses, unless one kept already holds its first address: the first process
+    /// seen mapping each part of the object names it for all.
+    fn remember_object(&mut self, id: ObjectId, mapping: &SymbolMapping) {
+        let kept = self.object_mappings.entry(id).or_default();
+        let first = mapping.start.wrapping_sub(mapping.bias);
+        let held = |m: &SymbolMapping| {
+            let start = m.start.wrapping_sub(m.bias);
+            start <= first && first < start + (m.end - m.start)
+        };
+        if !kept.iter().any(held) {
+            kept.push(mapping.clone());
+        }
     }
 
     /// Keeps `mapping` for symbolization, replacing what it overlaps (the process
