@@ -470,6 +470,42 @@ mirror!(
     }
 );
 
+/// `struct ct_file_key`: a key of the file_objects map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtFileKey {
+    pub dev: u64,
+    pub inode: u64,
+    pub pgoff: u64,
+}
+mirror!(
+    CtFileKey = ct_file_key {
+        dev: u64,
+        inode: u64,
+        pgoff: u64,
+    }
+);
+
+/// `struct ct_file_object`: a value of the file_objects map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtFileObject {
+    pub bias_from_start: u64,
+    pub table_id: u32,
+    pub flags: u32,
+    pub object: u32,
+    pub pad: u32,
+}
+mirror!(
+    CtFileObject = ct_file_object {
+        bias_from_start: u64,
+        table_id: u32,
+        flags: u32,
+        object: u32,
+        pad: u32,
+    }
+);
+
 /// `struct ct_proc`: the value of the procs map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

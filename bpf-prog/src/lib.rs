@@ -193,7 +193,7 @@ pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
 pub use programs::EventProgram;
 pub use records::{Count, CountKey, Frame, Loss, ObjectId, Stack, StackRef, WalkCounters};
 pub use sys::{enable_run_time_stats, ProgramStats};
-pub use tracer::{Mapping, Options, StackStorage, TableId, TableUsage, Tracer};
+pub use tracer::{FileMapping, Mapping, Options, StackStorage, TableId, TableUsage, Tracer};
 /// How a walk ended: the one type both walkers use.
 pub use unwind_tables::walk::WalkEnd;
 

@@ -119,6 +119,18 @@ pub struct Mapping {
     pub object: Option<crate::ObjectId>,
 }
 
+/// Where a mapping of a file starts, as the kernel names it, for
+/// [`Tracer::add_file_mapping`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileMapping {
+    /// The file's device as the kernel numbers it (`major << 20 | minor`; what
+    /// `/proc/PID/maps` prints as `major:minor`).
+    pub dev: u64,
+    pub inode: u64,
+    /// The file offset the mapping starts at.
+    pub offset: u64,
+}
+
 /// What a table occupies in the table maps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TableUsage {
@@ -463,6 +475,45 @@ impl Tracer {
             };
         }
         update(&self.skel.maps.procs, "procs", &pid, &*proc, MapFlags::ANY)
+    }
+
+    /// Tells the walker what `mapping` of `file` is, for any process that maps the file
+    /// at that offset before its own mappings are registered (ld.so runs a library's
+    /// code before the library is in the link map): a pc there is then walked with the
+    /// object's table and stored as its address, wherever the process placed it.
+    /// False if the map of files has no room (such pcs end the walk with
+    /// [`WalkEnd::NoMapping`](unwind_tables::walk::WalkEnd::NoMapping), as before).
+    pub fn add_file_mapping(&self, file: FileMapping, mapping: &Mapping) -> Result<bool> {
+        let key = layout::CtFileKey {
+            dev: file.dev,
+            inode: file.inode,
+            pgoff: file.offset / 4096,
+        };
+        let value = layout::CtFileObject {
+            bias_from_start: mapping.bias.wrapping_sub(mapping.start),
+            table_id: mapping.table.map_or(0, |table| table.0),
+            flags: if mapping.table.is_some() {
+                0
+            } else {
+                layout::MAPPING_NO_TABLE
+            },
+            object: mapping.object.map_or(0, crate::ObjectId::index),
+            pad: 0,
+        };
+        match self
+            .skel
+            .maps
+            .file_objects
+            .update(bytes_of(&key), bytes_of(&value), MapFlags::ANY)
+        {
+            Ok(()) => Ok(true),
+            Err(error) if error.kind() == libbpf_rs::ErrorKind::TooBig => Ok(false),
+            Err(source) => Err(Error::Map {
+                map: "file_objects",
+                op: "update",
+                source,
+            }),
+        }
     }
 
     /// Forgets the mappings of `pid` (e.g. when it exits); its events then

@@ -113,7 +113,7 @@ fn frames_stored_by_object_make_one_stack_for_every_process() {
         let pid = target.pid();
         registered.push((
             pid,
-            register_process_by_object(&mut tracer, &mut tables, pid),
+            register_process_by_object(&mut tracer, &mut tables, pid, |_| false),
         ));
         links.push(attach(&tracer, pid, &binary, "leaf", false));
     }
@@ -248,6 +248,73 @@ fn missing_mapping_stops_the_walk_and_keeps_the_frames_found() {
         .expect("mapped");
     assert!(file.path.to_string_lossy().contains("libc"), "{names:?}");
     assert_eq!(tracer.walk_ends().unwrap().get(WalkEnd::NoMapping), 30);
+}
+
+/// A pc in a file the process maps but whose mapping is not registered (ld.so runs a
+/// library's code before the library joins the link map, when its mappings are
+/// registered): the walker finds the kernel's VMA of the pc, and there the file userspace
+/// loaded for another process, and walks on with its table, storing its frames by object.
+#[test]
+fn a_known_file_not_registered_for_the_process_is_walked_through_its_vma() {
+    let _serial = serial();
+    let Some(mut tracer) = tracer_or_skip("a_known_file_not_registered", &options()) else {
+        return;
+    };
+    let binary = fixture();
+    let depth = 5;
+    let target = Target::spawn(&binary, &["30".to_string(), depth.to_string()]);
+    let pid = target.pid();
+    let mut tables = std::collections::HashMap::new();
+    // The program registered, libc known only as a file.
+    let (_, mut mappings) =
+        register_process_by_object(&mut tracer, &mut tables, pid, |file| file.path != binary);
+    let all = common::executable_mappings(pid);
+    let entries = process_image::executable_mappings(pid).expect("maps");
+    for file in all.iter().filter(|file| file.path != binary) {
+        let table = tracer
+            .add_table(
+                &unwind_tables::compile_file(&file.path)
+                    .expect("compile")
+                    .table,
+            )
+            .expect("add table");
+        let mapping = bpf_prog::Mapping {
+            start: file.start,
+            end: file.end,
+            bias: file.bias,
+            table: Some(table),
+            object: bpf_prog::ObjectId::new(table.index() + 1),
+        };
+        let entry = entries
+            .iter()
+            .find(|e| e.start == file.start)
+            .expect("entry");
+        let at = bpf_prog::FileMapping {
+            dev: entry.kernel_dev().expect("major:minor"),
+            inode: entry.inode,
+            offset: entry.offset,
+        };
+        assert!(tracer.add_file_mapping(at, &mapping).expect("add file"));
+        mappings.push(mapping);
+    }
+    let _link = attach(&tracer, pid, &binary, "leaf", false);
+    target.run_to_end();
+
+    let (events, _, stack) = only_stack(&tracer, pid);
+    assert_eq!(events, 30);
+    assert!(
+        stack
+            .frames()
+            .all(|frame| matches!(frame, bpf_prog::Frame::InObject { .. })),
+        "{:x?}",
+        stack.pcs
+    );
+    let runtime = Stack {
+        pcs: stack.runtime_pcs(&mappings),
+        end: stack.end,
+    };
+    assert_complete(&runtime, &all, &chain_below("leaf", depth), &binary);
+    assert_eq!(tracer.walk_ends().unwrap().get(WalkEnd::Complete), 30);
 }
 
 /// Uprobes at the start of every merged push/pop row of the fixture's chain and at each of

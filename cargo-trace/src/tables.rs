@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bpf_prog::{Mapping, ObjectId, TableId, Tracer};
+use bpf_prog::{FileMapping, Mapping, ObjectId, TableId, Tracer};
 use unwind_tables::cache::{Cache, Outcome};
 
 use crate::symbolize::{MappedNames, SymbolMapping, Symbolizer};
@@ -61,6 +61,9 @@ pub struct ProcessTables {
     object_mappings: HashMap<ObjectId, Vec<SymbolMapping>>,
     /// Objects given an id so far.
     object_ids: u32,
+    /// The files told to the walker: (kernel device, inode, offset, object id: one
+    /// per version of a file).
+    announced: HashSet<(u64, u64, u64, ObjectId)>,
     /// The objects' names, one copy each for all the mappings of the object.
     names: HashSet<Arc<MappedNames>>,
     /// Every object file loaded, open until the session ends (see `symbols`), and the
@@ -93,6 +96,7 @@ impl ProcessTables {
             symbol_mappings: HashMap::new(),
             object_mappings: HashMap::new(),
             object_ids: 0,
+            announced: HashSet::new(),
             names: HashSet::new(),
             coverage: Coverage::default(),
         }
@@ -116,13 +120,15 @@ impl ProcessTables {
         for mapping in &mappings {
             let (object, bias) = self.load(tracer, pid, mapping);
             let id = bias.and(object.id);
-            registered.push(Mapping {
+            let registering = Mapping {
                 start: mapping.start,
                 end: mapping.end,
                 bias: bias.unwrap_or(0),
                 table: bias.and(object.table),
                 object: id,
-            });
+            };
+            self.announce_file(tracer, mapping, &registering);
+            registered.push(registering);
             let names = self.intern(MappedNames::of(mapping, object.symbols));
             let symbol_mapping = SymbolMapping::with_names(mapping, bias.unwrap_or(0), names);
             if let Some(id) = id {
@@ -179,6 +185,29 @@ impl ProcessTables {
         }
         symbolizer.add_objects(self.object_mappings.clone());
         symbolizer
+    }
+
+    /// Tells the walker what the file behind `mapping` is, once per file version and
+    /// offset: another process mapping it there is walked through it even before its
+    /// own mappings are registered (ld.so runs a library's code before that). A map of
+    /// files with no room leaves such code unwalked ("no mapping"), as before.
+    fn announce_file(&mut self, tracer: &Tracer, mapping: &MapsEntry, registering: &Mapping) {
+        let (Some(id), MappedObject::File(_), Some(dev)) =
+            (registering.object, mapping.object(), mapping.kernel_dev())
+        else {
+            return;
+        };
+        if self
+            .announced
+            .insert((dev, mapping.inode, mapping.offset, id))
+        {
+            let file = FileMapping {
+                dev,
+                inode: mapping.inode,
+                offset: mapping.offset,
+            };
+            let _ = tracer.add_file_mapping(file, registering);
+        }
     }
 
     /// The next object id, `None` once they are all given.

@@ -41,6 +41,15 @@ impl MapsEntry {
         self.perms.as_bytes().get(2) == Some(&b'x')
     }
 
+    /// The device as the kernel numbers it inside (`major << 20 | minor`, a
+    /// superblock's `s_dev`), from `dev`; `None` if `dev` is not `major:minor`.
+    pub fn kernel_dev(&self) -> Option<u64> {
+        let (major, minor) = self.dev.split_once(':')?;
+        let major = u64::from_str_radix(major, 16).ok()?;
+        let minor = u64::from_str_radix(minor, 16).ok()?;
+        (minor < 1 << 20).then_some(major << 20 | minor)
+    }
+
     pub fn object(&self) -> MappedObject {
         if self.name == "[vdso]" {
             MappedObject::Vdso
@@ -241,6 +250,7 @@ garbage
         assert_eq!(maps[1].start, 0x55d0c8a01000);
         assert_eq!(maps[1].offset, 0x1000);
         assert_eq!(maps[1].dev, "fe:01");
+        assert_eq!(maps[1].kernel_dev(), Some(0xfe << 20 | 1));
         assert_eq!(maps[1].object(), MappedObject::File("/usr/bin/prog".into()));
         assert_eq!(maps[2].object(), MappedObject::Vdso);
         assert_eq!(maps[3].object(), MappedObject::Anonymous(String::new()));

@@ -255,6 +255,28 @@ enum ct_mapping_flags {
 	CT_MAPPING_NO_TABLE = 1,
 };
 
+/*
+ * An object file as userspace loaded it, by where a mapping of it starts in the
+ * file: the walker's way through code a process mapped that userspace has not
+ * registered for it yet (a library ld.so is still loading, whose code it runs
+ * already: IFUNC resolvers, libc's early init). The kernel's own VMA of the pc
+ * gives the file (device as the kernel numbers it, inode) and the page offset
+ * the VMA starts at; this gives the rest of a ct_mapping.
+ */
+struct ct_file_key {
+	__u64 dev; /* the superblock's s_dev: major << 20 | minor */
+	__u64 inode;
+	__u64 pgoff; /* the VMA's vm_pgoff: its start's file offset / 4096 */
+};
+
+struct ct_file_object {
+	__u64 bias_from_start; /* load bias - VMA start (wrapping) */
+	__u32 table_id;
+	__u32 flags;  /* CT_MAPPING_* */
+	__u32 object; /* as ct_mapping.object */
+	__u32 pad;
+};
+
 /* Mappings of one process (tgid), sorted by start, disjoint. */
 struct ct_proc {
 	__u32 nmappings;

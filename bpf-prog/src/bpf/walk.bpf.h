@@ -56,6 +56,15 @@ struct {
 	__uint(max_entries, 4096);
 } procs SEC(".maps");
 
+/* See struct ct_file_key. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct ct_file_key);
+	__type(value, struct ct_file_object);
+	__uint(max_entries, 16384);
+} file_objects SEC(".maps");
+
 /*
  * The walk's state, and the stack it builds. The includer keeps it in a map
  * rather than on the BPF stack for two reasons: a ct_stack does not fit in
@@ -83,6 +92,7 @@ struct walk_state {
 	__u32 exact;   /* pc is a current pc, not a return address */
 	__u32 generation; /* of the process's mappings (ct_proc.generation) */
 	__u64 rdi;	  /* the thread's: known at the first frame (stack.len 1) only */
+	struct ct_mapping unregistered; /* the last unregistered_mapping found (end 0: none) */
 	__u64 trampoline; /* the process's uretprobe trampoline (see uretprobe_return); 0: none */
 	__u16 error;  /* enum ct_walk_end, once the walk stopped */
 	__u16 reason; /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
@@ -289,6 +299,56 @@ static __always_inline void name_frame(struct walk_state *w, __u32 object, __u64
 	w->named = len;
 }
 
+/* What bpf_find_vma's callback found of the VMA holding an address. */
+struct vma_file {
+	__u64 start;
+	__u64 end;
+	struct ct_file_key key;
+	__u32 found;
+};
+
+static long read_vma_file(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_file *f = data;
+	struct file *file = vma->vm_file;
+
+	if (!file)
+		return 0;
+	f->start = vma->vm_start;
+	f->end = vma->vm_end;
+	f->key.pgoff = vma->vm_pgoff;
+	f->key.inode = BPF_CORE_READ(file, f_inode, i_ino);
+	f->key.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	f->found = 1;
+	return 0;
+}
+
+/*
+ * The mapping holding addr in the current process when none registered for
+ * it does (a library ld.so maps and runs before the link map is consistent,
+ * the moment userspace registers it): the kernel's VMA of addr, if userspace
+ * loaded its file (file_objects). Written to w->unregistered; NULL if there
+ * is none. Not inlined: it runs on a walk's way out only, and is verified once.
+ */
+static __noinline struct ct_mapping *unregistered_mapping(struct walk_state *w, __u64 addr)
+{
+	struct vma_file f = {};
+
+	/* mmap_lock is only tried: a walk never waits (-EBUSY is no mapping) */
+	if (bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma_file, &f, 0) || !f.found)
+		return NULL;
+	struct ct_file_object *o = bpf_map_lookup_elem(&file_objects, &f.key);
+	if (!o)
+		return NULL;
+	w->unregistered.start = f.start;
+	w->unregistered.end = f.end;
+	w->unregistered.bias = f.start + o->bias_from_start;
+	w->unregistered.table_id = o->table_id;
+	w->unregistered.flags = o->flags;
+	w->unregistered.object = o->object;
+	return &w->unregistered;
+}
+
 /*
  * The rule for runtime address lookup (the pc, or a return address - 1) in
  * the process whose mappings proc holds, as the per-CPU rule cache keeps
@@ -315,22 +375,28 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 		}
 	}
 
-	__u32 mi = w->mapping;
-	if (mi >= CT_MAX_MAPPINGS) {
-		name_frame(w, 0, 0);
-		w->error = CT_WALK_NO_MAPPING;
-		return NULL;
-	}
+	__u32 mi = w->mapping & (CT_MAX_MAPPINGS - 1);
 	struct ct_mapping *m = &proc->mappings[mi];
 	if (lookup < m->start || lookup >= m->end) {
 		mi = find_mapping(proc, w->nmappings, lookup);
-		if (mi >= CT_MAX_MAPPINGS) {
-			name_frame(w, 0, 0);
-			w->error = CT_WALK_NO_MAPPING;
-			return NULL;
+		if (mi < CT_MAX_MAPPINGS) {
+			m = &proc->mappings[mi];
+			w->mapping = mi;
+		} else {
+			/* the last one found first: bpf_find_vma may answer once
+			 * per interrupt only (its unlock waits for irq_work) */
+			m = &w->unregistered;
+			if (lookup < m->start || lookup >= m->end)
+				m = unregistered_mapping(w, lookup);
+			if (!m) {
+				name_frame(w, 0, 0);
+				w->error = CT_WALK_NO_MAPPING;
+				return NULL;
+			}
+			/* not cached: the registered mappings' generation says
+			 * nothing of it */
+			entry = NULL;
 		}
-		m = &proc->mappings[mi];
-		w->mapping = mi;
 	}
 	name_frame(w, m->object, m->bias);
 	__u32 table_id = m->table_id;
@@ -592,6 +658,8 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, _
 	w->check = 0x5851f42d4c957f2dULL;
 	w->named = 0;
 	w->mapping = 0;
+	w->unregistered.start = 0;
+	w->unregistered.end = 0;
 	w->exact = 1;
 	w->rdi = rdi;
 	w->error = CT_WALK_COMPLETE;

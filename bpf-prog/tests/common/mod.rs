@@ -211,8 +211,9 @@ pub fn register_process_by_object(
     tracer: &mut Tracer,
     tables: &mut HashMap<PathBuf, TableId>,
     pid: u32,
+    skip: impl Fn(&MappedFile) -> bool,
 ) -> (Vec<MappedFile>, Vec<Mapping>) {
-    register(tracer, tables, pid, |_| false, true)
+    register(tracer, tables, pid, skip, true)
 }
 
 fn register(
