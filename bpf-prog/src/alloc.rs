@@ -403,6 +403,18 @@ impl Tracer {
         )?;
         Ok(totals)
     }
+
+    /// Under [`AllocOptions::sample_every`], the allocating calls whose entry kept state
+    /// for a return not seen yet, all threads together (0 otherwise). While it is 0 the
+    /// return program of a call left out ends without a helper call; a call whose return
+    /// never came (its thread killed in it) stays counted.
+    pub fn alloc_calls_kept(&self) -> u64 {
+        self.skel()
+            .maps
+            .bss_data
+            .as_deref()
+            .map_or(0, |bss| bss.alloc_calls_kept)
+    }
 }
 
 fn fixed_point(value: u64) -> f64 {

@@ -30,8 +30,10 @@
  * of wanted processes; the return finds its probe id in the call; the free
  * of a tracked block asks neither the thread's calls nor the pid filter. An
  * entry that sampling leaves out makes one call (the task, for the cookie)
- * and draws from this CPU's random state, not bpf_get_prandom_u32; the free
- * of a block left out ends on the live filter, before any call.
+ * and draws from this CPU's random state, not bpf_get_prandom_u32; its
+ * return, while no thread keeps a call, ends on the count of calls kept
+ * (alloc_calls_kept), and the free of its block on the live filter, both
+ * before any call.
  *
  * Nesting: an allocator may call another probed function (glibc's
  * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
@@ -165,6 +167,40 @@ struct {
 	__type(key, int);
 	__type(value, struct ct_alloc_thread);
 } alloc_threads SEC(".maps");
+
+/*
+ * Under sampling 1 in N, the calls kept in the threads' storage for their
+ * return and not yet popped, all threads together. Most returns are then of
+ * calls left out at their entry: while no thread keeps a call, a return
+ * cannot be of one and ends on this load, before the two helper calls that
+ * would look (on_alloc_return). It is never 0 while the returning thread
+ * keeps a call: its own entry counted the call before the return (one
+ * thread, in order, whatever CPU each ran on), and each other thread's pops
+ * come after its own pushes. A call whose return never comes stays counted
+ * until a later entry or return of its thread drops it (a longjmp out of
+ * the allocator), or for good when the thread ends in it (killed, or its
+ * process exiting meanwhile) or the return probe goes before the call
+ * returns (a detach): the count is then above the truth, and the returns
+ * take the slow way, which is exact. Not kept without sample_every:
+ * every wanted entry keeps a call then, the count would seldom be 0, and a
+ * line that every CPU writes would cost every call; the slow way also
+ * counts the wanted returns whose entry went unseen (CT_ALLOC_NO_ENTRY),
+ * which this load could not tell.
+ */
+volatile __u64 alloc_calls_kept = 0;
+
+/* A call pushed on a thread's calls, or popped (see alloc_calls_kept). */
+static __always_inline void call_pushed(void)
+{
+	if (alloc_sample_every > 1)
+		__sync_fetch_and_add(&alloc_calls_kept, 1);
+}
+
+static __always_inline void call_popped(void)
+{
+	if (alloc_sample_every > 1)
+		__sync_fetch_and_sub(&alloc_calls_kept, 1);
+}
 
 /* Bucket of a log2 histogram: the bit length of v (0 for 0), capped. */
 static __always_inline __u32 log2_bucket(__u64 v)
@@ -475,6 +511,7 @@ static __always_inline struct ct_alloc_thread *thread_calls(struct task_struct *
 		    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp >= sp)
 			break;
 		t->depth = depth - 1;
+		call_popped();
 	}
 	if (t->depth > CT_ALLOC_NEST)
 		t->depth = 0;
@@ -517,6 +554,7 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *
 		return 0; /* its return counts CT_ALLOC_NO_ENTRY */
 	struct ct_alloc_call *call = &t->calls[depth & (CT_ALLOC_NEST - 1)];
 	t->depth = depth + 1;
+	call_pushed();
 	call->sp = ctx->sp;
 	if (depth > 0) {
 		call->flags = CT_CALL_NESTED;
@@ -595,6 +633,7 @@ static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct 
 		return 0;
 	}
 	t->depth = depth - 1;
+	call_popped();
 	struct ct_alloc_call *call = &t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)];
 	if (call->flags & CT_CALL_NESTED)
 		return 0;
@@ -656,6 +695,11 @@ int on_alloc(struct pt_regs *ctx)
 SEC("uretprobe")
 int on_alloc_return(struct pt_regs *ctx)
 {
+	/* Sampling 1 in N: the return of a call left out at its entry is still
+	 * probed. While no thread keeps a call, it ends on this load, where the
+	 * task and its storage were two helper calls to find no call. */
+	if (alloc_sample_every > 1 && alloc_calls_kept == 0)
+		return 0;
 	return alloc_return(ctx, bpf_get_current_task_btf());
 }
 
