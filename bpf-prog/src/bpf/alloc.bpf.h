@@ -5,11 +5,12 @@
  * stack, process, probe) and per (process, probe). Userspace reads the maps
  * (bpf_prog::Tracer::alloc_stats and friends).
  *
- * on_alloc (uprobe on an allocating function): walks the stack once, with
- * take_stacks, and keeps its key and the requested size for the return in
- * the thread's task storage; a realloc's old block leaves the live map here,
- * at entry, because once the allocator has freed it another thread may be
- * handed the same address before this call returns.
+ * on_alloc (uprobe on an allocating function), on_resize (on one that
+ * resizes a block): walks the stack once, with take_stacks, and keeps its
+ * key and the requested size for the return in the thread's task storage;
+ * a realloc's old block leaves the live map here, at entry, because once
+ * the allocator has freed it another thread may be handed the same address
+ * before this call returns.
  * on_alloc_return (uretprobe): the address (NULL: nothing allocated) enters
  * the live map with its size, stack and birth time; the stack's counters and
  * size histogram grow.
@@ -28,12 +29,12 @@
  * The hot paths make few: the entry reads its cookie from the run context
  * and its process from the thread's storage, which exists only for threads
  * of wanted processes; the return finds its probe id in the call; the free
- * of a tracked block asks neither the thread's calls nor the pid filter. An
- * entry that sampling leaves out makes one call (the task, for the cookie)
- * and draws from this CPU's random state, not bpf_get_prandom_u32; its
- * return, while no thread keeps a call, ends on the count of calls kept
- * (alloc_calls_kept), and the free of its block on the live filter, both
- * before any call.
+ * of a tracked block asks neither the thread's calls nor the pid filter. A
+ * call that sampling leaves out makes none: its entry draws from this CPU's
+ * random state, not bpf_get_prandom_u32, and needs no cookie (resizes have
+ * their own program); its return, while no thread keeps a call, ends on the
+ * count of calls kept (alloc_calls_kept); the free of its block on the live
+ * filter.
  *
  * Nesting: an allocator may call another probed function (glibc's
  * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
@@ -528,23 +529,14 @@ static __always_inline void restore_old_block(const struct ct_alloc_call *call, 
 	}
 }
 
-/* An allocating call's entry. Returns 1 when it kept no call for its return
- * (a session then skips the return), 0 when it did. */
-static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *task)
+/* An allocating call's entry, unsampled when sampling 1 in N left it out
+ * (a resize then goes on all the same: see on_resize). Returns 1 when it
+ * kept no call for its return, 0 when it did. */
+static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *task,
+				       bool unsampled)
 {
-	/* Sampling 1 in N: most calls end here, after one helper call and no map
-	 * but this CPU's random state. A realloc goes on, to free its old block
-	 * (its own allocation is not counted: CT_CALL_UNSAMPLED); so do the calls
-	 * of the others that the sampled ones make (they are nested). The return
-	 * of a call left here finds no call of its own: see on_alloc_return. */
-	bool unsampled = alloc_sample_every > 1 && !sampled(0);
 	__u64 cookie = run_cookie(task);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
-
-	bool resizes = kind == CT_ALLOC_REALLOC || kind == CT_ALLOC_REALLOCARRAY ||
-		       kind == CT_ALLOC_XALLOCX;
-	if (unsampled && !resizes)
-		return 1;
 	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, true);
 	if (!t)
 		return 1;
@@ -685,10 +677,32 @@ static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct 
 	return 0;
 }
 
+/* The entry of an allocating function that does not resize a block. */
 SEC("uprobe")
 int on_alloc(struct pt_regs *ctx)
 {
-	alloc_entry(ctx, bpf_get_current_task_btf());
+	/* Sampling 1 in N: most calls end here, before any helper call, on this
+	 * CPU's random state. The calls that the sampled ones make go on (they
+	 * are nested). The return of a call left here finds no call of its own:
+	 * see on_alloc_return. */
+	if (alloc_sample_every > 1 && !sampled(0))
+		return 0;
+	alloc_entry(ctx, bpf_get_current_task_btf(), false);
+	return 0;
+}
+
+/* The entry of realloc, reallocarray and xallocx (AllocKind::programs): one
+ * that sampling leaves out goes on, to free its old block (its own
+ * allocation is not counted: CT_CALL_UNSAMPLED) and so that the calls it
+ * makes are nested, as the sampled ones are (realloc(NULL, n) calls
+ * malloc: counted once either way). A program of its own, so that the
+ * others' left out need not read their kind from the run context. */
+SEC("uprobe")
+int on_resize(struct pt_regs *ctx)
+{
+	bool unsampled = alloc_sample_every > 1 && !sampled(0);
+
+	alloc_entry(ctx, bpf_get_current_task_btf(), unsampled);
 	return 0;
 }
 
