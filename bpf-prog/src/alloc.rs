@@ -2,14 +2,11 @@
 //! of `src/bpf/alloc.bpf.h` understand, the cookie that tells them apart, the maps'
 //! sizes, and readers of what they counted.
 //!
-//! An allocator function is attached as [`EventProgram::AllocEntry`] and
-//! [`EventProgram::AllocReturn`] (allocating functions) or [`EventProgram::Free`], each
-//! with the cookie [`alloc_cookie`] makes of the probe id and the function's
-//! [`AllocKind`], one uprobe (or uretprobe) per function.
-//!
-//! [`EventProgram::AllocEntry`]: crate::EventProgram::AllocEntry
-//! [`EventProgram::AllocReturn`]: crate::EventProgram::AllocReturn
-//! [`EventProgram::Free`]: crate::EventProgram::Free
+//! An allocator function is attached as the programs its [`AllocKind`] names
+//! ([`AllocKind::programs`]: an entry program and [`EventProgram::AllocReturn`] for an
+//! allocating function, [`EventProgram::Free`] for a freeing one), each with the cookie
+//! [`alloc_cookie`] makes of the probe id and the function's kind, one uprobe (or
+//! uretprobe) per function.
 
 use std::fmt;
 
@@ -18,6 +15,7 @@ use libbpf_rs::{MapCore, MapFlags, MapMut};
 use crate::error::{Error, Result};
 use crate::layout::alloc::{self as raw, CtAllocKey, CtAllocProc, CtAllocProcKey, CtAllocStats};
 use crate::layout::{from_bytes, Pod};
+use crate::programs::EventProgram;
 use crate::records::StackRef;
 use crate::skel::OpenTraceSkel;
 use crate::tracer::Tracer;
@@ -88,6 +86,28 @@ impl AllocKind {
     /// Whether the function frees only (attached at its entry, no return probe).
     pub fn frees_only(self) -> bool {
         matches!(self, AllocKind::Free | AllocKind::Munmap)
+    }
+
+    /// The programs a function of this kind is attached as, each with whether it is a
+    /// return probe. A function that resizes a block has an entry program of its own
+    /// ([`EventProgram::ResizeEntry`]): the others' entry, when sampling 1 in N leaves a
+    /// call out, ends before reading which kind it is, a helper call spared.
+    pub fn programs(self) -> &'static [(EventProgram, bool)] {
+        match self {
+            AllocKind::Free | AllocKind::Munmap => &[(EventProgram::Free, false)],
+            AllocKind::Realloc | AllocKind::ReallocArray | AllocKind::Xallocx => &[
+                (EventProgram::ResizeEntry, false),
+                (EventProgram::AllocReturn, true),
+            ],
+            AllocKind::SizeArg0
+            | AllocKind::SizeArg1
+            | AllocKind::Calloc
+            | AllocKind::PosixMemalign
+            | AllocKind::Mmap => &[
+                (EventProgram::AllocEntry, false),
+                (EventProgram::AllocReturn, true),
+            ],
+        }
     }
 }
 
@@ -402,6 +422,18 @@ impl Tracer {
             &mut totals,
         )?;
         Ok(totals)
+    }
+
+    /// Under [`AllocOptions::sample_every`], the allocating calls whose entry kept state
+    /// for a return not seen yet, all threads together (0 otherwise). While it is 0 the
+    /// return program of a call left out ends without a helper call; a call whose return
+    /// never came (its thread killed in it) stays counted.
+    pub fn alloc_calls_kept(&self) -> u64 {
+        self.skel()
+            .maps
+            .bss_data
+            .as_deref()
+            .map_or(0, |bss| bss.alloc_calls_kept)
     }
 }
 

@@ -62,9 +62,10 @@
 //! [`Options::record_ring_bytes`] raise each.
 //!
 //! The heap profiler's programs (`src/bpf/alloc.bpf.h`, the [`alloc_cookie`] and
-//! readers in the `alloc` module): `on_alloc` at an allocating function's entry walks
-//! the stack with the same `take_stacks` and keeps its key and the size in the thread's
-//! task storage (nested allocator calls are told apart by the stack pointer);
+//! readers in the `alloc` module): `on_alloc` at an allocating function's entry
+//! (`on_resize` at a realloc's) walks the stack with the same `take_stacks` and keeps its
+//! key and the size in the thread's task storage (nested allocator calls are told apart
+//! by the stack pointer);
 //! `on_alloc_return` tracks the block returned by (process, address) and counts it under
 //! (stack, process, probe) with log2 size buckets; `on_free`
 //! removes a block at the free's entry and counts its free, lifetime bucket and whether

@@ -74,8 +74,12 @@ event_programs! {
     /// A raw tracepoint (`attach_raw_tracepoint_with_opts`).
     RawTracepoint => on_raw_tracepoint, "events";
     /// An allocating function's entry (heap profiling, `alloc.bpf.h`): the stack and size
-    /// kept for its return. The cookie is [`alloc_cookie`](crate::alloc_cookie)'s.
+    /// kept for its return. The cookie is [`alloc_cookie`](crate::alloc_cookie)'s; which
+    /// functions take which entry program, [`AllocKind::programs`](crate::AllocKind::programs).
     AllocEntry => on_alloc, "allocations";
+    /// The entry of a function that resizes a block (realloc): as `AllocEntry`, and the old
+    /// block freed, even in a call that sampling leaves out.
+    ResizeEntry => on_resize, "allocations";
     /// An allocating function's return: the block tracked and counted.
     AllocReturn => on_alloc_return, "allocations";
     /// A freeing function's entry: the block's free counted.

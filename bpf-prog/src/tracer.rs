@@ -251,7 +251,8 @@ impl Tracer {
         crate::alloc::configure(
             &mut open,
             &options.alloc,
-            options.programs.contains(&EventProgram::AllocEntry),
+            options.programs.contains(&EventProgram::AllocEntry)
+                || options.programs.contains(&EventProgram::ResizeEntry),
         )?;
 
         for &kind in EventProgram::ALL {

@@ -279,7 +279,10 @@ fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
         .lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cargo-trace: bpf ")?.split_once(": ")?;
-            if !matches!(name, "on_alloc" | "on_alloc_return" | "on_free") {
+            if !matches!(
+                name,
+                "on_alloc" | "on_resize" | "on_alloc_return" | "on_free"
+            ) {
                 return None;
             }
             let mut numbers = rest

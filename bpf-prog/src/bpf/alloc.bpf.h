@@ -5,11 +5,12 @@
  * stack, process, probe) and per (process, probe). Userspace reads the maps
  * (bpf_prog::Tracer::alloc_stats and friends).
  *
- * on_alloc (uprobe on an allocating function): walks the stack once, with
- * take_stacks, and keeps its key and the requested size for the return in
- * the thread's task storage; a realloc's old block leaves the live map here,
- * at entry, because once the allocator has freed it another thread may be
- * handed the same address before this call returns.
+ * on_alloc (uprobe on an allocating function), on_resize (on one that
+ * resizes a block): walks the stack once, with take_stacks, and keeps its
+ * key and the requested size for the return in the thread's task storage;
+ * a realloc's old block leaves the live map here, at entry, because once
+ * the allocator has freed it another thread may be handed the same address
+ * before this call returns.
  * on_alloc_return (uretprobe): the address (NULL: nothing allocated) enters
  * the live map with its size, stack and birth time; the stack's counters and
  * size histogram grow.
@@ -28,10 +29,12 @@
  * The hot paths make few: the entry reads its cookie from the run context
  * and its process from the thread's storage, which exists only for threads
  * of wanted processes; the return finds its probe id in the call; the free
- * of a tracked block asks neither the thread's calls nor the pid filter. An
- * entry that sampling leaves out makes one call (the task, for the cookie)
- * and draws from this CPU's random state, not bpf_get_prandom_u32; the free
- * of a block left out ends on the live filter, before any call.
+ * of a tracked block asks neither the thread's calls nor the pid filter. A
+ * call that sampling leaves out makes none: its entry draws from this CPU's
+ * random state, not bpf_get_prandom_u32, and needs no cookie (resizes have
+ * their own program); its return, while no thread keeps a call, ends on the
+ * count of calls kept (alloc_calls_kept); the free of its block on the live
+ * filter.
  *
  * Nesting: an allocator may call another probed function (glibc's
  * realloc(NULL, n) calls malloc, realloc(p, 0) free, reallocarray realloc).
@@ -165,6 +168,40 @@ struct {
 	__type(key, int);
 	__type(value, struct ct_alloc_thread);
 } alloc_threads SEC(".maps");
+
+/*
+ * Under sampling 1 in N, the calls kept in the threads' storage for their
+ * return and not yet popped, all threads together. Most returns are then of
+ * calls left out at their entry: while no thread keeps a call, a return
+ * cannot be of one and ends on this load, before the two helper calls that
+ * would look (on_alloc_return). It is never 0 while the returning thread
+ * keeps a call: its own entry counted the call before the return (one
+ * thread, in order, whatever CPU each ran on), and each other thread's pops
+ * come after its own pushes. A call whose return never comes stays counted
+ * until a later entry or return of its thread drops it (a longjmp out of
+ * the allocator), or for good when the thread ends in it (killed, or its
+ * process exiting meanwhile) or the return probe goes before the call
+ * returns (a detach): the count is then above the truth, and the returns
+ * take the slow way, which is exact. Not kept without sample_every:
+ * every wanted entry keeps a call then, the count would seldom be 0, and a
+ * line that every CPU writes would cost every call; the slow way also
+ * counts the wanted returns whose entry went unseen (CT_ALLOC_NO_ENTRY),
+ * which this load could not tell.
+ */
+volatile __u64 alloc_calls_kept = 0;
+
+/* A call pushed on a thread's calls, or popped (see alloc_calls_kept). */
+static __always_inline void call_pushed(void)
+{
+	if (alloc_sample_every > 1)
+		__sync_fetch_and_add(&alloc_calls_kept, 1);
+}
+
+static __always_inline void call_popped(void)
+{
+	if (alloc_sample_every > 1)
+		__sync_fetch_and_sub(&alloc_calls_kept, 1);
+}
 
 /* Bucket of a log2 histogram: the bit length of v (0 for 0), capped. */
 static __always_inline __u32 log2_bucket(__u64 v)
@@ -475,6 +512,7 @@ static __always_inline struct ct_alloc_thread *thread_calls(struct task_struct *
 		    t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)].sp >= sp)
 			break;
 		t->depth = depth - 1;
+		call_popped();
 	}
 	if (t->depth > CT_ALLOC_NEST)
 		t->depth = 0;
@@ -491,23 +529,14 @@ static __always_inline void restore_old_block(const struct ct_alloc_call *call, 
 	}
 }
 
-/* An allocating call's entry. Returns 1 when it kept no call for its return
- * (a session then skips the return), 0 when it did. */
-static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *task)
+/* An allocating call's entry, unsampled when sampling 1 in N left it out
+ * (a resize then goes on all the same: see on_resize). Returns 1 when it
+ * kept no call for its return, 0 when it did. */
+static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *task,
+				       bool unsampled)
 {
-	/* Sampling 1 in N: most calls end here, after one helper call and no map
-	 * but this CPU's random state. A realloc goes on, to free its old block
-	 * (its own allocation is not counted: CT_CALL_UNSAMPLED); so do the calls
-	 * of the others that the sampled ones make (they are nested). The return
-	 * of a call left here finds no call of its own: see on_alloc_return. */
-	bool unsampled = alloc_sample_every > 1 && !sampled(0);
 	__u64 cookie = run_cookie(task);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
-
-	bool resizes = kind == CT_ALLOC_REALLOC || kind == CT_ALLOC_REALLOCARRAY ||
-		       kind == CT_ALLOC_XALLOCX;
-	if (unsampled && !resizes)
-		return 1;
 	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, true);
 	if (!t)
 		return 1;
@@ -517,6 +546,7 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *
 		return 0; /* its return counts CT_ALLOC_NO_ENTRY */
 	struct ct_alloc_call *call = &t->calls[depth & (CT_ALLOC_NEST - 1)];
 	t->depth = depth + 1;
+	call_pushed();
 	call->sp = ctx->sp;
 	if (depth > 0) {
 		call->flags = CT_CALL_NESTED;
@@ -595,6 +625,7 @@ static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct 
 		return 0;
 	}
 	t->depth = depth - 1;
+	call_popped();
 	struct ct_alloc_call *call = &t->calls[(depth - 1) & (CT_ALLOC_NEST - 1)];
 	if (call->flags & CT_CALL_NESTED)
 		return 0;
@@ -646,16 +677,43 @@ static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct 
 	return 0;
 }
 
+/* The entry of an allocating function that does not resize a block. */
 SEC("uprobe")
 int on_alloc(struct pt_regs *ctx)
 {
-	alloc_entry(ctx, bpf_get_current_task_btf());
+	/* Sampling 1 in N: most calls end here, before any helper call, on this
+	 * CPU's random state. The calls that the sampled ones make go on (they
+	 * are nested). The return of a call left here finds no call of its own:
+	 * see on_alloc_return. */
+	if (alloc_sample_every > 1 && !sampled(0))
+		return 0;
+	alloc_entry(ctx, bpf_get_current_task_btf(), false);
+	return 0;
+}
+
+/* The entry of realloc, reallocarray and xallocx (AllocKind::programs): one
+ * that sampling leaves out goes on, to free its old block (its own
+ * allocation is not counted: CT_CALL_UNSAMPLED) and so that the calls it
+ * makes are nested, as the sampled ones are (realloc(NULL, n) calls
+ * malloc: counted once either way). A program of its own, so that the
+ * others' left out need not read their kind from the run context. */
+SEC("uprobe")
+int on_resize(struct pt_regs *ctx)
+{
+	bool unsampled = alloc_sample_every > 1 && !sampled(0);
+
+	alloc_entry(ctx, bpf_get_current_task_btf(), unsampled);
 	return 0;
 }
 
 SEC("uretprobe")
 int on_alloc_return(struct pt_regs *ctx)
 {
+	/* Sampling 1 in N: the return of a call left out at its entry is still
+	 * probed. While no thread keeps a call, it ends on this load, where the
+	 * task and its storage were two helper calls to find no call. */
+	if (alloc_sample_every > 1 && alloc_calls_kept == 0)
+		return 0;
 	return alloc_return(ctx, bpf_get_current_task_btf());
 }
 

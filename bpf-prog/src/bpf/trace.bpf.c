@@ -655,5 +655,5 @@ int on_start_main(struct pt_regs *ctx)
 	return 0;
 }
 
-/* The heap profiler: on_alloc, on_alloc_return, on_free. */
+/* The heap profiler: on_alloc, on_resize, on_alloc_return, on_free. */
 #include "alloc.bpf.h"

@@ -28,8 +28,9 @@ use crate::profile::{HeapProcess, HeapTotals, RawSample, SamplingMode, ValueType
 use allocators::Allocator;
 
 /// The programs an `alloc` probe attaches.
-pub const PROGRAMS: [EventProgram; 3] = [
+pub const PROGRAMS: [EventProgram; 4] = [
     EventProgram::AllocEntry,
+    EventProgram::ResizeEntry,
     EventProgram::AllocReturn,
     EventProgram::Free,
 ];
@@ -297,15 +298,7 @@ impl AllocProbe {
         let mut links = Vec::new();
         for (kind, targets) in &by_kind {
             let cookie = alloc_cookie(probe_id, *kind);
-            let programs: &[(EventProgram, bool)] = if kind.frees_only() {
-                &[(EventProgram::Free, false)]
-            } else {
-                &[
-                    (EventProgram::AllocEntry, false),
-                    (EventProgram::AllocReturn, true),
-                ]
-            };
-            for &(program, retprobe) in programs {
+            for &(program, retprobe) in kind.programs() {
                 let attached = probes::attach_uprobes_in(
                     tracer.program(program),
                     targets,
