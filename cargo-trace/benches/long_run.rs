@@ -1,12 +1,13 @@
 //! Memory over a long run: `profile:hz:999` on a shell loop that keeps exec'ing short
 //! children (`/bin/true`, a few hundred a second), as issue 13 asks, with cargo-trace's
 //! resident memory and the kernel memory of its BPF maps sampled every few seconds.
-//! Per-process state (the pid filter, the processes' registered mappings) must be
-//! released as processes exit, and a table shared by many processes kept once: what
-//! grows then is the profile itself (its distinct stacks and counts, which the summary
-//! line gives; here about one per sample, every process having its own address layout)
-//! and each process's mappings, kept for the symbolizer. Hence the growth per process
-//! started, which does not move with the machine's load.
+//! Per-process state (the pid filter, the processes' registered mappings, their
+//! counters in the kernel) must be released as processes exit, and a table shared by
+//! many processes kept once; stacks are stored by object, one copy for every process
+//! that meets them, and past `--keep-exited` the exited processes' counts add up under
+//! pid 0. What grows then is the profile's distinct stacks (the summary line gives
+//! them), no longer anything per process. Hence the growth per process started, which
+//! does not move with the machine's load.
 //!
 //! Printed: a line per sample (seconds, processes started so far by the loop, RSS, the
 //! kernel maps' bytes in all and the biggest movers), then the growth per minute after
