@@ -480,6 +480,8 @@ impl Running {
                 heap.tick(&traced.tracer, &traced.tables);
             }
             if signals::snapshot_requested() {
+                // Every exited process under the pid it is counted under, as at the end.
+                self.traced.exited.retire(&self.traced.tracer, true);
                 match build_profile(self.snapshot_source(), alloc) {
                     Ok(profile) => on_snapshot(&profile),
                     Err(error) => eprintln!("cargo-trace: error: on SIGUSR1: {error:#}"),

@@ -328,7 +328,7 @@ static long read_vma_file(struct task_struct *task, struct vm_area_struct *vma, 
  * it does (a library ld.so maps and runs before the link map is consistent,
  * the moment userspace registers it): the kernel's VMA of addr, if userspace
  * loaded its file (file_objects). Written to w->unregistered; NULL if there
- * is none. Not inlined: it runs on a walk's way out only, and is verified once.
+ * is none. Not inlined: it runs on a walk's way out only.
  */
 static __noinline struct ct_mapping *unregistered_mapping(struct walk_state *w, __u64 addr)
 {
