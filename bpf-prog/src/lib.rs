@@ -177,6 +177,7 @@ mod error;
 pub mod layout;
 mod programs;
 mod records;
+mod stack_store;
 mod sys;
 mod tracer;
 

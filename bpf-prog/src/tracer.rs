@@ -20,6 +20,7 @@ use crate::layout::{
 use crate::programs::{self, EventProgram};
 use crate::records::{Count, CountKey, Loss, Record, Stack, WalkCounters};
 use crate::skel::{TraceSkel, TraceSkelBuilder};
+use crate::stack_store::{Added, StackStore};
 use crate::sys::{self, MappedArray, ProgramStats};
 
 /// Bytes kept of the verifier log of a failed load (the kernel keeps the tail).
@@ -162,7 +163,7 @@ pub struct Tracer {
 #[derive(Debug, Default)]
 struct Received {
     /// Every stack sent, by key, with its check.
-    stacks: HashMap<u64, (u64, Stack)>,
+    stacks: StackStore,
     /// Counters kept here rather than in the kernel: events the counts map had no room
     /// for, and the counters of processes that exited ([`Tracer::retire_processes`]).
     counts: HashMap<CountKey, Count>,
@@ -178,13 +179,13 @@ struct Received {
 impl Received {
     fn add(&mut self, data: &[u8]) {
         match Record::parse(data) {
-            Some(Record::Stack { key, check, stack }) => match self.stacks.get(&key) {
-                None => {
-                    self.stacks.insert(key, (check, stack));
+            Some(Record::Stack { key, check, stack }) => {
+                match self.stacks.add(key, check, &stack) {
+                    Added::New => {}
+                    Added::Repeat => self.repeats += 1,
+                    Added::Conflict => self.conflicts += 1,
                 }
-                Some((known, _)) if *known == check => self.repeats += 1,
-                Some(_) => self.conflicts += 1,
-            },
+            }
             Some(Record::Count(key, count)) => {
                 let total = self.counts.entry(key).or_default();
                 total.events += count.events;
@@ -202,6 +203,9 @@ pub struct StackStorage {
     pub stacks: usize,
     /// Frames in them.
     pub frames: usize,
+    /// Frames kept for them: the frames the stacks share (their outer ones, mostly) are
+    /// kept once.
+    pub frames_kept: usize,
     /// Stacks received more than once (see [`Loss::KnownStacksFull`]).
     pub repeats: u64,
     /// Stacks that arrived under a key another stack held (their events are counted
@@ -784,11 +788,7 @@ impl Tracer {
     /// [`Loss::StackRingFull`]).
     pub fn stack(&self, key: u64) -> Result<Option<Stack>> {
         self.drain_records()?;
-        Ok(self
-            .received()
-            .stacks
-            .get(&key)
-            .map(|(_, stack)| stack.clone()))
+        Ok(self.received().stacks.get(key))
     }
 
     /// The kernel stack stored under `key` (a [`CountKey::kernel_stack`]), innermost first
@@ -810,7 +810,8 @@ impl Tracer {
         let received = self.received();
         Ok(StackStorage {
             stacks: received.stacks.len(),
-            frames: received.stacks.values().map(|(_, s)| s.pcs.len()).sum(),
+            frames: received.stacks.frames(),
+            frames_kept: received.stacks.nodes(),
             repeats: received.repeats,
             conflicts: received.conflicts,
             malformed: received.malformed,
