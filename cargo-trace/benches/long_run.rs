@@ -15,7 +15,10 @@
 //! report's time and peak RSS, and cargo-trace's summary line. Asserts nothing.
 //!
 //! `cargo bench -p cargo-trace --bench long_run` (60 s by default;
-//! `CARGO_TRACE_LONG_RUN_SECS=600` for the 10 minutes). Needs root.
+//! `CARGO_TRACE_LONG_RUN_SECS=600` for the 10 minutes;
+//! `CARGO_TRACE_LONG_RUN_PROBE=uprobe:libc:malloc` for another probe: malloc's call
+//! paths in the loop are few, so the profile stops growing and what memory does then
+//! is all that is left to see). Needs root.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -32,6 +35,8 @@ fn main() {
         println!("long_run benchmark skipped: loading BPF programs needs root");
         return;
     }
+    let probe =
+        std::env::var("CARGO_TRACE_LONG_RUN_PROBE").unwrap_or_else(|_| "profile:hz:999".into());
     let seconds: u64 = std::env::var("CARGO_TRACE_LONG_RUN_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -46,7 +51,7 @@ fn main() {
     );
     let cargo_trace = Path::new(env!("CARGO_BIN_EXE_cargo-trace"));
     let mut child = Command::new(cargo_trace)
-        .args(["profile:hz:999", "-q", "--no-svg", "--folded"])
+        .args([probe.as_str(), "-q", "--no-svg", "--folded"])
         .arg(scratch.path().join("out.folded"))
         .arg("-c")
         .arg(&command)
@@ -57,7 +62,7 @@ fn main() {
         .unwrap();
     let pid = child.id();
     println!(
-        "long run: profile:hz:999 on a loop of /bin/true for {seconds} s, sampled every {} s",
+        "long run: {probe} on a loop of /bin/true for {seconds} s, sampled every {} s",
         SAMPLE_EVERY.as_secs()
     );
     println!(
