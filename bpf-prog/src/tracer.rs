@@ -120,6 +120,25 @@ pub struct Mapping {
     pub object: Option<crate::ObjectId>,
 }
 
+impl Mapping {
+    /// The mapping as the walker reads it.
+    fn to_raw(self) -> CtMapping {
+        CtMapping {
+            start: self.start,
+            end: self.end,
+            bias: self.bias,
+            table_id: self.table.map_or(0, |table| table.0),
+            flags: if self.table.is_some() {
+                0
+            } else {
+                layout::MAPPING_NO_TABLE
+            },
+            object: self.object.map_or(0, crate::ObjectId::index),
+            pad: 0,
+        }
+    }
+}
+
 /// Where a mapping of a file starts, as the kernel names it, for
 /// [`Tracer::add_file_mapping`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -465,19 +484,7 @@ impl Tracer {
             mappings: [CtMapping::default(); MAX_MAPPINGS],
         });
         for (slot, m) in proc.mappings.iter_mut().zip(&sorted) {
-            *slot = CtMapping {
-                start: m.start,
-                end: m.end,
-                bias: m.bias,
-                table_id: m.table.map_or(0, |table| table.0),
-                flags: if m.table.is_some() {
-                    0
-                } else {
-                    layout::MAPPING_NO_TABLE
-                },
-                object: m.object.map_or(0, crate::ObjectId::index),
-                pad: 0,
-            };
+            *slot = m.to_raw();
         }
         update(&self.skel.maps.procs, "procs", &pid, &*proc, MapFlags::ANY)
     }
@@ -494,15 +501,12 @@ impl Tracer {
             inode: file.inode,
             pgoff: file.offset / 4096,
         };
+        let raw = mapping.to_raw();
         let value = layout::CtFileObject {
-            bias_from_start: mapping.bias.wrapping_sub(mapping.start),
-            table_id: mapping.table.map_or(0, |table| table.0),
-            flags: if mapping.table.is_some() {
-                0
-            } else {
-                layout::MAPPING_NO_TABLE
-            },
-            object: mapping.object.map_or(0, crate::ObjectId::index),
+            bias_from_start: raw.bias.wrapping_sub(raw.start),
+            table_id: raw.table_id,
+            flags: raw.flags,
+            object: raw.object,
             pad: 0,
         };
         match self

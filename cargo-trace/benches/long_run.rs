@@ -20,6 +20,9 @@
 //! paths in the loop are few, so the profile stops growing and what memory does then
 //! is all that is left to see). Needs root.
 
+mod common;
+
+use common::status_kib;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
@@ -156,16 +159,6 @@ fn main() {
     for line in stderr.lines().filter(|line| line.contains(" events, ")) {
         println!("{line}");
     }
-}
-
-/// A `/proc/PID/status` figure in KiB.
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix(key))
-        .and_then(|value| value.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The kernel's memory of each BPF map process `pid` holds (the `memlock` of its

@@ -21,6 +21,9 @@
 //! `cargo bench -p cargo-trace --bench report [-- SMALL_BITS LARGE_BITS]` (default 10 17;
 //! 20 is the million stacks, minutes of work).
 
+mod common;
+
+use common::status_kib;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -269,14 +272,4 @@ fn megabytes(bytes: u64) -> String {
     } else {
         format!("{:.1} MB", bytes as f64 / 1e6)
     }
-}
-
-/// A `/proc/PID/status` figure in KiB, 0 if there is none.
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix(key))
-        .and_then(|value| value.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }

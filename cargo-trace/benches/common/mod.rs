@@ -1,4 +1,5 @@
-//! What the benchmarks of this crate share: how they summarize rounds.
+//! What the benchmarks of this crate share: how they summarize rounds, and how they read
+//! a process's memory.
 
 #![allow(dead_code)] // each benchmark uses its own part of this module
 
@@ -38,4 +39,14 @@ impl Spread {
             decimals, self.median, decimals, self.min, decimals, self.max
         )
     }
+}
+
+/// A `/proc/PID/status` figure in KiB (`VmRSS:`, `VmHWM:`), 0 if there is none.
+pub fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix(key))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
