@@ -122,6 +122,26 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+
+    /// Making or reading the files the stacks and the counters of exited processes are
+    /// kept in (in `$TMPDIR`, else `/tmp`).
+    #[error("{op} the stack storage's file in the temporary directory ({dir})")]
+    Spill {
+        op: &'static str,
+        dir: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn spill(op: &'static str) -> impl FnOnce(io::Error) -> Error {
+        move |source| Error::Spill {
+            op,
+            dir: std::env::temp_dir().display().to_string(),
+            source,
+        }
+    }
 }
 
 impl Error {

@@ -177,7 +177,7 @@ mod error;
 pub mod layout;
 mod programs;
 mod records;
-mod stack_store;
+mod spill;
 mod sys;
 mod tracer;
 

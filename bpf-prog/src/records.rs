@@ -374,6 +374,15 @@ impl StackRef {
             hash => StackRef::Hash(hash),
         }
     }
+
+    /// The key as the BPF program writes it.
+    pub(crate) fn to_raw(self) -> u64 {
+        match self {
+            StackRef::None => layout::STACK_NONE,
+            StackRef::NotStored => layout::STACK_NOT_STORED,
+            StackRef::Hash(hash) => hash,
+        }
+    }
 }
 
 /// The aggregation key: one counter per (probe, process, user stack, kernel stack).
@@ -400,6 +409,16 @@ impl CountKey {
                 layout::STACK_NONE | layout::STACK_NOT_STORED => None,
                 hash => Some(hash),
             },
+        }
+    }
+
+    /// The key as the BPF program writes it (an unknown kernel stack as none).
+    pub(crate) fn to_raw(&self) -> CtCountKey {
+        CtCountKey {
+            stack_hash: self.stack.to_raw(),
+            kstack_hash: self.kernel_stack.unwrap_or(layout::STACK_NONE),
+            pid: self.pid,
+            probe_id: self.probe_id,
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::layout::{
 use crate::programs::{self, EventProgram};
 use crate::records::{Count, CountKey, Loss, Record, Stack, WalkCounters};
 use crate::skel::{TraceSkel, TraceSkelBuilder};
-use crate::stack_store::{Added, StackStore};
+use crate::spill::{CountFile, StackFile};
 use crate::sys::{self, MappedArray, ProgramStats};
 
 /// Bytes kept of the verifier log of a failed load (the kernel keeps the tail).
@@ -178,33 +178,33 @@ pub struct Tracer {
     received: Arc<Mutex<Received>>,
 }
 
-/// What the records ring buffer brought: the userspace half of the stack storage.
-#[derive(Debug, Default)]
+/// What the records ring buffer brought, and the counters of exited processes: the
+/// userspace half of the stack storage, mostly in files ([`crate::spill`]).
+#[derive(Debug)]
 struct Received {
-    /// Every stack sent, by key, with its check.
-    stacks: StackStore,
-    /// Counters kept here rather than in the kernel: events the counts map had no room
-    /// for, and the counters of processes that exited ([`Tracer::retire_processes`]).
+    /// Every stack sent, in a file.
+    stacks: StackFile,
+    /// Events of running processes the counts map had no room for.
     counts: HashMap<CountKey, Count>,
-    /// Stacks sent again (the known set was full, or two CPUs met a new stack at once).
-    repeats: u64,
-    /// Stacks whose key was taken by a different stack (a collision the kernel could not
-    /// see: its known set was full).
-    conflicts: u64,
+    /// The counters of processes that exited ([`Tracer::retire_processes`]), in a file.
+    retired: CountFile,
     /// Records that could not be read.
     malformed: u64,
 }
 
 impl Received {
+    fn new() -> std::io::Result<Received> {
+        Ok(Received {
+            stacks: StackFile::new()?,
+            counts: HashMap::new(),
+            retired: CountFile::new()?,
+            malformed: 0,
+        })
+    }
+
     fn add(&mut self, data: &[u8]) {
         match Record::parse(data) {
-            Some(Record::Stack { key, check, stack }) => {
-                match self.stacks.add(key, check, &stack) {
-                    Added::New => {}
-                    Added::Repeat => self.repeats += 1,
-                    Added::Conflict => self.conflicts += 1,
-                }
-            }
+            Some(Record::Stack { stack, .. }) => self.stacks.add(data, stack.pcs.len()),
             Some(Record::Count(key, count)) => {
                 let total = self.counts.entry(key).or_default();
                 total.events += count.events;
@@ -222,9 +222,11 @@ pub struct StackStorage {
     pub stacks: usize,
     /// Frames in them.
     pub frames: usize,
-    /// Frames kept for them: the frames the stacks share (their outer ones, mostly) are
-    /// kept once.
-    pub frames_kept: usize,
+    /// Bytes of the file they are kept in (see [`Tracer::stack`]).
+    pub file_bytes: u64,
+    /// Bytes of the file the counters of exited processes are kept in (see
+    /// [`Tracer::retire_processes`]).
+    pub retired_bytes: u64,
     /// Stacks received more than once (see [`Loss::KnownStacksFull`]).
     pub repeats: u64,
     /// Stacks that arrived under a key another stack held (their events are counted
@@ -336,7 +338,9 @@ impl Tracer {
         let pages = map_array(&skel.maps.pages, "pages")?;
         let rules = map_array(&skel.maps.rules, "rules")?;
         let max_tables = skel.maps.tables.max_entries() as usize;
-        let received = Arc::new(Mutex::new(Received::default()));
+        let received = Arc::new(Mutex::new(
+            Received::new().map_err(Error::spill("creating"))?,
+        ));
         let records = record_reader(&skel.maps.records, Arc::clone(&received))?;
         Ok(Tracer {
             skel,
@@ -732,11 +736,11 @@ impl Tracer {
             total.amount += value.amount;
         }
         let mut received = self.received();
-        // Those that came through the ring buffer move under their new pid too.
+        // Those that came through the ring buffer leave memory too.
         let overflowed: Vec<CountKey> = received
             .counts
             .keys()
-            .filter(|key| retired.get(&key.pid).is_some_and(|&to| to != key.pid))
+            .filter(|key| retired.contains_key(&key.pid))
             .copied()
             .collect();
         for key in overflowed {
@@ -748,9 +752,7 @@ impl Tracer {
         }
         for (mut key, count) in moved {
             key.pid = retired[&key.pid];
-            let total = received.counts.entry(key).or_default();
-            total.events += count.events;
-            total.amount += count.amount;
+            received.retired.add(&key, count);
         }
         Ok(keys.len())
     }
@@ -760,7 +762,15 @@ impl Tracer {
     pub fn counts(&self) -> Result<Vec<(CountKey, Count)>> {
         self.drain_records()?;
         let map = &self.skel.maps.counts;
-        let mut counts: HashMap<CountKey, Count> = self.received().counts.clone();
+        let mut counts: HashMap<CountKey, Count> = {
+            let mut received = self.received();
+            let mut counts = received.counts.clone();
+            received
+                .retired
+                .sum_into(&mut counts)
+                .map_err(Error::spill("reading"))?;
+            counts
+        };
         let mut value = [0u8; size_of::<CtCount>()];
         for key in map.keys() {
             let found = map
@@ -792,7 +802,10 @@ impl Tracer {
     /// [`Loss::StackRingFull`]).
     pub fn stack(&self, key: u64) -> Result<Option<Stack>> {
         self.drain_records()?;
-        Ok(self.received().stacks.get(key))
+        self.received()
+            .stacks
+            .get(key)
+            .map_err(Error::spill("reading"))
     }
 
     /// The kernel stack stored under `key` (a [`CountKey::kernel_stack`]), innermost first
@@ -811,16 +824,33 @@ impl Tracer {
                     source,
                 }
             })?;
-        let received = self.received();
+        let mut received = self.received();
+        let stacks = received
+            .stacks
+            .figures()
+            .map_err(Error::spill("reading"))?;
         Ok(StackStorage {
-            stacks: received.stacks.len(),
-            frames: received.stacks.frames(),
-            frames_kept: received.stacks.nodes(),
-            repeats: received.repeats,
-            conflicts: received.conflicts,
-            malformed: received.malformed,
+            stacks: stacks.stacks,
+            frames: stacks.frames,
+            file_bytes: stacks.bytes,
+            retired_bytes: received.retired.len(),
+            repeats: stacks.repeats,
+            conflicts: stacks.conflicts,
+            malformed: received.malformed + stacks.malformed,
             kernel_bytes,
         })
+    }
+
+    /// Stacks and counters that could not be written to the stack storage's files (the
+    /// disk full, say), and the first failure: their events are counted, but a stack
+    /// lost so shows as never arrived, and a counter lost so is missing.
+    pub fn storage_failure(&self) -> Option<(u64, String)> {
+        let received = self.received();
+        let stacks = received.stacks.lost();
+        let counts = received.retired.lost();
+        let lost = stacks.map_or(0, |(lost, _)| lost) + counts.map_or(0, |(lost, _)| lost);
+        let error = stacks.or(counts)?.1;
+        Some((lost, error.to_string()))
     }
 
     /// How many walks ended each way, summed over CPUs.

@@ -707,6 +707,13 @@ fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile
         .tracer
         .losses()
         .context("reading the loss counters")?;
+    if let Some((lost, error)) = source.tracer.storage_failure() {
+        eprintln!(
+            "cargo-trace: warning: {lost} stacks or counters of exited processes could not be \
+             written to the stack storage's file ({error}): their stacks show as lost, their \
+             counts are missing"
+        );
+    }
     let summary = Summary {
         failures: walk_ends
             .failures()
