@@ -351,11 +351,20 @@ mod tests {
         add(&mut file, 10, 9, &[7]);
         assert_eq!(file.get(11).unwrap().unwrap().pcs, [5, 2, 3, 4]);
         assert_eq!(file.get(12).unwrap().unwrap().pcs, Vec::<u64>::new());
-        assert_eq!(file.get(10).unwrap().unwrap().pcs, [1, 2, 3, 4], "the first stays");
+        assert_eq!(
+            file.get(10).unwrap().unwrap().pcs,
+            [1, 2, 3, 4],
+            "the first stays"
+        );
         assert_eq!(file.get(13).unwrap(), None);
         let figures = file.figures().unwrap();
         assert_eq!(
-            (figures.stacks, figures.frames, figures.repeats, figures.conflicts),
+            (
+                figures.stacks,
+                figures.frames,
+                figures.repeats,
+                figures.conflicts
+            ),
             (3, 8, 1, 1)
         );
         // Only the frames are kept, not what the ring buffer's record held past them.
@@ -392,17 +401,59 @@ mod tests {
             ..key(0, StackRef::Hash(5))
         };
         for _ in 0..3 {
-            file.add(&key(0, StackRef::Hash(5)), Count { events: 2, amount: 10 });
+            file.add(
+                &key(0, StackRef::Hash(5)),
+                Count {
+                    events: 2,
+                    amount: 10,
+                },
+            );
         }
-        file.add(&key(7, StackRef::None), Count { events: 1, amount: 0 });
-        file.add(&key(7, StackRef::NotStored), Count { events: 4, amount: 0 });
-        file.add(&with_kernel, Count { events: 1, amount: 1 });
+        file.add(
+            &key(7, StackRef::None),
+            Count {
+                events: 1,
+                amount: 0,
+            },
+        );
+        file.add(
+            &key(7, StackRef::NotStored),
+            Count {
+                events: 4,
+                amount: 0,
+            },
+        );
+        file.add(
+            &with_kernel,
+            Count {
+                events: 1,
+                amount: 1,
+            },
+        );
         let mut totals = HashMap::new();
-        totals.insert(key(7, StackRef::None), Count { events: 5, amount: 0 });
+        totals.insert(
+            key(7, StackRef::None),
+            Count {
+                events: 5,
+                amount: 0,
+            },
+        );
         file.sum_into(&mut totals).unwrap();
         assert_eq!(totals.len(), 4);
-        assert_eq!(totals[&key(0, StackRef::Hash(5))], Count { events: 6, amount: 30 });
-        assert_eq!(totals[&key(7, StackRef::None)], Count { events: 6, amount: 0 });
+        assert_eq!(
+            totals[&key(0, StackRef::Hash(5))],
+            Count {
+                events: 6,
+                amount: 30
+            }
+        );
+        assert_eq!(
+            totals[&key(7, StackRef::None)],
+            Count {
+                events: 6,
+                amount: 0
+            }
+        );
         assert_eq!(totals[&key(7, StackRef::NotStored)].events, 4);
         assert_eq!(totals[&with_kernel].events, 1);
     }

@@ -825,10 +825,7 @@ impl Tracer {
                 }
             })?;
         let mut received = self.received();
-        let stacks = received
-            .stacks
-            .figures()
-            .map_err(Error::spill("reading"))?;
+        let stacks = received.stacks.figures().map_err(Error::spill("reading"))?;
         Ok(StackStorage {
             stacks: stacks.stacks,
             frames: stacks.frames,

@@ -10,7 +10,7 @@
 //! does not move with the machine's load.
 //!
 //! Printed: a line per sample (seconds, processes started so far by the loop, RSS, the
-//! kernel maps' bytes in all and the biggest movers), then the growth per minute after
+//! kernel maps' bytes in all, the stack storage's files and the biggest movers), then the growth per minute after
 //! the first sample of each (by least squares) and whether it stays under 1%/min, the
 //! report's time and peak RSS, and cargo-trace's summary line. Asserts nothing.
 //!
@@ -69,8 +69,8 @@ fn main() {
         SAMPLE_EVERY.as_secs()
     );
     println!(
-        "{:>6} {:>9} {:>10} {:>12}  biggest maps (KiB)",
-        "s", "started", "RSS KiB", "maps KiB"
+        "{:>6} {:>9} {:>10} {:>12} {:>10}  biggest maps (KiB)",
+        "s", "started", "RSS KiB", "maps KiB", "files KiB"
     );
     let started = Instant::now();
     let mut rss = Vec::new();
@@ -98,9 +98,10 @@ fn main() {
             .collect();
         let processes = std::fs::read_to_string(&counter).unwrap_or_default();
         println!(
-            "{at:>6.0} {:>9} {rss_kib:>10} {:>12}  {}",
+            "{at:>6.0} {:>9} {rss_kib:>10} {:>12} {:>10}  {}",
             processes.trim(),
             total / 1024,
+            unlinked_file_bytes(pid) / 1024,
             movers.join(", ")
         );
         if let Ok(started) = processes.trim().parse::<f64>() {
@@ -159,6 +160,22 @@ fn main() {
     for line in stderr.lines().filter(|line| line.contains(" events, ")) {
         println!("{line}");
     }
+}
+
+/// Bytes of the unlinked files process `pid` holds open: the stack storage's files.
+fn unlinked_file_bytes(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().ends_with(" (deleted)"))
+        })
+        .filter_map(|fd| std::fs::metadata(fd.path()).ok())
+        .filter(|meta| meta.is_file())
+        .map(|meta| meta.len())
+        .sum()
 }
 
 /// The kernel's memory of each BPF map process `pid` holds (the `memlock` of its
