@@ -239,6 +239,26 @@ fn bad_input_is_one_clear_line() {
 }
 
 #[test]
+fn a_temporary_directory_that_cannot_hold_the_stack_storage_is_one_clear_line() {
+    if !bpf_available("stack storage's file") {
+        return;
+    }
+    let scratch = Scratch::new("tmpdir");
+    let marker = scratch.path("target-ran");
+    let output = Command::new(binary())
+        .args(["profile:hz:99", "-c"])
+        .arg(format!("touch {}", marker.display()))
+        .env("TMPDIR", "/no/such/tmpdir")
+        .current_dir(scratch.dir())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo-trace");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_one_line_error(output.status, &stderr, "/no/such/tmpdir");
+    assert!(!marker.exists(), "the target must not start: {stderr}");
+}
+
+#[test]
 fn kprobes_work_where_the_kernel_has_them_and_say_so_where_not() {
     if !bpf_available("kprobe") {
         return;
