@@ -36,9 +36,10 @@
 //! (`known_stacks`: key → check, 16 bytes a stack whatever its depth,
 //! allocated on use) and a per-CPU direct-mapped cache of it. A new stack is
 //! claimed in the set and sent once, its header and frames only, through the
-//! `records` ring buffer; [`Tracer::drain_records`] moves what arrived into
-//! the tracer's own store, which [`Tracer::stack`] and
-//! [`Tracer::kernel_stack`] read (the session drains about every 20 ms). A
+//! `records` ring buffer; [`Tracer::drain_records`] appends what arrived to an
+//! unlinked file (`spill.rs`: nothing is kept in memory per stack while the
+//! target runs), which [`Tracer::stack`] and [`Tracer::kernel_stack`] index
+//! and read (the session drains about every 20 ms). A
 //! user frame is stored as its object's ELF address where the mapping holding
 //! it was registered with an object id ([`Mapping::object`], [`Frame`]): a
 //! stack is then one stack, under one key, in every process running that code,
@@ -46,7 +47,7 @@
 //! stores each of its stacks once. The counters stay in the kernel (`counts`,
 //! allocated on use) while their processes run and [`Tracer::counts`] reads
 //! them; [`Tracer::retire_processes`] moves those of processes that exited to
-//! the tracer's own store. Nothing can fill without saying so, and a full map
+//! another such file, summed when read. Nothing can fill without saying so, and a full map
 //! or ring buffer loses no event:
 //! - ring buffer full for a new stack: the claim is withdrawn, so the next
 //!   event with that stack sends it again; the event is counted under the
