@@ -41,9 +41,12 @@ fn full_kernel_maps_say_so_and_lose_nothing() {
         return;
     }
     let run = trace_paths(10, &["--max-counts", "64", "--max-stacks", "64"]);
-    for loss in [Loss::CountMapFull, Loss::KnownStacksFull] {
+    for (loss, option) in [
+        (Loss::CountMapFull, "--max-counts"),
+        (Loss::KnownStacksFull, "--max-stacks"),
+    ] {
         assert!(
-            run.stderr.contains(loss.name()),
+            summary_limit(&run, loss.name(), option) > 0,
             "no {loss:?}: {}",
             run.stderr
         );
@@ -94,6 +97,12 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
         note.contains("rows map is full") && note.ends_with("(raise --max-table-rows)"),
         "{note}"
     );
+    // Counted in the summary too: the objects left without a table.
+    assert!(
+        summary_limit(&run, "table rows full", "--max-table-rows") >= 1,
+        "{}",
+        run.stderr
+    );
     assert!(
         run.stderr
             .contains(&format!("{} 1000", WalkEnd::NoRow.name())),
@@ -117,6 +126,41 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     );
 }
 
+/// A map of files for the walker with room for one file mapping, under a target that
+/// maps three files (its executable, ld.so, libc): the summary counts the mappings left
+/// out with the option that raises the map, and every event is counted all the same,
+/// each under its whole stack (the target's own mappings are registered before it runs).
+#[test]
+fn a_full_file_map_says_so_with_its_option_and_loses_no_event() {
+    if !bpf_available("file map full") {
+        return;
+    }
+    let levels = fixtures::c_fixture("levels");
+    let probe = format!("uprobe:{}:level3", levels.display());
+    let command = format!("{} 1000", quoted(&levels));
+    let run = trace("file-map", &[&probe], &command, &["--max-files", "1"]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    assert_eq!(run.stdout, "calls 1000 sum 6000\n");
+    let summary = run
+        .stderr
+        .lines()
+        .find(|line| line.contains(" events, "))
+        .unwrap_or_else(|| panic!("no summary line: {}", run.stderr));
+    assert!(
+        summary_limit(&run, "file map full", "--max-files") >= 2,
+        "{summary}"
+    );
+    assert!(!run.stderr.contains("was not told"), "{}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(run.summary_events(), 1000, "{summary}");
+    assert_eq!(folded.total(), 1000, "{summary}");
+    assert_eq!(folded.count_with("_start"), 1000, "{summary}");
+    run.assert_every_walk_complete();
+    let roomy = trace("file-map", &[&probe], &command, &[]);
+    assert!(!roomy.stderr.contains("file map full"), "{}", roomy.stderr);
+    assert_eq!(roomy.folded().total(), 1000, "{}", roomy.stderr);
+}
+
 /// Every loss but the events that had no user stack to walk (inside execve, exiting
 /// processes, kernel threads, interval firings elsewhere): those are counted as what
 /// they are, and lose nothing.
@@ -131,6 +175,21 @@ fn real_losses() -> Vec<Loss> {
             )
         })
         .collect()
+}
+
+/// The count of limit `name` in the run's summary line, which must name `option` as what
+/// raises it (`file map full 2 (--max-files)`).
+fn summary_limit(run: &Run, name: &str, option: &str) -> u64 {
+    let summary = run
+        .stderr
+        .lines()
+        .find(|line| line.contains(" events, "))
+        .unwrap_or_else(|| panic!("no summary line: {}", run.stderr));
+    summary
+        .split_once(&format!("{name} "))
+        .and_then(|(_, rest)| rest.split_once(&format!(" ({option})")))
+        .and_then(|(count, _)| count.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} with {option} in: {summary}"))
 }
 
 /// None of `losses` is named in the run's summary.
