@@ -77,17 +77,7 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     if !bpf_available("table map full") {
         return;
     }
-    let levels = fixtures::c_fixture("levels");
-    let probe = format!("uprobe:{}:level3", levels.display());
-    let command = format!("{} 1000", quoted(&levels));
-    let run = trace(
-        "table-rows",
-        &[&probe],
-        &command,
-        &["--max-table-rows", "0"],
-    );
-    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
-    assert_eq!(run.stdout, "calls 1000 sum 6000\n");
+    let run = trace_levels("table-rows", &["--max-table-rows", "0"]);
     let note = run
         .stderr
         .lines()
@@ -112,7 +102,7 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     let folded = run.folded();
     assert_eq!(folded.total(), 1000, "{}", run.stderr);
     assert_eq!(folded.count_with("level1"), 1000, "{}", run.stderr);
-    let roomy = trace("table-rows", &[&probe], &command, &[]);
+    let roomy = trace_levels("table-rows", &[]);
     assert!(
         !roomy.stderr.contains("no unwind table for"),
         "{}",
@@ -135,30 +125,29 @@ fn a_full_file_map_says_so_with_its_option_and_loses_no_event() {
     if !bpf_available("file map full") {
         return;
     }
+    let run = trace_levels("file-map", &["--max-files", "1"]);
+    let left_out = summary_limit(&run, "file map full", "--max-files");
+    assert!(left_out >= 2, "{}", run.stderr);
+    assert!(!run.stderr.contains("was not told"), "{}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(run.summary_events(), 1000, "{}", run.stderr);
+    assert_eq!(folded.total(), 1000, "{}", run.stderr);
+    assert_eq!(folded.count_with("_start"), 1000, "{}", run.stderr);
+    run.assert_every_walk_complete();
+    let roomy = trace_levels("file-map", &[]);
+    assert!(!roomy.stderr.contains("file map full"), "{}", roomy.stderr);
+    assert_eq!(roomy.folded().total(), 1000, "{}", roomy.stderr);
+}
+
+/// The `levels` fixture's 1000 chains under a uprobe on `level3`, run to its end.
+fn trace_levels(name: &str, extra: &[&str]) -> Run {
     let levels = fixtures::c_fixture("levels");
     let probe = format!("uprobe:{}:level3", levels.display());
     let command = format!("{} 1000", quoted(&levels));
-    let run = trace("file-map", &[&probe], &command, &["--max-files", "1"]);
+    let run = trace(name, &[&probe], &command, extra);
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     assert_eq!(run.stdout, "calls 1000 sum 6000\n");
-    let summary = run
-        .stderr
-        .lines()
-        .find(|line| line.contains(" events, "))
-        .unwrap_or_else(|| panic!("no summary line: {}", run.stderr));
-    assert!(
-        summary_limit(&run, "file map full", "--max-files") >= 2,
-        "{summary}"
-    );
-    assert!(!run.stderr.contains("was not told"), "{}", run.stderr);
-    let folded = run.folded();
-    assert_eq!(run.summary_events(), 1000, "{summary}");
-    assert_eq!(folded.total(), 1000, "{summary}");
-    assert_eq!(folded.count_with("_start"), 1000, "{summary}");
-    run.assert_every_walk_complete();
-    let roomy = trace("file-map", &[&probe], &command, &[]);
-    assert!(!roomy.stderr.contains("file map full"), "{}", roomy.stderr);
-    assert_eq!(roomy.folded().total(), 1000, "{}", roomy.stderr);
+    run
 }
 
 /// Every loss but the events that had no user stack to walk (inside execve, exiting
