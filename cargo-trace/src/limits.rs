@@ -23,6 +23,10 @@ pub enum Limit {
     Table(TableMap),
     /// File mappings the walker was not told of: the map of files had no room.
     FileMap,
+    /// Processes with more executable mappings than the walker holds for one
+    /// ([`bpf_prog::MAX_MAPPINGS`], fixed in the BPF program): those past it (anonymous
+    /// code first) end walks with "no mapping".
+    MappingsPerProcess,
     /// A counter of the heap programs.
     Heap(AllocCounter),
 }
@@ -37,6 +41,7 @@ impl Limit {
             Limit::Table(TableMap::Rules) => "table rules full",
             Limit::Table(TableMap::Tables) => "tables full",
             Limit::FileMap => "file map full",
+            Limit::MappingsPerProcess => "processes past 512 mappings",
             Limit::Heap(counter) => counter.name(),
         }
     }
@@ -69,6 +74,7 @@ impl Limit {
             Limit::Table(TableMap::Rules) => &["--max-table-rules"],
             Limit::Table(TableMap::Tables) => &["--max-tables"],
             Limit::FileMap => &["--max-files"],
+            Limit::MappingsPerProcess => &[],
             Limit::Heap(counter) => match counter {
                 AllocCounter::LiveMapFull => &["--max-live-blocks"],
                 // The statistics per stack, or the totals per process.
@@ -117,7 +123,10 @@ mod tests {
         let losses = Loss::ALL.into_iter().map(Limit::Loss);
         let tables = TableMap::ALL.into_iter().map(Limit::Table);
         let heap = AllocCounter::ALL.into_iter().map(Limit::Heap);
-        losses.chain(tables).chain([Limit::FileMap]).chain(heap)
+        losses
+            .chain(tables)
+            .chain([Limit::FileMap, Limit::MappingsPerProcess])
+            .chain(heap)
     }
 
     #[test]
@@ -144,6 +153,12 @@ mod tests {
         for limit in full {
             assert!(!limit.raised_by().is_empty(), "{limit:?}");
         }
+    }
+
+    #[test]
+    fn the_mapping_cap_is_the_programs() {
+        let name = Limit::MappingsPerProcess.name();
+        assert!(name.contains(&bpf_prog::MAX_MAPPINGS.to_string()), "{name}");
     }
 
     #[test]

@@ -71,8 +71,8 @@ pub struct ProcessTables {
     announced: HashSet<(u64, u64, u64, ObjectId)>,
     /// Whether telling the walker of a file failed otherwise than for room (said once).
     announce_failed: bool,
-    /// Processes whose mappings found the map of processes full, counted once each.
-    not_registered: HashSet<u32>,
+    /// The limits each process met, counted once a process however often it is synced.
+    met: HashSet<(Limit, u32)>,
     /// The objects' names, one copy each for all the mappings of the object.
     names: HashSet<Arc<MappedNames>>,
     /// Every object file loaded, open until the session ends (see `symbols`), and the
@@ -107,7 +107,7 @@ impl ProcessTables {
             object_ids: 0,
             announced: HashSet::new(),
             announce_failed: false,
-            not_registered: HashSet::new(),
+            met: HashSet::new(),
             names: HashSet::new(),
             coverage: Coverage::default(),
         }
@@ -126,6 +126,7 @@ impl ProcessTables {
         if mappings.len() > bpf_prog::MAX_MAPPINGS {
             mappings.retain(|m| !matches!(m.object(), MappedObject::Anonymous(_)));
             mappings.truncate(bpf_prog::MAX_MAPPINGS);
+            self.count_once(Limit::MappingsPerProcess, pid);
         }
         let mut registered = Vec::with_capacity(mappings.len());
         for mapping in &mappings {
@@ -149,14 +150,21 @@ impl ProcessTables {
         }
         if let Err(error) = tracer.set_mappings(pid, &registered) {
             // Tried again at the next sync, once another process gave its entry back.
-            if error.is_map_full() && self.not_registered.insert(pid) {
-                limits::count(&mut self.coverage.limits, Limit::Loss(Loss::ProcsFull));
+            if error.is_map_full() {
+                self.count_once(Limit::Loss(Loss::ProcsFull), pid);
             }
             return Err(error)
                 .with_context(|| format!("registering the mappings of process {pid}"));
         }
         self.registered.insert(pid, mappings);
         Ok(())
+    }
+
+    /// Counts `limit` for `pid`, unless it was counted for it already.
+    fn count_once(&mut self, limit: Limit, pid: u32) {
+        if self.met.insert((limit, pid)) {
+            limits::count(&mut self.coverage.limits, limit);
+        }
     }
 
     /// Whether `pid`'s mappings were registered.

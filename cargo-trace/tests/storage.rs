@@ -139,6 +139,35 @@ fn a_full_file_map_says_so_with_its_option_and_loses_no_event() {
     assert_eq!(roomy.folded().total(), 1000, "{}", roomy.stderr);
 }
 
+/// A process with more executable mappings than the walker holds for one: the summary
+/// counts it (no option raises the cap: it is the BPF program's), and every event is
+/// counted all the same.
+#[test]
+fn a_process_past_the_mapping_cap_says_so_and_loses_no_event() {
+    if !bpf_available("mapping cap") {
+        return;
+    }
+    let path = fixtures::c_fixture("many_mappings");
+    let mappings = bpf_prog::MAX_MAPPINGS + 100;
+    let run = trace(
+        "many-mappings",
+        &[&format!("uprobe:{}:work", path.display())],
+        &format!("{} {mappings}", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    assert_eq!(run.stdout, format!("mappings {mappings} calls 1000\n"));
+    let summary = run
+        .stderr
+        .lines()
+        .find(|line| line.contains(" events, "))
+        .unwrap_or_else(|| panic!("no summary line: {}", run.stderr));
+    let cap = format!("processes past {} mappings 1", bpf_prog::MAX_MAPPINGS);
+    assert!(summary.contains(&cap), "{summary}");
+    assert_eq!(run.summary_events(), 1000, "{summary}");
+    assert_eq!(run.folded().count_with("work"), 1000, "{summary}");
+}
+
 /// The `levels` fixture's 1000 chains under a uprobe on `level3`, run to its end.
 fn trace_levels(name: &str, extra: &[&str]) -> Run {
     let levels = fixtures::c_fixture("levels");
