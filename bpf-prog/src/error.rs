@@ -5,7 +5,7 @@ use std::io;
 use crate::TableId;
 
 /// Which fixed-size map an operation ran out of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TableMap {
     Rows,
     Pages,
@@ -14,6 +14,13 @@ pub enum TableMap {
 }
 
 impl TableMap {
+    pub const ALL: [TableMap; 4] = [
+        TableMap::Rows,
+        TableMap::Pages,
+        TableMap::Rules,
+        TableMap::Tables,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             TableMap::Rows => "rows",
@@ -153,6 +160,21 @@ impl Error {
         }
     }
 
+    /// A map update found no room for a new entry (a full hash map: E2BIG), as
+    /// [`Tracer::set_mappings`](crate::Tracer::set_mappings) may when the map of processes
+    /// is full; [`Error::MapFull`] for the table maps.
+    pub fn is_map_full(&self) -> bool {
+        match self {
+            Error::MapFull { .. } => true,
+            Error::Map {
+                op: "update",
+                source,
+                ..
+            } => source.kind() == libbpf_rs::ErrorKind::TooBig,
+            _ => false,
+        }
+    }
+
     /// The kernel said no for lack of privilege (no CAP_BPF/CAP_PERFMON, or
     /// BPF disabled): the one failure that tests treat as "cannot run here".
     /// A verifier rejection can carry EACCES too, but it comes with a log.
@@ -221,6 +243,23 @@ mod tests {
         // The cause is the source's to say, once, not the message's too.
         assert_eq!(error.to_string(), "loading the BPF programs");
         assert!(std::error::Error::source(&error).is_some());
+    }
+
+    #[test]
+    fn a_full_hash_map_is_told_from_other_map_errors() {
+        let update = |errno| Error::Map {
+            map: "procs",
+            op: "update",
+            source: libbpf_rs::Error::from_raw_os_error(errno),
+        };
+        assert!(update(libc::E2BIG).is_map_full());
+        assert!(!update(libc::ENOMEM).is_map_full());
+        let lookup = Error::Map {
+            map: "procs",
+            op: "lookup",
+            source: libbpf_rs::Error::from_raw_os_error(libc::E2BIG),
+        };
+        assert!(!lookup.is_map_full());
     }
 
     #[test]

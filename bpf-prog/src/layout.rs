@@ -37,6 +37,17 @@ pub const KNOWN_CACHE_SLOTS: usize = 4096;
 /// as in `unwind_tables::rule::STEP_WINDOW`.
 pub const STEP_WINDOW: u32 = 16;
 
+/// Bytes of the `new_images` ring buffer for `processes` traced at once: a stopped process
+/// waits for userspace with one report in it (a pid behind the ring's 8-byte header, 16
+/// bytes), and sends no other until it is continued. A power of 2 from 64 KiB (a
+/// multiple of any page size, as ring buffers must be) to 1 GiB.
+pub fn new_images_ring_bytes(processes: u32) -> u32 {
+    const REPORT_BYTES: u64 = 16;
+    (u64::from(processes) * REPORT_BYTES)
+        .next_power_of_two()
+        .clamp(64 << 10, 1 << 30) as u32
+}
+
 /// `ct_count_key.stack_hash` of an event whose user stack was not walked.
 pub const STACK_NONE: u64 = 0;
 /// The cookie of `on_start_main` on `__libc_start_main` (`CT_START_MAIN_COOKIE`, a
@@ -859,5 +870,19 @@ pub mod alloc {
         call_flags::NESTED => c::ct_alloc_call_flags::CT_CALL_NESTED,
         call_flags::OLD_KNOWN => c::ct_alloc_call_flags::CT_CALL_OLD_KNOWN,
         call_flags::UNSAMPLED => c::ct_alloc_call_flags::CT_CALL_UNSAMPLED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_images_ring_bytes;
+
+    #[test]
+    fn new_images_ring_holds_a_report_per_process() {
+        // The default 4096 processes: the 64 KiB the ring always had.
+        assert_eq!(new_images_ring_bytes(4096), 64 << 10);
+        assert_eq!(new_images_ring_bytes(1), 64 << 10);
+        assert_eq!(new_images_ring_bytes(100_000), 2 << 20);
+        assert_eq!(new_images_ring_bytes(u32::MAX), 1 << 30);
     }
 }

@@ -44,6 +44,9 @@ pub struct Options {
     pub max_tables: u32,
     /// Processes with registered mappings.
     pub max_procs: u32,
+    /// File mappings the walker knows before a process's own mappings are registered
+    /// ([`Tracer::add_file_mapping`], which says when there is no room).
+    pub max_files: u32,
     /// Distinct user and kernel stacks the kernel remembers having sent (16 bytes of key
     /// and check each, allocated as they appear). Past it, a stack is sent again each time
     /// it is met ([`Loss::KnownStacksFull`]).
@@ -81,6 +84,7 @@ impl Default for Options {
             max_rules: 256 << 10,
             max_tables: 4096,
             max_procs: 4096,
+            max_files: 16384,
             max_stacks: 1 << 20,
             max_counts: 1 << 20,
             record_ring_bytes: 16 << 20,
@@ -298,6 +302,7 @@ impl Tracer {
             (&mut maps.rules, "rules", options.max_rules),
             (&mut maps.tables, "tables", options.max_tables),
             (&mut maps.procs, "procs", options.max_procs),
+            (&mut maps.file_objects, "file_objects", options.max_files),
             (&mut maps.known_stacks, "known_stacks", options.max_stacks),
             (&mut maps.records, "records", options.record_ring_bytes),
             (&mut maps.counts, "counts", options.max_counts),
@@ -307,6 +312,11 @@ impl Tracer {
                 options.max_filtered_pids,
             ),
             (&mut maps.loading, "loading", options.max_filtered_pids),
+            (
+                &mut maps.new_images,
+                "new_images",
+                layout::new_images_ring_bytes(options.max_filtered_pids),
+            ),
             (
                 &mut maps.off_cpu_starts,
                 "off_cpu_starts",
@@ -532,7 +542,10 @@ impl Tracer {
     /// Forgets the mappings of `pid` (e.g. when it exits); its events then
     /// walk no further than [`WalkEnd::NoProcess`](unwind_tables::walk::WalkEnd::NoProcess).
     pub fn remove_process(&self, pid: u32) -> Result<()> {
-        delete(&self.skel.maps.procs, "procs", &pid)
+        delete(&self.skel.maps.procs, "procs", &pid)?;
+        // An exec into a program that never reaches the stop hooks (a static one)
+        // leaves its mark in `loading`, sized like the pid filter: gone with the process.
+        delete(&self.skel.maps.loading, "loading", &pid)
     }
 
     /// Lets perf events and tracepoints (and uprobes, with

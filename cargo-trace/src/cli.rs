@@ -128,11 +128,19 @@ pub struct Cli {
     #[arg(long = "max-counts", value_name = "N", default_value_t = bpf_prog::Options::default().max_counts)]
     pub max_counts: u32,
 
-    /// Processes traced at once (the target and its children, with their mappings). Past
-    /// it, a child is not followed ("pid filter full" in the summary) or walks without its
-    /// mappings until they are read ("process map full").
+    /// Processes traced at once (the target and its children, with their mappings and
+    /// heap totals). Past it, a child is not followed ("pid filter full" in the summary)
+    /// or walks without its mappings until they are read ("process map full", "new
+    /// images ring full").
     #[arg(long = "max-processes", value_name = "N", default_value_t = bpf_prog::Options::default().max_procs)]
     pub max_processes: u32,
+
+    /// File mappings (a library or executable at an offset) the kernel knows apart from
+    /// the processes mapping them, so that code a process runs before its mappings are
+    /// registered (ld.so starting a library) is walked. Past it, such code ends walks
+    /// ("file map full" in the summary).
+    #[arg(long = "max-files", value_name = "N", default_value_t = bpf_prog::Options::default().max_files)]
+    pub max_files: u32,
 
     /// Processes that exited while traced whose counts stay apart, each under its own
     /// pid (the target's always do). The counts of later ones are added up under pid 0
@@ -419,6 +427,9 @@ mod tests {
         assert_eq!(cli.ring_buffer_mib << 20, defaults.record_ring_bytes);
         assert_eq!(cli.max_processes, defaults.max_procs);
         assert_eq!(cli.max_processes, defaults.max_filtered_pids);
+        assert_eq!(cli.max_files, defaults.max_files);
+        assert_eq!(cli.alloc.max_heap_stacks, defaults.alloc.max_stacks);
+        assert_eq!(cli.alloc.max_live_blocks, defaults.alloc.max_live_blocks);
         let cli = parse(&[
             "cargo-trace",
             "--max-stacks",
@@ -427,11 +438,17 @@ mod tests {
             "3000000",
             "--ring-buffer-mib",
             "256",
+            "--max-files",
+            "1",
+            "--max-heap-stacks",
+            "200000",
         ]);
         assert_eq!(
             (cli.max_stacks, cli.max_counts, cli.ring_buffer_mib),
             (5_000_000, 3_000_000, 256)
         );
+        assert_eq!((cli.max_files, cli.alloc.max_heap_stacks), (1, 200_000));
+        assert_eq!(cli.alloc.options().max_stacks, 200_000);
         for bad in ["3", "0", "2048", "x"] {
             let args = ["cargo-trace", "--ring-buffer-mib", bad].map(OsString::from);
             assert!(Cli::try_parse_from(args).is_err(), "{bad}");

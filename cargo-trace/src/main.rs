@@ -18,6 +18,7 @@ mod exited;
 mod guard;
 mod invoker;
 mod launch;
+mod limits;
 mod open;
 mod output;
 mod process;

@@ -9,7 +9,8 @@
 //! [`ProfileBuilder`] turns raw stacks (addresses per process, as the kernel counted them)
 //! into a profile, symbolizing each distinct address once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
@@ -89,8 +90,8 @@ pub struct Summary {
     /// only the reasons that happened.
     pub failures: Vec<(String, u64)>,
     /// Events that lost something else, and limits hit (a full map or ring buffer), by
-    /// name; only those that happened.
-    pub losses: Vec<(String, u64)>,
+    /// name, with the options that raise each limit; only those that happened.
+    pub losses: Vec<Lost>,
     /// Events counted with their kernel stack only because no user stack was left to
     /// walk (inside execve).
     pub in_exec: u64,
@@ -106,6 +107,37 @@ pub struct Summary {
     /// Processes that exited, past `--keep-exited`, whose counts are added up under
     /// pid 0 rather than kept under their own pids.
     pub merged_processes: u64,
+}
+
+/// A count of what lost information (events, objects, mappings), or of a limit met,
+/// with the command-line options that raise the limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lost {
+    /// Its name in reports, e.g. "known stacks full".
+    pub what: String,
+    pub count: u64,
+    /// Options any one of which raises the limit (`--max-stacks`); none for a count that
+    /// no option changes (a hash collision).
+    pub raised_by: &'static [&'static str],
+}
+
+impl Lost {
+    /// The count, and the options that raise the limit if any: `5 (--max-stacks)`,
+    /// `2 (--max-counts or --ring-buffer-mib)`, `1`.
+    pub fn count_and_options(&self) -> String {
+        if self.raised_by.is_empty() {
+            self.count.to_string()
+        } else {
+            format!("{} ({})", self.count, self.raised_by.join(" or "))
+        }
+    }
+}
+
+/// `known stacks full 5 (--max-stacks)`, `hash collision 1`.
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.what, self.count_and_options())
+    }
 }
 
 /// Where the profile came from.
@@ -160,8 +192,8 @@ pub struct Profile {
 pub struct HeapTotals {
     pub processes: Vec<HeapProcess>,
     /// Events the heap programs could not pair or keep, by name (e.g. "unknown frees"),
-    /// only those that happened.
-    pub lost: BTreeMap<String, u64>,
+    /// with the options that raise each limit; only those that happened.
+    pub lost: Vec<Lost>,
     /// Blocks freed sooner than this after their allocation are temporaries.
     pub temporary_threshold: Duration,
     /// How sampling made the figures estimates, when events were sampled.

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use bpf_prog::{EventProgram, Loss, Options, StackRef, Tracer};
+use bpf_prog::{AllocOptions, EventProgram, Loss, Options, StackRef, Tracer};
 use probes::{Attachment, Fire, ProbeSpec, ProgramKind, Rate, UprobeGroup};
 
 use crate::alloc::live::HeapWatch;
@@ -23,6 +23,7 @@ use crate::cli::Cli;
 use crate::exited::{ExitedProcesses, MERGED_PID};
 use crate::guard::Guard;
 use crate::launch::{self, Exit};
+use crate::limits::{self, Limit};
 use crate::output::{self, Destination};
 use crate::process;
 use crate::profile::{
@@ -32,7 +33,7 @@ use crate::profile::{
 use crate::progress::{self, Progress};
 use crate::signals;
 use crate::symbolize::{SymbolMapping, Symbolizer};
-use crate::tables::ProcessTables;
+use crate::tables::{Coverage, ProcessTables};
 use crate::writers::{self, Format, Weighting};
 
 /// Events that had no user stack to walk, by what they are: not walks, and not losses.
@@ -173,13 +174,19 @@ impl Prepared {
             None => Some(command_line(cli)?),
         };
         let follow = !cli.no_follow_forks;
+        let alloc_probes = probes.iter().filter(|p| p.event_spec().is_none()).count();
+        let alloc_probes = u32::try_from(alloc_probes.max(1)).unwrap_or(u32::MAX);
         let options = Options {
             // The kernel fires bound uprobes in the traced processes only; the program
             // still keeps the processes it follows (those past a full pid filter are
             // not).
             filter_uprobes: follow,
             programs: programs_for(&probes),
-            alloc: cli.alloc.options(),
+            // The heap's totals are per process and alloc probe.
+            alloc: AllocOptions {
+                max_processes: cli.max_processes.saturating_mul(alloc_probes),
+                ..cli.alloc.options()
+            },
             max_stacks: cli.max_stacks,
             max_counts: cli.max_counts,
             max_rows: cli.max_table_rows,
@@ -189,6 +196,7 @@ impl Prepared {
             record_ring_bytes: cli.ring_buffer_mib << 20,
             max_procs: cli.max_processes,
             max_filtered_pids: cli.max_processes,
+            max_files: cli.max_files,
             off_cpu_min_block_ns: cli.min_block_ns,
             max_off_cpu_threads: cli.max_off_cpu_threads,
             ..Options::default()
@@ -499,7 +507,7 @@ impl Running {
             symbol_mappings: traced.tables.symbol_mappings().clone(),
             object_mappings: traced.tables.object_mappings().clone(),
             merged_processes: traced.exited.merged(),
-            without_table: traced.tables.coverage.without_table.clone(),
+            coverage: traced.tables.coverage.clone(),
             pid: traced.pid,
             entry: traced.entry,
             argv: traced.argv.clone(),
@@ -551,7 +559,7 @@ impl Finished {
                 symbol_mappings: self.tables.take_symbol_mappings(),
                 object_mappings: self.tables.object_mappings().clone(),
                 merged_processes: self.exited.merged(),
-                without_table: self.tables.coverage.without_table.clone(),
+                coverage: self.tables.coverage.clone(),
                 pid: self.pid,
                 entry: self.entry,
                 argv: self.argv.clone(),
@@ -630,7 +638,8 @@ struct ProfileSource<'a> {
     object_mappings: HashMap<bpf_prog::ObjectId, Vec<SymbolMapping>>,
     /// Exited processes counted together under [`MERGED_PID`].
     merged_processes: u64,
-    without_table: Vec<(String, String)>,
+    /// The objects' tables, and what did not fit in the maps cargo-trace fills.
+    coverage: Coverage,
     pid: u32,
     entry: Option<u64>,
     argv: Option<Vec<String>>,
@@ -714,27 +723,26 @@ fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile
              counts are missing"
         );
     }
+    // The kernel's losses, and what did not fit in the maps filled here.
+    let mut limits = source.coverage.limits;
+    for loss in Loss::ALL {
+        if loss != Loss::InExec && !NO_USER_STACK.contains(&loss) {
+            *limits.entry(Limit::Loss(loss)).or_default() += losses[loss as usize];
+        }
+    }
     let summary = Summary {
         failures: walk_ends
             .failures()
             .map(|(name, count)| (name.to_string(), count))
             .collect(),
-        losses: Loss::ALL
-            .iter()
-            .filter(|loss| {
-                **loss != Loss::InExec
-                    && !NO_USER_STACK.contains(loss)
-                    && losses[**loss as usize] > 0
-            })
-            .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
-            .collect(),
+        losses: limits::reported(&limits),
         in_exec: losses[Loss::InExec as usize],
         no_user_stack: NO_USER_STACK
             .iter()
             .filter(|loss| losses[**loss as usize] > 0)
             .map(|loss| (loss.name().to_string(), losses[*loss as usize]))
             .collect(),
-        without_table: source.without_table,
+        without_table: source.coverage.without_table,
         not_the_targets: u64::try_from(not_the_targets).unwrap_or(0),
         merged_processes: source.merged_processes,
     };

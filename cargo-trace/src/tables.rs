@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bpf_prog::{FileMapping, Mapping, ObjectId, TableId, Tracer};
+use bpf_prog::{FileMapping, Loss, Mapping, ObjectId, TableId, Tracer};
 use unwind_tables::cache::{Cache, Outcome};
+use unwind_tables::CompactTable;
 
+use crate::limits::{self, Limit};
 use crate::symbolize::{MappedNames, SymbolMapping, Symbolizer};
 use process_image::{MappedObject, MapsEntry};
 
@@ -28,6 +30,9 @@ pub struct Coverage {
     /// Objects without a table (no CFI, unreadable, anonymous code), by name and reason:
     /// a pc in them ends the walk with "no row".
     pub without_table: Vec<(String, String)>,
+    /// What did not fit in the maps filled here: objects whose table did not, file
+    /// mappings the walker was not told of, processes whose mappings were not registered.
+    pub limits: limits::Counts,
 }
 
 /// An object as loaded once: its table (if it has one) and the file to symbolize it from
@@ -64,6 +69,10 @@ pub struct ProcessTables {
     /// The files told to the walker: (kernel device, inode, offset, object id: one
     /// per version of a file).
     announced: HashSet<(u64, u64, u64, ObjectId)>,
+    /// Whether telling the walker of a file failed otherwise than for room (said once).
+    announce_failed: bool,
+    /// The limits each process met, counted once a process however often it is synced.
+    met: HashSet<(Limit, u32)>,
     /// The objects' names, one copy each for all the mappings of the object.
     names: HashSet<Arc<MappedNames>>,
     /// Every object file loaded, open until the session ends (see `symbols`), and the
@@ -97,6 +106,8 @@ impl ProcessTables {
             object_mappings: HashMap::new(),
             object_ids: 0,
             announced: HashSet::new(),
+            announce_failed: false,
+            met: HashSet::new(),
             names: HashSet::new(),
             coverage: Coverage::default(),
         }
@@ -115,6 +126,7 @@ impl ProcessTables {
         if mappings.len() > bpf_prog::MAX_MAPPINGS {
             mappings.retain(|m| !matches!(m.object(), MappedObject::Anonymous(_)));
             mappings.truncate(bpf_prog::MAX_MAPPINGS);
+            self.count_once(Limit::MappingsPerProcess, pid);
         }
         let mut registered = Vec::with_capacity(mappings.len());
         for mapping in &mappings {
@@ -136,11 +148,23 @@ impl ProcessTables {
             }
             self.remember(pid, symbol_mapping);
         }
-        tracer
-            .set_mappings(pid, &registered)
-            .with_context(|| format!("registering the mappings of process {pid}"))?;
+        if let Err(error) = tracer.set_mappings(pid, &registered) {
+            // Tried again at the next sync, once another process gave its entry back.
+            if error.is_map_full() {
+                self.count_once(Limit::Loss(Loss::ProcsFull), pid);
+            }
+            return Err(error)
+                .with_context(|| format!("registering the mappings of process {pid}"));
+        }
         self.registered.insert(pid, mappings);
         Ok(())
+    }
+
+    /// Counts `limit` for `pid`, unless it was counted for it already.
+    fn count_once(&mut self, limit: Limit, pid: u32) {
+        if self.met.insert((limit, pid)) {
+            limits::count(&mut self.coverage.limits, limit);
+        }
     }
 
     /// Whether `pid`'s mappings were registered.
@@ -190,9 +214,9 @@ impl ProcessTables {
     /// Tells the walker what the file behind `mapping` is, once per file version and
     /// offset: another process mapping it there is walked through it even before its
     /// own mappings are registered (ld.so runs a library's code before that). A map of
-    /// files with no room leaves such code unwalked ("no mapping"), as before.
+    /// files with no room leaves such code unwalked ("no mapping"), and is counted.
     fn announce_file(&mut self, tracer: &Tracer, mapping: &MapsEntry, registering: &Mapping) {
-        let (Some(id), MappedObject::File(_), Some(dev)) =
+        let (Some(id), MappedObject::File(path), Some(dev)) =
             (registering.object, mapping.object(), mapping.kernel_dev())
         else {
             return;
@@ -206,7 +230,21 @@ impl ProcessTables {
                 inode: mapping.inode,
                 offset: mapping.offset,
             };
-            let _ = tracer.add_file_mapping(file, registering);
+            match tracer.add_file_mapping(file, registering) {
+                Ok(true) => {}
+                Ok(false) => limits::count(&mut self.coverage.limits, Limit::FileMap),
+                Err(error) if !self.announce_failed => {
+                    self.announce_failed = true;
+                    eprintln!(
+                        "cargo-trace: warning: the walker was not told where {} is mapped \
+                         ({:#}): code a process runs there before its mappings are \
+                         registered ends walks",
+                        path.display(),
+                        anyhow::Error::new(error)
+                    );
+                }
+                Err(_) => {}
+            }
         }
     }
 
@@ -362,16 +400,24 @@ impl ProcessTables {
             }
             None => unwind_tables::compile_file(path)?,
         };
-        let id = tracer
-            .add_table(&object.table)
-            .map_err(|error| match error {
-                bpf_prog::Error::MapFull { map, needed, free } => anyhow::anyhow!(
+        self.add_table(tracer, &object.table)
+    }
+
+    /// Loads `table` into the table maps; one that does not fit is counted by map, and
+    /// the error names the option that raises the map.
+    fn add_table(&mut self, tracer: &mut Tracer, table: &CompactTable) -> Result<TableId> {
+        let id = tracer.add_table(table).map_err(|error| match error {
+            bpf_prog::Error::MapFull { map, needed, free } => {
+                let limit = Limit::Table(map);
+                limits::count(&mut self.coverage.limits, limit);
+                anyhow::anyhow!(
                     "the kernel's unwind-table {map} map is full: this table needs {needed} \
                      entries, {free} are free (raise {})",
-                    table_map_option(map)
-                ),
-                other => other.into(),
-            })?;
+                    limit.raised_by().join(" or ")
+                )
+            }
+            other => other.into(),
+        })?;
         self.coverage.objects += 1;
         Ok(id)
     }
@@ -394,8 +440,7 @@ impl ProcessTables {
             return Ok((object.clone(), bias));
         }
         let compiled = unwind_tables::compile(&image)?;
-        let table = tracer.add_table(&compiled.table)?;
-        self.coverage.objects += 1;
+        let table = self.add_table(tracer, &compiled.table)?;
         let symbols = match in_memory_file(&image) {
             Ok(file) => {
                 let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
@@ -467,14 +512,4 @@ fn read_process_memory(pid: u32, address: u64, len: u64) -> Result<Vec<u8>> {
     let mut buffer = vec![0; len as usize];
     mem.read_exact_at(&mut buffer, address)?;
     Ok(buffer)
-}
-
-/// The option that raises the capacity of one of the kernel's table maps.
-fn table_map_option(map: bpf_prog::TableMap) -> &'static str {
-    match map {
-        bpf_prog::TableMap::Rows => "--max-table-rows",
-        bpf_prog::TableMap::Pages => "--max-table-pages",
-        bpf_prog::TableMap::Rules => "--max-table-rules",
-        bpf_prog::TableMap::Tables => "--max-tables",
-    }
 }

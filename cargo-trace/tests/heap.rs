@@ -343,8 +343,7 @@ fn a_full_live_map_is_counted_and_reported() {
     assert_eq!(sum(&leak_rows, "untracked"), 4);
     let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
     assert!(
-        report.contains("blocks untracked (live map full): 4")
-            && report.contains("raise --max-live-blocks"),
+        report.contains("blocks untracked (live map full): 4 (--max-live-blocks)"),
         "{report}"
     );
     // The JSON counts them; heaptrack states the report's calls, peak and leaks (3
@@ -354,6 +353,36 @@ fn a_full_live_map_is_counted_and_reported() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
     assert_eq!(json["heap"]["lost"]["blocks untracked (live map full)"], 4);
+    assert_eq!(
+        json["heap"]["raised_by"]["blocks untracked (live map full)"][0],
+        "--max-live-blocks"
+    );
+}
+
+/// A statistics map with room for two stacks under a fixture with fourteen allocation
+/// sites: the report counts the events of the others as uncounted, with the options that
+/// raise the map, and keeps two stacks at most.
+#[test]
+fn a_full_stats_map_names_its_options() {
+    if !bpf_available("a_full_stats_map_names_its_options") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    let run = alloc_run("alloc-stats-full", &path, &["--max-heap-stacks", "2"]);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    let (_, uncounted) = report
+        .split_once("note: events uncounted (stats map full): ")
+        .unwrap_or_else(|| panic!("no stats map limit: {report}"));
+    let (count, options) = uncounted.split_once(' ').unwrap();
+    assert!(count.parse::<u64>().unwrap() > 0, "{report}");
+    assert!(
+        options.starts_with("(--max-heap-stacks or --max-processes)\n"),
+        "{report}"
+    );
+    let rows = read_csv(&run, "heap.csv");
+    let stacks = rows.iter().filter(|row| row.value("allocs") > 0).count();
+    assert!(stacks <= 2, "{stacks} stacks kept: {report}");
 }
 
 /// `alloc:PATH` probes the allocator of that file: libc by its path counts as `alloc` does.

@@ -41,9 +41,12 @@ fn full_kernel_maps_say_so_and_lose_nothing() {
         return;
     }
     let run = trace_paths(10, &["--max-counts", "64", "--max-stacks", "64"]);
-    for loss in [Loss::CountMapFull, Loss::KnownStacksFull] {
+    for (loss, option) in [
+        (Loss::CountMapFull, "--max-counts"),
+        (Loss::KnownStacksFull, "--max-stacks"),
+    ] {
         assert!(
-            run.stderr.contains(loss.name()),
+            summary_limit(&run, loss.name(), option) > 0,
             "no {loss:?}: {}",
             run.stderr
         );
@@ -74,17 +77,7 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     if !bpf_available("table map full") {
         return;
     }
-    let levels = fixtures::c_fixture("levels");
-    let probe = format!("uprobe:{}:level3", levels.display());
-    let command = format!("{} 1000", quoted(&levels));
-    let run = trace(
-        "table-rows",
-        &[&probe],
-        &command,
-        &["--max-table-rows", "0"],
-    );
-    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
-    assert_eq!(run.stdout, "calls 1000 sum 6000\n");
+    let run = trace_levels("table-rows", &["--max-table-rows", "0"]);
     let note = run
         .stderr
         .lines()
@@ -93,6 +86,12 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     assert!(
         note.contains("rows map is full") && note.ends_with("(raise --max-table-rows)"),
         "{note}"
+    );
+    // Counted in the summary too: the objects left without a table.
+    assert!(
+        summary_limit(&run, "table rows full", "--max-table-rows") >= 1,
+        "{}",
+        run.stderr
     );
     assert!(
         run.stderr
@@ -103,7 +102,7 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
     let folded = run.folded();
     assert_eq!(folded.total(), 1000, "{}", run.stderr);
     assert_eq!(folded.count_with("level1"), 1000, "{}", run.stderr);
-    let roomy = trace("table-rows", &[&probe], &command, &[]);
+    let roomy = trace_levels("table-rows", &[]);
     assert!(
         !roomy.stderr.contains("no unwind table for"),
         "{}",
@@ -115,6 +114,69 @@ fn full_table_maps_say_which_object_and_what_to_raise() {
         "{}",
         roomy.stderr
     );
+}
+
+/// A map of files for the walker with room for one file mapping, under a target that
+/// maps three files (its executable, ld.so, libc): the summary counts the mappings left
+/// out with the option that raises the map, and every event is counted all the same,
+/// each under its whole stack (the target's own mappings are registered before it runs).
+#[test]
+fn a_full_file_map_says_so_with_its_option_and_loses_no_event() {
+    if !bpf_available("file map full") {
+        return;
+    }
+    let run = trace_levels("file-map", &["--max-files", "1"]);
+    let left_out = summary_limit(&run, "file map full", "--max-files");
+    assert!(left_out >= 2, "{}", run.stderr);
+    assert!(!run.stderr.contains("was not told"), "{}", run.stderr);
+    let folded = run.folded();
+    assert_eq!(run.summary_events(), 1000, "{}", run.stderr);
+    assert_eq!(folded.total(), 1000, "{}", run.stderr);
+    assert_eq!(folded.count_with("_start"), 1000, "{}", run.stderr);
+    run.assert_every_walk_complete();
+    let roomy = trace_levels("file-map", &[]);
+    assert!(!roomy.stderr.contains("file map full"), "{}", roomy.stderr);
+    assert_eq!(roomy.folded().total(), 1000, "{}", roomy.stderr);
+}
+
+/// A process with more executable mappings than the walker holds for one: the summary
+/// counts it (no option raises the cap: it is the BPF program's), and every event is
+/// counted all the same.
+#[test]
+fn a_process_past_the_mapping_cap_says_so_and_loses_no_event() {
+    if !bpf_available("mapping cap") {
+        return;
+    }
+    let path = fixtures::c_fixture("many_mappings");
+    let mappings = bpf_prog::MAX_MAPPINGS + 100;
+    let run = trace(
+        "many-mappings",
+        &[&format!("uprobe:{}:work", path.display())],
+        &format!("{} {mappings}", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    assert_eq!(run.stdout, format!("mappings {mappings} calls 1000\n"));
+    let summary = run
+        .stderr
+        .lines()
+        .find(|line| line.contains(" events, "))
+        .unwrap_or_else(|| panic!("no summary line: {}", run.stderr));
+    let cap = format!("processes past {} mappings 1", bpf_prog::MAX_MAPPINGS);
+    assert!(summary.contains(&cap), "{summary}");
+    assert_eq!(run.summary_events(), 1000, "{summary}");
+    assert_eq!(run.folded().count_with("work"), 1000, "{summary}");
+}
+
+/// The `levels` fixture's 1000 chains under a uprobe on `level3`, run to its end.
+fn trace_levels(name: &str, extra: &[&str]) -> Run {
+    let levels = fixtures::c_fixture("levels");
+    let probe = format!("uprobe:{}:level3", levels.display());
+    let command = format!("{} 1000", quoted(&levels));
+    let run = trace(name, &[&probe], &command, extra);
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    assert_eq!(run.stdout, "calls 1000 sum 6000\n");
+    run
 }
 
 /// Every loss but the events that had no user stack to walk (inside execve, exiting
@@ -131,6 +193,21 @@ fn real_losses() -> Vec<Loss> {
             )
         })
         .collect()
+}
+
+/// The count of limit `name` in the run's summary line, which must name `option` as what
+/// raises it (`file map full 2 (--max-files)`).
+fn summary_limit(run: &Run, name: &str, option: &str) -> u64 {
+    let summary = run
+        .stderr
+        .lines()
+        .find(|line| line.contains(" events, "))
+        .unwrap_or_else(|| panic!("no summary line: {}", run.stderr));
+    summary
+        .split_once(&format!("{name} "))
+        .and_then(|(_, rest)| rest.split_once(&format!(" ({option})")))
+        .and_then(|(count, _)| count.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} with {option} in: {summary}"))
 }
 
 /// None of `losses` is named in the run's summary.

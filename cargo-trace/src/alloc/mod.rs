@@ -24,6 +24,7 @@ use bpf_prog::{
 };
 use probes::{Attachment, Fire, UprobeTarget};
 
+use crate::limits::{self, Limit};
 use crate::profile::{HeapProcess, HeapTotals, RawSample, SamplingMode, ValueType};
 use allocators::Allocator;
 
@@ -71,8 +72,14 @@ pub struct AllocArgs {
 
     /// With `alloc`: live blocks tracked at once; beyond, blocks are counted but not
     /// tracked (and said so).
-    #[arg(long = "max-live-blocks", value_name = "N", default_value_t = 1 << 20)]
+    #[arg(long = "max-live-blocks", value_name = "N", default_value_t = AllocOptions::default().max_live_blocks)]
     pub max_live_blocks: u32,
+
+    /// With `alloc`: distinct (stack, process) statistics the kernel keeps (about 950
+    /// bytes each, as they appear). Past it, the events of a new stack are not counted
+    /// ("events uncounted (stats map full)" in the report).
+    #[arg(long = "max-heap-stacks", value_name = "N", default_value_t = AllocOptions::default().max_stacks)]
+    pub max_heap_stacks: u32,
 
     /// With `alloc`: print the top outstanding stacks every interval while the target
     /// runs (e.g. 5s, 500ms), on stderr.
@@ -111,6 +118,7 @@ impl AllocArgs {
     pub fn options(&self) -> AllocOptions {
         AllocOptions {
             max_live_blocks: self.max_live_blocks,
+            max_stacks: self.max_heap_stacks,
             temporary_ns: (self.temporary_ms.max(0.0) * 1e6) as u64,
             sample_every: self.sample_every.unwrap_or(0),
             sample_bytes: self.sample_bytes.unwrap_or(0),
@@ -437,11 +445,12 @@ pub fn add_samples(
     }
     Ok(HeapTotals {
         processes,
-        lost: AllocCounter::ALL
-            .iter()
-            .filter(|c| counters[**c as usize] > 0)
-            .map(|c| (c.name().to_string(), counters[*c as usize]))
-            .collect(),
+        lost: limits::reported(
+            &AllocCounter::ALL
+                .iter()
+                .map(|c| (Limit::Heap(*c), counters[*c as usize]))
+                .collect(),
+        ),
         temporary_threshold: Duration::from_nanos(options.temporary_ns),
         sampling: sampling_note(options),
         sampling_mode: if options.sample_every > 1 {

@@ -81,17 +81,17 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
             heap.timeline.len()
         )?;
     }
-    for (what, count) in &heap.lost {
-        writeln!(out, "note: {what}: {count}")?;
+    for lost in &heap.lost {
+        writeln!(out, "note: {}: {}", lost.what, lost.count_and_options())?;
     }
     if heap
         .lost
-        .contains_key(bpf_prog::AllocCounter::LiveMapFull.name())
+        .iter()
+        .any(|lost| lost.what == bpf_prog::AllocCounter::LiveMapFull.name())
     {
         writeln!(
             out,
-            "note: untracked blocks are counted as allocated, never as freed or leaked; \
-             raise --max-live-blocks"
+            "note: untracked blocks are counted as allocated, never as freed or leaked"
         )?;
     }
 

@@ -161,10 +161,18 @@ fn summary_section(profile: &Profile, html: &mut String) {
             "<span class=\"ok\">every walk reached the end of the stack</span>".to_string(),
         );
     }
-    for (reason, count) in summary.failures.iter().chain(&summary.losses) {
+    let failures = summary
+        .failures
+        .iter()
+        .map(|(reason, count)| (reason.as_str(), count.to_string()));
+    let losses = summary
+        .losses
+        .iter()
+        .map(|lost| (lost.what.as_str(), lost.count_and_options()));
+    for (what, count) in failures.chain(losses) {
         row(
-            &format!("<span class=\"bad\">{}</span>", escape(reason)),
-            count.to_string(),
+            &format!("<span class=\"bad\">{}</span>", escape(what)),
+            escape(&count),
         );
     }
     if summary.in_exec > 0 {

@@ -8,7 +8,7 @@ use std::time::UNIX_EPOCH;
 
 use serde_json::{json, Value};
 
-use crate::profile::{Profile, SamplingMode};
+use crate::profile::{Lost, Profile, SamplingMode};
 
 /// The schema's version: bumped when a field changes meaning or goes away.
 pub const VERSION: u32 = 1;
@@ -30,9 +30,25 @@ fn counters(named: &[(String, u64)]) -> serde_json::Map<String, Value> {
         .collect()
 }
 
+/// Losses as a JSON object of counts, in their order, and the options that raise each
+/// limit among them (name → array of options; the losses no option changes left out).
+fn losses(lost: &[Lost]) -> (Value, Value) {
+    let counts: serde_json::Map<String, Value> = lost
+        .iter()
+        .map(|lost| (lost.what.clone(), json!(lost.count)))
+        .collect();
+    let raised_by: serde_json::Map<String, Value> = lost
+        .iter()
+        .filter(|lost| !lost.raised_by.is_empty())
+        .map(|lost| (lost.what.clone(), json!(lost.raised_by)))
+        .collect();
+    (Value::Object(counts), Value::Object(raised_by))
+}
+
 pub fn to_json(profile: &Profile) -> Value {
     let metadata = &profile.metadata;
     let summary = &profile.summary;
+    let (lost, raised_by) = losses(&summary.losses);
     let totals: Vec<i64> = (0..profile.value_types.len())
         .map(|index| profile.total(index))
         .collect();
@@ -66,7 +82,8 @@ pub fn to_json(profile: &Profile) -> Value {
             "distinct_stacks": profile.samples.len(),
             "processes": profile.processes(),
             "walk_failures": counters(&summary.failures),
-            "losses": counters(&summary.losses),
+            "losses": lost,
+            "raised_by": raised_by,
             "in_execve": summary.in_exec,
             "no_user_stack": counters(&summary.no_user_stack),
             "not_the_targets": summary.not_the_targets,
@@ -117,6 +134,7 @@ fn heap(profile: &Profile) -> Value {
         };
         json!({"mode": mode, "value": value, "note": heap.sampling})
     });
+    let (lost, raised_by) = losses(&heap.lost);
     json!({
         "allocations": sums.allocs,
         "bytes_allocated": sums.bytes,
@@ -130,7 +148,8 @@ fn heap(profile: &Profile) -> Value {
         "unknown_frees": sums.unknown_frees,
         "sampling": sampling,
         "size_filter": heap.size_filter,
-        "lost": heap.lost,
+        "lost": lost,
+        "raised_by": raised_by,
         "processes": heap.processes.iter().map(|p| json!({
             "probe": p.probe,
             "pid": p.pid,
@@ -202,7 +221,7 @@ mod tests {
         };
         profile.heap = Some(HeapTotals {
             processes: vec![process(42, 10, 700), process(43, 5, 900)],
-            lost: [("blocks untracked (live map full)".to_string(), 4)].into(),
+            lost: vec![crate::limits::Limit::Heap(bpf_prog::AllocCounter::LiveMapFull).lost(4)],
             temporary_threshold: std::time::Duration::from_millis(1),
             sampling: Some("1 in 3".into()),
             sampling_mode: Some(SamplingMode::EveryNth(3)),
@@ -222,6 +241,10 @@ mod tests {
         assert_eq!(heap["sampling"]["mode"], "every");
         assert_eq!(heap["sampling"]["value"], 3);
         assert_eq!(heap["lost"]["blocks untracked (live map full)"], 4);
+        assert_eq!(
+            heap["raised_by"]["blocks untracked (live map full)"],
+            json!(["--max-live-blocks"])
+        );
         assert_eq!(heap["processes"][1]["peak_live_bytes"], 900);
         let mut report = Vec::new();
         crate::writers::heap_report::write(&profile, crate::alloc::OrderBy::Bytes, &mut report)
@@ -232,6 +255,10 @@ mod tests {
                 && report.contains(
                     "peak 900 B live; leaked 10 blocks (200 B) at the end; \
                      temporaries 10 (freed within 1ms); unknown frees 6"
+                )
+                && report.contains(
+                    "note: blocks untracked (live map full): 4 (--max-live-blocks)\n\
+                     note: untracked blocks are counted as allocated, never as freed or leaked\n"
                 ),
             "{report}"
         );

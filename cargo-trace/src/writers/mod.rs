@@ -112,6 +112,7 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::limits::Limit;
     use crate::profile::{Location, Mapping, Metadata, Profile, Sample, Summary, ValueType};
     use crate::symbolize::Frame;
 
@@ -124,7 +125,8 @@ pub(crate) mod tests {
     }
 
     /// Two probes; a stack through an inlined function, one truncated, one with kernel
-    /// frames, one with no stack, one that weighs nothing, a name with a `;`.
+    /// frames, one with no stack, one that weighs nothing, a name with a `;`; a limit met
+    /// and a loss no option changes.
     pub(crate) fn example() -> Profile {
         let user = |address, mapping, frames| Location {
             address,
@@ -207,7 +209,10 @@ pub(crate) mod tests {
             ],
             summary: Summary {
                 failures: vec![("read fault".to_string(), 2)],
-                losses: vec![],
+                losses: vec![
+                    Limit::Loss(bpf_prog::Loss::KnownStacksFull).lost(3),
+                    Limit::Loss(bpf_prog::Loss::HashCollision).lost(1),
+                ],
                 in_exec: 0,
                 no_user_stack: vec![],
                 without_table: vec![],
@@ -305,11 +310,16 @@ pub(crate) mod tests {
         let profile = example();
         assert_eq!(
             summary::line(&profile),
-            "cargo-trace: 11 events, 5 distinct stacks in 1.50 s; walk failures: read fault 2"
+            "cargo-trace: 11 events, 5 distinct stacks in 1.50 s; walk failures: read fault 2; \
+             losses and limits: known stacks full 3 (--max-stacks), hash collision 1"
         );
         let mut complete = profile;
         complete.summary.failures.clear();
-        complete.summary.losses = vec![("stack ring full".to_string(), 4)];
+        complete.summary.losses = vec![
+            Limit::Loss(bpf_prog::Loss::StackRingFull).lost(4),
+            Limit::Loss(bpf_prog::Loss::CountLost).lost(2),
+            Limit::FileMap.lost(5),
+        ];
         complete.summary.in_exec = 3;
         complete.summary.not_the_targets = 1;
         complete.samples[1].pid = 7;
@@ -317,7 +327,8 @@ pub(crate) mod tests {
             summary::line(&complete),
             "cargo-trace: 11 events, 5 distinct stacks from 2 processes in 1.50 s; \
              every stack walk reached the end of the stack; \
-             losses and limits: stack ring full 4; \
+             losses and limits: stack ring full 4 (--ring-buffer-mib), \
+             count lost 2 (--max-counts or --ring-buffer-mib), file map full 5 (--max-files); \
              3 in execve with no user stack left to walk (kernel stack only); \
              1 taken in cargo-trace's entry breakpoint, not counted"
         );

@@ -7,7 +7,8 @@ use crate::profile::Profile;
 
 /// `cargo-trace: N events, M distinct stacks[ from P processes] in T s; ...`: the total
 /// of the count values (events, samples, blocks), the distinct stacks (probe, process and frames), and either
-/// that every walk reached the end of the stack or each failure with its count.
+/// that every walk reached the end of the stack or each failure with its count; then each
+/// loss and limit met, with the options that raise it.
 pub fn line(profile: &Profile) -> String {
     // Events are the count values (a value in nanoseconds is no count of events); a
     // run's count values never count one event twice.
@@ -38,10 +39,7 @@ pub fn line(profile: &Profile) -> String {
     let losses = &profile.summary.losses;
     if !losses.is_empty() {
         line.push_str("; losses and limits: ");
-        let listed: Vec<String> = losses
-            .iter()
-            .map(|(name, count)| format!("{name} {count}"))
-            .collect();
+        let listed: Vec<String> = losses.iter().map(ToString::to_string).collect();
         line.push_str(&listed.join(", "));
     }
     let no_user_stack = &profile.summary.no_user_stack;
