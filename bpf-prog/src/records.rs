@@ -413,7 +413,7 @@ impl CountKey {
     }
 
     /// The key as the BPF program writes it (an unknown kernel stack as none).
-    pub(crate) fn to_raw(&self) -> CtCountKey {
+    pub(crate) fn to_raw(self) -> CtCountKey {
         CtCountKey {
             stack_hash: self.stack.to_raw(),
             kstack_hash: self.kernel_stack.unwrap_or(layout::STACK_NONE),
