@@ -112,6 +112,9 @@ impl RecordFile {
         mut each: impl FnMut(u64, &[u8]),
     ) -> io::Result<u64> {
         self.flush();
+        if from >= self.written {
+            return Ok(from);
+        }
         let mut reader = BufReader::with_capacity(
             BATCH,
             At {
