@@ -95,11 +95,9 @@ impl RecordFile {
         self.error.as_ref().map(|error| (self.lost, error))
     }
 
-    /// The record at `at` (after a [`RecordFile::flush`]).
-    pub(crate) fn read_at(&self, at: u64) -> io::Result<Vec<u8>> {
-        let mut len = [0u8; 4];
-        self.file.read_exact_at(&mut len, at)?;
-        let mut record = vec![0u8; u32::from_ne_bytes(len) as usize];
+    /// The record of `len` bytes at `at` (after a [`RecordFile::flush`]).
+    pub(crate) fn read_at(&self, at: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut record = vec![0u8; len];
         self.file.read_exact_at(&mut record, at + 4)?;
         Ok(record)
     }
@@ -155,11 +153,12 @@ impl Read for At<'_> {
     }
 }
 
-/// Where a stack is in the file, and its check.
+/// Where a stack is in the file, its length, and its check.
 #[derive(Clone, Copy, Debug)]
 struct Indexed {
     check: u64,
     at: u64,
+    len: u32,
 }
 
 /// Every stack the BPF programs sent, in a [`RecordFile`], and an index of them by key
@@ -216,7 +215,8 @@ impl StackFile {
         let Some(indexed) = self.index.get(&key) else {
             return Ok(None);
         };
-        Ok(match Record::parse(&self.file.read_at(indexed.at)?) {
+        let record = self.file.read_at(indexed.at, indexed.len as usize)?;
+        Ok(match Record::parse(&record) {
             Some(Record::Stack { stack, .. }) => Some(stack),
             _ => None,
         })
@@ -255,7 +255,8 @@ impl StackFile {
                 Some(known) if known.check == check => *repeats += 1,
                 Some(_) => *conflicts += 1,
                 None => {
-                    index.insert(key, Indexed { check, at });
+                    let len = record.len() as u32;
+                    index.insert(key, Indexed { check, at, len });
                     *frames += stack.pcs.len();
                 }
             },
@@ -461,3 +462,4 @@ mod tests {
         assert_eq!(totals[&with_kernel].events, 1);
     }
 }
+
