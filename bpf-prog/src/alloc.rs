@@ -1,6 +1,7 @@
 //! Heap profiling's side of the [`Tracer`]: the kinds of allocator function the programs
 //! of `src/bpf/alloc.bpf.h` understand, the cookie that tells them apart, the maps'
-//! sizes, and readers of what they counted.
+//! sizes, readers of what they counted, and the move of what processes that exited
+//! counted out of the maps ([`Tracer::retire_heap`], into `retired_heap`'s store).
 //!
 //! An allocator function is attached as the programs its [`AllocKind`] names
 //! ([`AllocKind::programs`]: an entry program and [`EventProgram::AllocReturn`] for an
@@ -8,15 +9,20 @@
 //! [`alloc_cookie`] makes of the probe id and the function's kind, one uprobe (or
 //! uretprobe) per function.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::MutexGuard;
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
 use crate::error::{Error, Result};
-use crate::layout::alloc::{self as raw, CtAllocKey, CtAllocProc, CtAllocProcKey, CtAllocStats};
+use crate::layout::alloc::{
+    self as raw, CtAllocKey, CtAllocProc, CtAllocProcKey, CtAllocStats, CtLiveKey,
+};
 use crate::layout::{from_bytes, Pod};
 use crate::programs::EventProgram;
 use crate::records::StackRef;
+use crate::retired_heap::RetiredHeap;
 use crate::skel::OpenTraceSkel;
 use crate::tracer::Tracer;
 
@@ -254,7 +260,8 @@ pub struct AllocStats {
     /// Sum of the birth times of its live tracked blocks, in microseconds of
     /// `CLOCK_MONOTONIC` (see [`AllocStats::mean_live_age_us`]).
     pub live_birth_us: u64,
-    /// Its live bytes when its process's live bytes last peaked.
+    /// Its live bytes when its process's live bytes last peaked (see
+    /// [`AllocProcess::peak_bytes`] for processes retired under one pid).
     pub peak_bytes: i64,
     /// Allocations by size: bucket `k` counts sizes of bit length `k` (see [`ALLOC_BUCKETS`]).
     pub size_hist: [u64; ALLOC_BUCKETS],
@@ -297,8 +304,14 @@ pub struct AllocProcess {
     pub bytes: u64,
     pub frees: u64,
     pub freed_bytes: u64,
-    /// Bytes of tracked blocks live now, and at most so far.
+    /// Bytes of tracked blocks live now (for a process that exited: when it exited,
+    /// leaked), and at most so far.
     pub live_bytes: i64,
+    /// For processes retired under one pid ([`Tracer::retire_heap`]: pid 0 past
+    /// `--keep-exited`), the highest of their own peaks; [`AllocStats::peak_bytes`] of
+    /// their stacks are then the bytes live at that one (those of the other processes
+    /// are 0). Bytes live at once in processes that ran at different times would be no
+    /// moment of anything.
     pub peak_bytes: i64,
     pub unknown_frees: u64,
 }
@@ -344,73 +357,92 @@ pub(crate) fn configure(
 }
 
 impl Tracer {
-    /// Every stack's heap statistics, in no particular order. A stack's live bytes at the
-    /// peak are resolved against its process's totals.
+    /// Every stack's heap statistics, in no particular order: the running processes'
+    /// from the kernel, and those of the processes retired ([`Tracer::retire_heap`]). A
+    /// stack's live bytes at the peak are resolved against its process's totals.
     pub fn alloc_stats(&self) -> Result<Vec<(AllocKey, AllocStats)>> {
-        let procs: std::collections::HashMap<(u32, u32), CtAllocProc> =
-            entries::<CtAllocProcKey, CtAllocProc>(&self.skel().maps.alloc_procs, "alloc_procs")?
-                .into_iter()
-                .map(|(key, value)| ((key.pid, key.probe_id), value))
-                .collect();
-        let stats =
-            entries::<CtAllocKey, CtAllocStats>(&self.skel().maps.alloc_stats, "alloc_stats")?;
-        Ok(stats
-            .into_iter()
-            .map(|(key, raw)| {
-                let proc = procs.get(&(key.pid, key.probe_id));
-                // Unchanged since the process's last peak: its live bytes now are those.
-                let peak_bytes = match proc {
-                    Some(proc) if proc.peak_seq >= raw.changed_seq => raw.live_bytes,
-                    _ => raw.peak_live_bytes,
-                };
-                let key = AllocKey {
-                    probe_id: key.probe_id,
-                    pid: key.pid,
-                    stack: StackRef::from_raw(key.stack),
-                };
-                let stats = AllocStats {
-                    allocs: raw.allocs,
-                    bytes: raw.bytes,
-                    frees: raw.frees,
-                    freed_bytes: raw.freed_bytes,
-                    temporaries: raw.temporaries,
-                    untracked: raw.untracked,
-                    untracked_bytes: raw.untracked_bytes,
-                    live_bytes: raw.live_bytes,
-                    live_birth_us: raw.live_birth_us,
-                    peak_bytes,
-                    size_hist: raw.size_hist,
-                    life_hist: raw.life_hist,
-                    estimated: Estimated {
-                        allocs: fixed_point(raw.est_allocs),
-                        bytes: raw.est_bytes,
-                        frees: fixed_point(raw.est_frees),
-                        freed_bytes: raw.est_freed_bytes,
-                    },
-                };
-                (key, stats)
-            })
-            .collect())
+        let retired = self.lock_retired_heap();
+        let mut all = retired.clone();
+        for (process, stacks) in self.running_heap()? {
+            all.add(process.pid, process, stacks);
+        }
+        Ok(all.into_stats())
     }
 
-    /// Every process's heap totals.
+    /// Every process's heap totals: the running processes' and those retired (see
+    /// [`AllocProcess::peak_bytes`] for processes retired under one pid).
     pub fn alloc_processes(&self) -> Result<Vec<AllocProcess>> {
-        Ok(
-            entries::<CtAllocProcKey, CtAllocProc>(&self.skel().maps.alloc_procs, "alloc_procs")?
-                .into_iter()
-                .map(|(key, raw)| AllocProcess {
-                    probe_id: key.probe_id,
-                    pid: key.pid,
-                    allocs: raw.allocs,
-                    bytes: raw.bytes,
-                    frees: raw.frees,
-                    freed_bytes: raw.freed_bytes,
-                    live_bytes: raw.live_bytes,
-                    peak_bytes: raw.peak_bytes,
-                    unknown_frees: raw.unknown_frees,
-                })
-                .collect(),
+        let retired = self.lock_retired_heap();
+        let running =
+            entries::<CtAllocProcKey, CtAllocProc>(&self.skel().maps.alloc_procs, "alloc_procs")?;
+        Ok(retired.processes_with(running.iter().map(process_from_raw)))
+    }
+
+    /// Moves the heap statistics of the processes in `retired`, which exited, out of the
+    /// kernel's maps into this tracer's own store, each under the pid `retired` gives
+    /// (as [`Tracer::retire_processes`] does their counters: call both), and deletes
+    /// their live blocks: the maps then hold what the running processes need, and
+    /// [`Tracer::alloc_stats`] and [`Tracer::alloc_processes`] give the same figures. A
+    /// block a process left live when it exited stays counted as allocated and not freed
+    /// under its stack (leaked: nothing can free it any more). Returns how many kernel
+    /// entries went.
+    ///
+    /// One pass over the maps: call it for many processes at once. A process must be
+    /// gone, as for [`Tracer::retire_processes`] (a pid reused that soon would lose its
+    /// blocks). A failure leaves what was not moved in the kernel, counted all the same
+    /// (its stacks' bytes at the peak may then be misread), for the next pass. The live
+    /// filter of frees keeps counting the blocks deleted (harmless: see `alloc.bpf.h`).
+    pub fn retire_heap(&self, retired: &HashMap<u32, u32>) -> Result<usize> {
+        if retired.is_empty() {
+            return Ok(0);
+        }
+        let maps = &self.skel().maps;
+        let mut store = self.lock_retired_heap();
+        let mut procs: Vec<(CtAllocProcKey, CtAllocProc)> = Vec::new();
+        let mut stats: Vec<(CtAllocKey, CtAllocStats)> = Vec::new();
+        // The totals first, which resolve the stacks' bytes at the peak; nothing
+        // changes either now.
+        let taken = take_entries(
+            &maps.alloc_procs,
+            "alloc_procs",
+            |key: &CtAllocProcKey| retired.contains_key(&key.pid),
+            &mut procs,
         )
+        .and_then(|()| {
+            take_entries(
+                &maps.alloc_stats,
+                "alloc_stats",
+                |key: &CtAllocKey| retired.contains_key(&key.pid),
+                &mut stats,
+            )
+        });
+        let moved = procs.len() + stats.len();
+        let with_live_blocks: HashSet<u32> = stats
+            .iter()
+            .filter(|(_, raw)| raw.allocs.saturating_sub(raw.untracked) > raw.frees)
+            .map(|(key, _)| key.pid)
+            .collect();
+        for (process, stacks) in gather(procs, stats) {
+            store.add(retired[&process.pid], process, stacks);
+        }
+        drop(store);
+        taken?;
+        let deleted = delete_live_blocks(&maps.alloc_live, &with_live_blocks)?;
+        Ok(moved + deleted)
+    }
+
+    fn lock_retired_heap(&self) -> MutexGuard<'_, RetiredHeap> {
+        self.retired_heap
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The heap statistics of the processes in the kernel's maps, by process.
+    fn running_heap(&self) -> Result<Vec<ProcessHeap>> {
+        let maps = &self.skel().maps;
+        let procs = entries::<CtAllocProcKey, CtAllocProc>(&maps.alloc_procs, "alloc_procs")?;
+        let stats = entries::<CtAllocKey, CtAllocStats>(&maps.alloc_stats, "alloc_stats")?;
+        Ok(gather(procs, stats))
     }
 
     /// The heap counters summed over CPUs, indexed by [`AllocCounter`].
@@ -441,6 +473,88 @@ fn fixed_point(value: u64) -> f64 {
     value as f64 / f64::from(1u32 << raw::WEIGHT_SHIFT)
 }
 
+/// A process's totals and its stacks' statistics.
+type ProcessHeap = (AllocProcess, Vec<(StackRef, AllocStats)>);
+
+/// The kernel's totals and stacks' statistics, by process (a process with statistics
+/// but no totals, which their map had no room for, with zero totals). A stack's live
+/// bytes at the peak are resolved against its process's totals.
+fn gather(
+    procs: Vec<(CtAllocProcKey, CtAllocProc)>,
+    stats: Vec<(CtAllocKey, CtAllocStats)>,
+) -> Vec<ProcessHeap> {
+    let mut by_process: HashMap<(u32, u32), (AllocProcess, Option<CtAllocProc>, Vec<_>)> = procs
+        .iter()
+        .map(|entry| {
+            let (key, raw) = entry;
+            let process = process_from_raw(entry);
+            ((key.pid, key.probe_id), (process, Some(*raw), Vec::new()))
+        })
+        .collect();
+    for (key, raw) in stats {
+        let (_, proc, stacks) = by_process
+            .entry((key.pid, key.probe_id))
+            .or_insert_with(|| {
+                let process = AllocProcess {
+                    probe_id: key.probe_id,
+                    pid: key.pid,
+                    ..AllocProcess::default()
+                };
+                (process, None, Vec::new())
+            });
+        // Unchanged since the process's last peak: its live bytes now are those.
+        let peak_bytes = match proc {
+            Some(proc) if proc.peak_seq >= raw.changed_seq => raw.live_bytes,
+            _ => raw.peak_live_bytes,
+        };
+        stacks.push((
+            StackRef::from_raw(key.stack),
+            stats_from_raw(&raw, peak_bytes),
+        ));
+    }
+    by_process
+        .into_values()
+        .map(|(process, _, stacks)| (process, stacks))
+        .collect()
+}
+
+fn process_from_raw((key, raw): &(CtAllocProcKey, CtAllocProc)) -> AllocProcess {
+    AllocProcess {
+        probe_id: key.probe_id,
+        pid: key.pid,
+        allocs: raw.allocs,
+        bytes: raw.bytes,
+        frees: raw.frees,
+        freed_bytes: raw.freed_bytes,
+        live_bytes: raw.live_bytes,
+        peak_bytes: raw.peak_bytes,
+        unknown_frees: raw.unknown_frees,
+    }
+}
+
+fn stats_from_raw(raw: &CtAllocStats, peak_bytes: i64) -> AllocStats {
+    AllocStats {
+        allocs: raw.allocs,
+        bytes: raw.bytes,
+        frees: raw.frees,
+        freed_bytes: raw.freed_bytes,
+        temporaries: raw.temporaries,
+        untracked: raw.untracked,
+        untracked_bytes: raw.untracked_bytes,
+        live_bytes: raw.live_bytes,
+        live_birth_us: raw.live_birth_us,
+        peak_bytes,
+        size_hist: raw.size_hist,
+        life_hist: raw.life_hist,
+        estimated: Estimated {
+            allocs: fixed_point(raw.est_allocs),
+            bytes: raw.est_bytes,
+            frees: fixed_point(raw.est_frees),
+            freed_bytes: raw.est_freed_bytes,
+        },
+    }
+}
+
 /// Every (key, value) of a hash map; entries deleted while reading are skipped.
 fn entries<K: Pod, V: Pod>(map: &MapMut<'_>, name: &'static str) -> Result<Vec<(K, V)>> {
     let mut out = Vec::new();
@@ -461,6 +575,87 @@ fn entries<K: Pod, V: Pod>(map: &MapMut<'_>, name: &'static str) -> Result<Vec<(
         }
     }
     Ok(out)
+}
+
+/// Entries read or deleted in one system call: a few hundred KiB of buffers for the
+/// largest value (a stack's statistics).
+const BATCH: u32 = 512;
+
+/// The keys of a hash map that `wanted` picks, read in batches.
+fn matching_keys<K: Pod>(
+    map: &MapMut<'_>,
+    name: &'static str,
+    wanted: impl Fn(&K) -> bool,
+) -> Result<Vec<Vec<u8>>> {
+    Ok(map
+        .lookup_batch(BATCH, MapFlags::ANY, MapFlags::ANY)
+        .map_err(|source| Error::Map {
+            map: name,
+            op: "lookup batch",
+            source,
+        })?
+        .map(|(key, _)| key)
+        .filter(|key| from_bytes::<K>(key).is_some_and(|key| wanted(&key)))
+        .collect())
+}
+
+/// Moves the entries of a hash map that `wanted` picks out of it, into `out`.
+fn take_entries<K: Pod, V: Pod>(
+    map: &MapMut<'_>,
+    name: &'static str,
+    wanted: impl Fn(&K) -> bool,
+    out: &mut Vec<(K, V)>,
+) -> Result<()> {
+    let mut value = vec![0u8; map.value_size() as usize];
+    for key in matching_keys(map, name, wanted)? {
+        let found = map
+            .lookup_into_and_delete(&key, &mut value)
+            .map_err(|source| Error::Map {
+                map: name,
+                op: "lookup and delete",
+                source,
+            })?;
+        if let (true, Some(key), Some(value)) = (found, from_bytes::<K>(&key), from_bytes(&value)) {
+            out.push((key, value));
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the live blocks of processes `pids`; returns how many.
+fn delete_live_blocks(map: &MapMut<'_>, pids: &HashSet<u32>) -> Result<usize> {
+    if pids.is_empty() {
+        return Ok(0);
+    }
+    let keys = matching_keys(map, "alloc_live", |key: &CtLiveKey| pids.contains(&key.pid))?;
+    for batch in keys.chunks(BATCH as usize) {
+        if map
+            .delete_batch(
+                &batch.concat(),
+                batch.len() as u32,
+                MapFlags::ANY,
+                MapFlags::ANY,
+            )
+            .is_ok()
+        {
+            continue;
+        }
+        // The batch stops at a key gone meanwhile (a free in a process that took the
+        // pid since): the others one by one.
+        for key in batch {
+            match map.delete(key) {
+                Err(error) if error.kind() != libbpf_rs::ErrorKind::NotFound => {
+                    return Err(Error::Map {
+                        map: "alloc_live",
+                        op: "delete",
+                        source: error,
+                    })
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(keys.len())
 }
 
 #[cfg(test)]

@@ -72,7 +72,10 @@
 //! removes a block at the free's entry and counts its free, lifetime bucket and whether
 //! it was a temporary.
 //! Userspace reads [`Tracer::alloc_stats`], [`Tracer::alloc_processes`] and
-//! [`Tracer::alloc_counters`] (what could not be paired or kept).
+//! [`Tracer::alloc_counters`] (what could not be paired or kept);
+//! [`Tracer::retire_heap`] moves the statistics of processes that exited to the
+//! tracer's own store and deletes their live blocks, as [`Tracer::retire_processes`]
+//! does their counters, and the readers add that store to the kernel's maps.
 //!
 //! Every way a walk can stop is counted in `walk_ends`
 //! ([`Tracer::walk_ends`], by [`WalkEnd`], the type both walkers share), and
@@ -178,6 +181,7 @@ mod error;
 pub mod layout;
 mod programs;
 mod records;
+mod retired_heap;
 mod spill;
 mod sys;
 mod tracer;

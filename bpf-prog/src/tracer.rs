@@ -19,6 +19,7 @@ use crate::layout::{
 };
 use crate::programs::{self, EventProgram};
 use crate::records::{Count, CountKey, Loss, Record, Stack, WalkCounters};
+use crate::retired_heap::RetiredHeap;
 use crate::skel::{TraceSkel, TraceSkelBuilder};
 use crate::spill::{CountFile, StackFile};
 use crate::sys::{self, MappedArray, ProgramStats};
@@ -180,6 +181,8 @@ pub struct Tracer {
     /// Reads the records ring buffer into `received`.
     records: libbpf_rs::RingBuffer<'static>,
     received: Arc<Mutex<Received>>,
+    /// The heap statistics of processes that exited ([`Tracer::retire_heap`]).
+    pub(crate) retired_heap: Mutex<RetiredHeap>,
 }
 
 /// What the records ring buffer brought, and the counters of exited processes: the
@@ -362,6 +365,7 @@ impl Tracer {
             max_tables,
             records,
             received,
+            retired_heap: Mutex::default(),
         })
     }
 

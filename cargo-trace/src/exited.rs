@@ -1,5 +1,6 @@
-//! Processes that exited while traced. Their counters leave the kernel's map (which then
-//! holds only what the running processes count) for the tracer's own store, and past a
+//! Processes that exited while traced. Their counters and heap statistics leave the
+//! kernel's maps (which then hold only what the running processes count; their live
+//! blocks are deleted, counted as leaked) for the tracer's own store, and past a
 //! number of them they are counted together under [`MERGED_PID`] rather than each under
 //! its own pid: a program that keeps starting short children (a shell loop, a build)
 //! makes a profile whose size, and cargo-trace's memory, follow its distinct stacks,
@@ -76,7 +77,10 @@ impl ExitedProcesses {
             return;
         }
         let started = Instant::now();
-        if tracer.retire_processes(&self.pending).is_ok() {
+        // Each on its own: one failing does not keep the other's maps full.
+        let counts = tracer.retire_processes(&self.pending);
+        let heap = tracer.retire_heap(&self.pending);
+        if counts.is_ok() && heap.is_ok() {
             self.pending.clear();
         }
         self.last_pass = Some(Instant::now());

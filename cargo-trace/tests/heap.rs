@@ -691,6 +691,87 @@ fn children_are_their_own_processes() {
     }
 }
 
+/// A shell loop of short children that leak, past `--keep-exited`: the heap statistics of
+/// each child that exits leave the kernel's maps (under pid 0 past the first two) and its
+/// live blocks are deleted, counted as leaked. Every figure at the fixture's site is exact
+/// summed over the runs, its bytes at the peak are one run's under every pid, and maps
+/// sized below what all the children need together never fill.
+#[test]
+fn exited_processes_leave_the_heap_maps() {
+    if !bpf_available("exited_processes_leave_the_heap_maps") {
+        return;
+    }
+    const RUNS: u64 = 6;
+    let path = quoted(&fixtures::c_fixture("exit_leak"));
+    // A run leaks 201 blocks (one the shell allocated before the exec), 1,206 in all;
+    // each `sleep` leaks up to ~140 (glibc's locale data) under ~20 stacks. The session
+    // sees an exit within 200 ms and retires it within a second more: 1.5 s between runs
+    // leave one run, one or two sleeps and the shell in the maps at once (~600 blocks,
+    // ~60 stacks' statistics).
+    let script = format!("for i in $(seq {RUNS}); do {path}; sleep 1.5; done");
+    let run = trace(
+        "alloc-exited",
+        &["alloc"],
+        &format!("/bin/sh -c {}", common::shell_quote(&script)),
+        &[
+            "--keep-exited",
+            "2",
+            "--max-live-blocks",
+            "1000",
+            "--max-heap-stacks",
+            "80",
+            "--csv",
+            "heap.csv",
+            "--report-text",
+            "report.txt",
+        ],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    run.assert_every_walk_complete();
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(!report.contains("map full"), "{report}");
+    assert!(
+        run.stderr
+            .contains("exited processes counted together as pid 0"),
+        "{}",
+        run.stderr
+    );
+    assert!(report.contains("exited processes together"), "{report}");
+
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert_eq!(sites.len() as u64, RUNS, "{}", run.stdout);
+    let site = &sites[0];
+    let rows = read_csv(&run, "heap.csv");
+    let at_site = rows_of(&rows, site);
+    for (column, per_run) in [
+        ("allocs", site.allocs),
+        ("alloc_space", site.bytes),
+        ("frees", site.frees),
+        ("leaked_blocks", site.leaked),
+        ("leaked_bytes", site.leaked * site.size),
+        ("untracked", 0),
+    ] {
+        assert_eq!(sum(&at_site, column) as u64, RUNS * per_run, "{column}");
+    }
+    let pids: std::collections::BTreeSet<u32> = at_site.iter().map(|row| row.pid).collect();
+    assert!(pids.contains(&0), "no run under pid 0: {pids:?}");
+    for row in &at_site {
+        let runs = row.value("allocs") as u64 / site.allocs;
+        assert!(runs >= 1, "pid {}", row.pid);
+        if row.pid != 0 {
+            assert_eq!(runs, 1, "pid {} is one run", row.pid);
+        }
+        assert_eq!(row.value("leaked_blocks") as u64, runs * site.leaked);
+        // Every block of a run is live at its peak; pid 0's peak is one run's.
+        assert_eq!(
+            row.value("peak_bytes") as u64,
+            site.bytes,
+            "pid {}",
+            row.pid
+        );
+    }
+}
+
 /// A fixture linked with a library of .ci/setup.sh's, or `None` (with the reason printed)
 /// where the library is missing outside CI.
 fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::PathBuf> {

@@ -76,8 +76,9 @@ pub struct AllocArgs {
     pub max_live_blocks: u32,
 
     /// With `alloc`: distinct (stack, process) statistics the kernel keeps (about 950
-    /// bytes each, as they appear). Past it, the events of a new stack are not counted
-    /// ("events uncounted (stats map full)" in the report).
+    /// bytes each, as they appear; those of processes that exited leave it). Past it, the
+    /// events of a new stack are not counted ("events uncounted (stats map full)" in the
+    /// report).
     #[arg(long = "max-heap-stacks", value_name = "N", default_value_t = AllocOptions::default().max_stacks)]
     pub max_heap_stacks: u32,
 

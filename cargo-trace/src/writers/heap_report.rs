@@ -60,11 +60,18 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
         sums.unknown_frees,
     )?;
     if heap.processes.len() > 1 {
+        let merged = profile.summary.merged_processes;
         for p in &heap.processes {
+            // Their peak is the highest of theirs (see bpf_prog::AllocProcess::peak_bytes).
+            let pid = if p.pid == crate::exited::MERGED_PID && merged > 0 {
+                format!("0 ({merged} exited processes together)")
+            } else {
+                p.pid.to_string()
+            };
             writeln!(
                 out,
                 "  process {}: allocations {} ({}), frees {}, peak {}, leaked {}",
-                p.pid,
+                pid,
                 p.allocs,
                 bytes(p.bytes as i64),
                 p.frees,
