@@ -462,4 +462,3 @@ mod tests {
         assert_eq!(totals[&with_kernel].events, 1);
     }
 }
-

@@ -5,9 +5,27 @@ use anyhow::{bail, Result};
 
 use process_image::process_state as state;
 
-/// Whether process `pid` exists and has not exited (a zombie has).
+/// Whether process `pid` exists and has not exited (a zombie has). A process whose
+/// first thread exited while others run on (`pthread_exit` in `main`) shows that
+/// thread's zombie state: it is alive while any of its threads is.
 pub fn alive(pid: u32) -> bool {
-    state(pid).is_some_and(|state| state != 'Z' && state != 'X')
+    match state(pid) {
+        None | Some('X') => false,
+        Some('Z') => a_thread_runs(pid),
+        Some(_) => true,
+    }
+}
+
+fn a_thread_runs(pid: u32) -> bool {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.flatten().any(|thread| {
+        // A thread's /proc/TID/stat is its own, hidden from listings as it is.
+        let tid = thread.file_name().to_str().and_then(|tid| tid.parse().ok());
+        tid.and_then(state)
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    })
 }
 
 /// Refuses a pid that names no process, or one that has exited (a zombie its parent has
@@ -59,5 +77,37 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no process"));
+    }
+
+    #[test]
+    fn a_process_whose_first_thread_exited_is_alive_while_another_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("leader_exits.c");
+        let program = dir.path().join("leader_exits");
+        std::fs::write(
+            &source,
+            "#include <pthread.h>\n#include <unistd.h>\n\
+             static void *run(void *arg) { (void)arg; sleep(2); return 0; }\n\
+             int main(void) { pthread_t t; pthread_create(&t, 0, run, 0); pthread_exit(0); }\n",
+        )
+        .unwrap();
+        let built = std::process::Command::new("cc")
+            .arg("-pthread")
+            .arg(&source)
+            .arg("-o")
+            .arg(&program)
+            .status()
+            .unwrap();
+        assert!(built.success());
+        let mut child = std::process::Command::new(&program).spawn().unwrap();
+        let pid = child.id();
+        while state(pid) != Some('Z') {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Its first thread is a zombie, its second sleeps.
+        assert!(alive(pid));
+        assert_eq!(still_running(vec![pid], 1), [pid]);
+        child.wait().unwrap();
+        assert!(!alive(pid));
     }
 }
