@@ -17,12 +17,13 @@ pub fn write(profile: &Profile, weighting: Weighting, out: &mut dyn Write) -> io
     ];
     header.extend(profile.value_types.iter().map(|t| t.kind.clone()));
     write_row(out, &header)?;
+    let mut lines = folded::Lines::new(profile, weighting.line_numbers);
     for sample in &profile.samples {
         let mut row = vec![
             profile.probes[sample.probe].clone(),
             sample.pid.to_string(),
             sample.truncated.clone().unwrap_or_default(),
-            folded::frames(profile, sample, weighting.line_numbers).join(";"),
+            lines.line(sample),
         ];
         row.extend(sample.values.iter().map(i64::to_string));
         write_row(out, &row)?;

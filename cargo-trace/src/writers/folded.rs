@@ -1,7 +1,7 @@
 //! Folded stacks (`outer;...;inner COUNT`), the format of the original stackcollapse
 //! scripts and inferno's input.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::io::{self, Write};
 
 use super::Weighting;
@@ -9,53 +9,94 @@ use crate::profile::{Profile, Sample};
 use crate::symbolize::Frame;
 
 /// The profile's stacks folded: `root;...;leaf` → weight, merged over identical lines
-/// (processes are not told apart). With more than one probe, each stack is rooted at its
-/// probe, so the probes' weights stay apart; a stack whose walk ended early is rooted at
-/// `[truncated: REASON]` under it. Kernel frames carry inferno's `_[k]` suffix.
-pub fn fold(profile: &Profile, weighting: Weighting) -> BTreeMap<String, i64> {
-    let mut lines = BTreeMap::new();
+/// (processes are not told apart), sorted by line. With more than one probe, each stack
+/// is rooted at its probe, so the probes' weights stay apart; a stack whose walk ended
+/// early is rooted at `[truncated: REASON]` under it. Kernel frames carry inferno's
+/// `_[k]` suffix.
+pub fn fold(profile: &Profile, weighting: Weighting) -> Vec<(String, i64)> {
+    let mut lines = Lines::new(profile, weighting.line_numbers);
+    let mut merged: HashMap<String, i64> = HashMap::new();
     for sample in &profile.samples {
         let weight = sample.values[weighting.value];
         if weight == 0 {
             continue;
         }
-        let frames = frames(profile, sample, weighting.line_numbers);
-        *lines.entry(frames.join(";")).or_insert(0) += weight;
+        *merged.entry(lines.line(sample)).or_insert(0) += weight;
     }
-    lines
+    let mut sorted: Vec<(String, i64)> = merged.into_iter().collect();
+    sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    sorted
 }
 
-/// The frames of one sample's line, root first: its probe (when there are several), why
-/// it was truncated, its stack (`[no stack]` if that is all empty).
-pub fn frames(profile: &Profile, sample: &Sample, line_numbers: bool) -> Vec<String> {
-    let mut frames: Vec<String> = Vec::new();
-    if profile.probes.len() > 1 {
-        frames.push(profile.probes[sample.probe].replace(';', ":"));
-    }
-    if let Some(reason) = &sample.truncated {
-        // Without a frame, the reason is what the sample is (e.g. an interval firing
-        // while the target ran elsewhere), not where its stack stopped.
-        frames.push(if sample.stack.is_empty() {
-            format!("[{reason}]")
-        } else {
-            format!("[truncated: {reason}]")
-        });
-    }
-    for &id in sample.stack.iter().rev() {
-        let location = &profile.locations[id];
-        for frame in location.frames.iter().rev() {
-            let name = frame_name(frame, line_numbers);
-            frames.push(if location.kernel {
-                format!("{name}_[k]")
-            } else {
-                name
-            });
+/// Makes samples' lines, naming each location once: a location is in many stacks.
+pub struct Lines<'a> {
+    profile: &'a Profile,
+    line_numbers: bool,
+    /// Each location's frames as a line shows them, root first, `;`-joined.
+    named: Vec<Option<String>>,
+}
+
+impl<'a> Lines<'a> {
+    pub fn new(profile: &'a Profile, line_numbers: bool) -> Lines<'a> {
+        Lines {
+            profile,
+            line_numbers,
+            named: vec![None; profile.locations.len()],
         }
     }
-    if frames.is_empty() {
-        frames.push("[no stack]".to_string());
+
+    /// One sample's line, root first: its probe (when there are several), why it was
+    /// truncated, its stack (`[no stack]` if that is all empty).
+    pub fn line(&mut self, sample: &Sample) -> String {
+        let profile = self.profile;
+        let mut line = String::new();
+        let push = |line: &mut String, frames: &str| {
+            if !line.is_empty() {
+                line.push(';');
+            }
+            line.push_str(frames);
+        };
+        if profile.probes.len() > 1 {
+            push(&mut line, &profile.probes[sample.probe].replace(';', ":"));
+        }
+        if let Some(reason) = &sample.truncated {
+            // Without a frame, the reason is what the sample is (e.g. an interval firing
+            // while the target ran elsewhere), not where its stack stopped.
+            if sample.stack.is_empty() {
+                push(&mut line, &format!("[{reason}]"));
+            } else {
+                push(&mut line, &format!("[truncated: {reason}]"));
+            }
+        }
+        for &id in sample.stack.iter().rev() {
+            let line_numbers = self.line_numbers;
+            let named = self.named[id].get_or_insert_with(|| {
+                let location = &profile.locations[id];
+                let names: Vec<String> = location
+                    .frames
+                    .iter()
+                    .rev()
+                    .map(|frame| {
+                        let name = frame_name(frame, line_numbers);
+                        if location.kernel {
+                            format!("{name}_[k]")
+                        } else {
+                            name
+                        }
+                    })
+                    .collect();
+                names.join(";")
+            });
+            // A location without frames adds none.
+            if !named.is_empty() {
+                push(&mut line, named);
+            }
+        }
+        if line.is_empty() {
+            line.push_str("[no stack]");
+        }
+        line
     }
-    frames
 }
 
 /// Writes [`fold`]'s lines, one per distinct stack, sorted.

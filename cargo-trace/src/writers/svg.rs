@@ -1,5 +1,6 @@
 //! The flamegraph SVG, drawn by inferno from the folded stacks.
 
+use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use super::{folded, Weighting};
@@ -25,8 +26,13 @@ pub fn write(
     options.hash = true;
     let lines: Vec<String> = folded::fold(profile, weighting)
         .into_iter()
-        .map(|(stack, weight)| format!("{stack} {weight}"))
+        .map(|(mut stack, weight)| {
+            let _ = write!(stack, " {weight}");
+            stack
+        })
         .collect();
+    // Sorted by their stacks already: inferno need not sort them again.
+    options.no_sort = true;
     if lines.is_empty() {
         // inferno refuses empty input.
         options.title = format!("{title} (no events)");
