@@ -704,7 +704,7 @@ impl Tracer {
     }
 
     /// Moves the counters of the processes in `retired`, which exited, out of the
-    /// kernel's map into this tracer's own store, each under the pid `retired` gives
+    /// kernel's map into this tracer's file of counters, each under the pid `retired` gives
     /// (its own, or one that stands for many: counters of one stack then add up), so
     /// that the map holds the processes still running and [`Tracer::counts`] still
     /// gives every event. Returns how many kernel counters moved.
