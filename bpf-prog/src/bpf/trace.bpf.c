@@ -545,7 +545,8 @@ KERNEL_EVENT_PROGRAM(on_raw_tracepoint, "raw_tp")
  * mapped), and at libc's __libc_start_main (every library is mapped, main has
  * not run). Userspace continues it each time with SIGCONT.
  */
-/* 16 bytes a report: room for 4096 processes stopped at once. */
+/* 16 bytes a report: room for 4096 processes stopped at once, resized by
+ * userspace to the processes traced (--max-processes). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 << 10);
