@@ -50,7 +50,7 @@ use crate::table::{CompactRow, CompactTable, PageSpan};
 const MAGIC: &[u8; 8] = b"CTUNWTBL";
 /// Bump when the entry layout or what the compiler puts in it changes (2: push/pop rows
 /// merged, `RspSteps` rules; 3: an entry point without CFI is End; 4: `ReturnInRdi`).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Entries written by another compiler version are recompiled: its rules may differ even
 /// when the layout does not.
 const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -10,6 +10,7 @@ use crate::assemble::{self, Discarded};
 use crate::cfi::{self, Collected};
 use crate::elf::{self, DebugSearch, ElfInput};
 use crate::error::Error;
+use crate::prologue;
 use crate::push_pop;
 use crate::stats::Stats;
 use crate::table::CompactTable;
@@ -204,6 +205,7 @@ fn compile_input(
     if pieces.is_empty() {
         return Err(Error::NoUnwindInfo);
     }
+    let pieces = prologue::fill(pieces, &input.code_bytes);
     let pieces = assemble::cover_entry(pieces, input.entry, &input.code);
     let rows = assemble::to_rows(&pieces);
     // Merged rows name more distinct rules; should they ever overflow a row's 16-bit rule

@@ -37,6 +37,9 @@ pub(crate) struct ElfInput<'data> {
     pub code: Vec<Range<u64>>,
     /// `e_entry`: where a process running this file starts (0 if it has none).
     pub entry: u64,
+    /// The bytes of the executable sections, at their addresses (code no CFI describes is
+    /// read from them: see `prologue`).
+    pub code_bytes: Vec<(u64, &'data [u8])>,
 }
 
 /// Checks the ELF identification before handing the bytes to `object`, so that a 32-bit or
@@ -135,7 +138,22 @@ pub(crate) fn parse(data: &[u8]) -> Result<ElfInput<'_>, Error> {
         debug_frame: section(".debug_frame", true)?,
         code: code_ranges(&file),
         entry: file.entry(),
+        code_bytes: code_bytes(&file),
     })
+}
+
+fn code_bytes<'data>(file: &Elf<'data>) -> Vec<(u64, &'data [u8])> {
+    file.sections()
+        .filter(|section| match section.flags() {
+            SectionFlags::Elf { sh_flags } => {
+                let wanted = u64::from(elf::SHF_ALLOC | elf::SHF_EXECINSTR);
+                sh_flags & wanted == wanted
+            }
+            _ => false,
+        })
+        .filter_map(|section| Some((section.address(), section.data().ok()?)))
+        .filter(|(_, data)| !data.is_empty())
+        .collect()
 }
 
 fn code_ranges(file: &Elf<'_>) -> Vec<Range<u64>> {

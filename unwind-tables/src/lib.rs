@@ -81,6 +81,7 @@ mod cfi;
 mod compile;
 mod elf;
 mod error;
+mod prologue;
 mod push_pop;
 pub mod rule;
 mod stats;
