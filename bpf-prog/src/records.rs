@@ -312,44 +312,60 @@ pub(crate) enum Record {
     Count(CountKey, Count),
 }
 
+/// What names a stack record, and how many of its bytes are the record's (the ring
+/// buffer's may run past its frames).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StackHeader {
+    pub key: u64,
+    pub check: u64,
+    pub frames: usize,
+    pub bytes: usize,
+}
+
 impl Record {
+    /// The header of a stack record, if `data` is one whose bytes hold its frames; read
+    /// without the frames, which stay where they are.
+    pub(crate) fn stack_header(data: &[u8]) -> Option<StackHeader> {
+        let u32_at = |at: usize| Some(u32::from_ne_bytes(data.get(at..at + 4)?.try_into().ok()?));
+        let u64_at = |at: usize| Some(u64::from_ne_bytes(data.get(at..at + 8)?.try_into().ok()?));
+        if u32_at(0)? != layout::record_kind::STACK {
+            return None;
+        }
+        let frames = u32_at(offset_of!(CtStack, len))? as usize;
+        let bytes = layout::STACK_HEADER_SIZE + frames * 8;
+        if frames > layout::MAX_FRAMES || data.len() < bytes {
+            return None;
+        }
+        Some(StackHeader {
+            key: u64_at(offset_of!(CtStack, key))?,
+            check: u64_at(offset_of!(CtStack, check))?,
+            frames,
+            bytes,
+        })
+    }
+
     /// Reads a record as the program wrote it; `None` if it is not one (too short, an
     /// unknown kind, a length its bytes do not hold).
     pub(crate) fn parse(data: &[u8]) -> Option<Record> {
         let u16_at = |at: usize| Some(u16::from_ne_bytes(data.get(at..at + 2)?.try_into().ok()?));
-        let u32_at = |at: usize| Some(u32::from_ne_bytes(data.get(at..at + 4)?.try_into().ok()?));
-        let u64_at = |at: usize| Some(u64::from_ne_bytes(data.get(at..at + 8)?.try_into().ok()?));
-        match u32_at(0)? {
-            layout::record_kind::STACK => {
-                let len = u32_at(offset_of!(CtStack, len))? as usize;
-                let frames = data.get(layout::STACK_HEADER_SIZE..)?;
-                if len > layout::MAX_FRAMES || frames.len() < len * 8 {
-                    return None;
-                }
-                let pcs = frames
-                    .chunks_exact(8)
-                    .take(len)
-                    .map(|pc| u64::from_ne_bytes(pc.try_into().expect("8 bytes")))
-                    .collect();
-                let end = walk_end_from_raw(
-                    u16_at(offset_of!(CtStack, error))?,
-                    u16_at(offset_of!(CtStack, reason))?,
-                );
-                Some(Record::Stack {
-                    key: u64_at(offset_of!(CtStack, key))?,
-                    check: u64_at(offset_of!(CtStack, check))?,
-                    stack: Stack { pcs, end },
-                })
-            }
-            layout::record_kind::COUNT => {
-                let record = layout::from_bytes::<CtCountRecord>(data)?;
-                Some(Record::Count(
-                    CountKey::from_raw(&record.key),
-                    Count::from(record.count),
-                ))
-            }
-            _ => None,
+        if let Some(header) = Record::stack_header(data) {
+            let pcs = data[layout::STACK_HEADER_SIZE..header.bytes]
+                .chunks_exact(8)
+                .map(|pc| u64::from_ne_bytes(pc.try_into().expect("8 bytes")))
+                .collect();
+            let end = walk_end_from_raw(
+                u16_at(offset_of!(CtStack, error))?,
+                u16_at(offset_of!(CtStack, reason))?,
+            );
+            return Some(Record::Stack {
+                key: header.key,
+                check: header.check,
+                stack: Stack { pcs, end },
+            });
         }
+        let record = layout::from_bytes::<CtCountRecord>(data)?;
+        (record.kind == layout::record_kind::COUNT)
+            .then(|| Record::Count(CountKey::from_raw(&record.key), Count::from(record.count)))
     }
 }
 

@@ -202,11 +202,9 @@ impl StackFile {
         })
     }
 
-    /// Keeps a stack record (its bytes from the ring buffer, which may run past its
-    /// frames: only those are kept).
-    pub(crate) fn add(&mut self, record: &[u8], frames: usize) {
-        let len = (layout::STACK_HEADER_SIZE + frames * 8).min(record.len());
-        self.file.append(&record[..len]);
+    /// Keeps a stack record (its header and frames: see [`Record::stack_header`]).
+    pub(crate) fn add(&mut self, record: &[u8]) {
+        self.file.append(record);
     }
 
     /// The stack under `key`.
@@ -250,17 +248,18 @@ impl StackFile {
             conflicts,
             malformed,
         } = self;
-        *indexed = file.for_each(*indexed, |at, record| match Record::parse(record) {
-            Some(Record::Stack { key, check, stack }) => match index.get(&key) {
-                Some(known) if known.check == check => *repeats += 1,
+        *indexed = file.for_each(*indexed, |at, record| match Record::stack_header(record) {
+            Some(header) => match index.get(&header.key) {
+                Some(known) if known.check == header.check => *repeats += 1,
                 Some(_) => *conflicts += 1,
                 None => {
-                    let len = record.len() as u32;
-                    index.insert(key, Indexed { check, at, len });
-                    *frames += stack.pcs.len();
+                    let len = header.bytes as u32;
+                    let check = header.check;
+                    index.insert(header.key, Indexed { check, at, len });
+                    *frames += header.frames;
                 }
             },
-            _ => *malformed += 1,
+            None => *malformed += 1,
         })?;
         Ok(())
     }
@@ -340,7 +339,9 @@ mod tests {
 
     fn add(file: &mut StackFile, key: u64, check: u64, pcs: &[u64]) {
         let record = stack_record(key, check, pcs, 24);
-        file.add(&record, pcs.len());
+        let header = Record::stack_header(&record).unwrap();
+        assert_eq!((header.key, header.frames), (key, pcs.len()));
+        file.add(&record[..header.bytes]);
     }
 
     #[test]
@@ -371,7 +372,7 @@ mod tests {
             ),
             (3, 8, 1, 1)
         );
-        // Only the frames are kept, not what the ring buffer's record held past them.
+        // Each record's header and frames, after its length.
         let header = layout::STACK_HEADER_SIZE as u64 + 4;
         assert_eq!(figures.bytes, 5 * header + (4 + 4 + 4 + 1) * 8);
     }

@@ -210,14 +210,18 @@ impl Received {
     }
 
     fn add(&mut self, data: &[u8]) {
+        // A stack goes to its file as it came, its frames unread.
+        if let Some(header) = Record::stack_header(data) {
+            self.stacks.add(&data[..header.bytes]);
+            return;
+        }
         match Record::parse(data) {
-            Some(Record::Stack { stack, .. }) => self.stacks.add(data, stack.pcs.len()),
             Some(Record::Count(key, count)) => {
                 let total = self.counts.entry(key).or_default();
                 total.events += count.events;
                 total.amount += count.amount;
             }
-            None => self.malformed += 1,
+            _ => self.malformed += 1,
         }
     }
 }
