@@ -59,6 +59,8 @@ pub struct Lines<'a> {
     /// The segments by id, and their ids.
     texts: Vec<String>,
     ids: HashMap<String, u32>,
+    /// Each probe's segment, when lines are rooted at their probe.
+    probes: Vec<Option<u32>>,
 }
 
 /// A location without frames adds nothing to a line.
@@ -72,6 +74,7 @@ impl<'a> Lines<'a> {
             located: vec![None; profile.locations.len()],
             texts: Vec::new(),
             ids: HashMap::new(),
+            probes: vec![None; profile.probes.len()],
         }
     }
 
@@ -100,12 +103,20 @@ impl<'a> Lines<'a> {
         let profile = self.profile;
         key.clear();
         if profile.probes.len() > 1 {
-            key.push(self.segment(profile.probes[sample.probe].replace(';', ":")));
+            let id = match self.probes[sample.probe] {
+                Some(id) => id,
+                None => {
+                    let id = self.segment(&profile.probes[sample.probe].replace(';', ":"));
+                    self.probes[sample.probe] = Some(id);
+                    id
+                }
+            };
+            key.push(id);
         }
         if let Some(reason) = &sample.truncated {
             // Without a frame, the reason is what the sample is (e.g. an interval firing
             // while the target ran elsewhere), not where its stack stopped.
-            key.push(self.segment(if sample.stack.is_empty() {
+            key.push(self.segment(&if sample.stack.is_empty() {
                 format!("[{reason}]")
             } else {
                 format!("[truncated: {reason}]")
@@ -125,7 +136,7 @@ impl<'a> Lines<'a> {
             }
         }
         if key.is_empty() {
-            key.push(self.segment("[no stack]".to_string()));
+            key.push(self.segment("[no stack]"));
         }
     }
 
@@ -147,16 +158,16 @@ impl<'a> Lines<'a> {
                 }
             })
             .collect();
-        self.segment(names.join(";"))
+        self.segment(&names.join(";"))
     }
 
-    fn segment(&mut self, text: String) -> u32 {
-        if let Some(&id) = self.ids.get(&text) {
+    fn segment(&mut self, text: &str) -> u32 {
+        if let Some(&id) = self.ids.get(text) {
             return id;
         }
         let id = u32::try_from(self.texts.len()).expect("fewer than 2^32 segments");
-        self.texts.push(text.clone());
-        self.ids.insert(text, id);
+        self.texts.push(text.to_string());
+        self.ids.insert(text.to_string(), id);
         id
     }
 }
