@@ -98,20 +98,29 @@ enum Step {
 
 /// `pieces` (sorted, disjoint) with rows added for the code in `code` none of them covers.
 pub(crate) fn fill(pieces: Vec<Piece>, code: &[Section<'_>]) -> Vec<Piece> {
+    let mut info = InstructionInfoFactory::new();
     let mut found = Vec::new();
     for &(address, bytes) in code {
         let section = address..address + bytes.len() as u64;
         for gap in gaps(&pieces, section) {
             let at = (gap.start - address) as usize..(gap.end - address) as usize;
-            found.extend(rows_for(&bytes[at], gap.start));
+            found.extend(rows_for(&bytes[at], gap.start, &mut info));
         }
     }
     if found.is_empty() {
         return pieces;
     }
-    let mut all = pieces;
+    // Both sorted, and disjoint from each other: merged in order.
+    found.sort_by_key(|piece| piece.start);
+    let mut all = Vec::with_capacity(pieces.len() + found.len());
+    let mut found = found.into_iter().peekable();
+    for piece in pieces {
+        while let Some(row) = found.next_if(|row| row.start < piece.start) {
+            all.push(row);
+        }
+        all.push(piece);
+    }
     all.extend(found);
-    all.sort_by_key(|piece| piece.start);
     all
 }
 
@@ -135,17 +144,20 @@ fn gaps(pieces: &[Piece], range: Range<u64>) -> Vec<Range<u64>> {
     gaps
 }
 
-/// Rows for the functions in `code` (at `address`) whose every instruction is understood.
-fn rows_for(code: &[u8], address: u64) -> Vec<Piece> {
+/// Rows for the functions in `code` (at `address`) whose every instruction is understood;
+/// none for padding alone (the gaps between functions, mostly), where no pc can be.
+fn rows_for(code: &[u8], address: u64, info: &mut InstructionInfoFactory) -> Vec<Piece> {
     let instructions: Vec<Instruction> = Decoder::with_ip(64, code, address, DecoderOptions::NONE)
         .iter()
         .collect();
-    let index_of: HashMap<u64, usize> = instructions
+    if instructions
         .iter()
-        .enumerate()
-        .map(|(index, instruction)| (instruction.ip(), index))
-        .collect();
-    let mut info = InstructionInfoFactory::new();
+        .all(|instruction| matches!(instruction.mnemonic(), Mnemonic::Nop | Mnemonic::Int3))
+    {
+        return Vec::new();
+    }
+    // Instructions are in address order.
+    let index_of = |ip: u64| instructions.binary_search_by_key(&ip, Instruction::ip).ok();
     let mut states: Vec<Option<State>> = vec![None; instructions.len()];
     // States branches carry forward to their targets.
     let mut carried: HashMap<usize, State> = HashMap::new();
@@ -186,11 +198,11 @@ fn rows_for(code: &[u8], address: u64) -> Vec<Piece> {
             continue;
         }
         if let Some(target) = branch_target(instruction) {
-            match index_of.get(&target) {
-                Some(&target) if target <= index => {
+            match index_of(target) {
+                Some(target) if target <= index => {
                     understood &= states[target] == Some(state);
                 }
-                Some(&target) => {
+                Some(target) => {
                     if let Some(&other) = carried.get(&target) {
                         understood &= other == state;
                     }
@@ -200,7 +212,7 @@ fn rows_for(code: &[u8], address: u64) -> Vec<Piece> {
                 None => {}
             }
         }
-        flow = match step(state, instruction, &mut info) {
+        flow = match step(state, instruction, info) {
             Step::Next(next) => Flow::At(next),
             Step::End => Flow::Ended,
             Step::Unknown => {
