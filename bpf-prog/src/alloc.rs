@@ -59,6 +59,13 @@ pub enum AllocKind {
     /// the usable size capped at `size + extra`; no change when it returns less than
     /// `size` (the block could not be resized).
     Xallocx,
+    /// The preloaded library's site `cargo_trace_allocated(address, size, mapped)`, called
+    /// after an allocating function returned (`EventProgram::PreloadAlloc`).
+    Allocated,
+    /// Its site `cargo_trace_resizing(old, size)`, before a realloc: as realloc's entry.
+    Resizing,
+    /// Its site `cargo_trace_resized(address)`, after the realloc: as realloc's return.
+    Resized,
 }
 
 impl AllocKind {
@@ -75,6 +82,10 @@ impl AllocKind {
             AllocKind::Mmap => kind::MMAP,
             AllocKind::Munmap => kind::MUNMAP,
             AllocKind::Xallocx => kind::XALLOCX,
+            // The site's program reads no kind.
+            AllocKind::Allocated => kind::SIZE_ARG0,
+            // The entry's arguments are realloc's.
+            AllocKind::Resizing | AllocKind::Resized => kind::REALLOC,
         }
     }
 
@@ -82,9 +93,12 @@ impl AllocKind {
     /// order) its entry program reads.
     pub fn arguments_read(self) -> usize {
         match self {
-            AllocKind::SizeArg0 | AllocKind::Free | AllocKind::Munmap => 1,
-            AllocKind::SizeArg1 | AllocKind::Calloc | AllocKind::Realloc => 2,
-            AllocKind::ReallocArray | AllocKind::PosixMemalign | AllocKind::Xallocx => 3,
+            AllocKind::SizeArg0 | AllocKind::Free | AllocKind::Munmap | AllocKind::Resized => 1,
+            AllocKind::SizeArg1 | AllocKind::Calloc | AllocKind::Realloc | AllocKind::Resizing => 2,
+            AllocKind::ReallocArray
+            | AllocKind::PosixMemalign
+            | AllocKind::Xallocx
+            | AllocKind::Allocated => 3,
             AllocKind::Mmap => 4,
         }
     }
@@ -113,6 +127,9 @@ impl AllocKind {
                 (EventProgram::AllocEntry, false),
                 (EventProgram::AllocReturn, true),
             ],
+            AllocKind::Allocated => &[(EventProgram::PreloadAlloc, false)],
+            AllocKind::Resizing => &[(EventProgram::PreloadResize, false)],
+            AllocKind::Resized => &[(EventProgram::PreloadResized, false)],
         }
     }
 }

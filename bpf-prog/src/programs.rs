@@ -84,6 +84,15 @@ event_programs! {
     AllocReturn => on_alloc_return, "allocations";
     /// A freeing function's entry: the block's free counted.
     Free => on_free, "frees";
+    /// The preloaded library's site after an allocation (`cargo_trace_allocated`): the
+    /// call's entry and return at once, the stack walked from the library's wrapper.
+    PreloadAlloc => on_preload_alloc, "allocations";
+    /// The preloaded library's site before a realloc (`cargo_trace_resizing`): as
+    /// `ResizeEntry`.
+    PreloadResize => on_preload_resize, "allocations";
+    /// The preloaded library's site after a realloc (`cargo_trace_resized`): as
+    /// `AllocReturn`.
+    PreloadResized => on_preload_resized, "allocations";
     /// Off-CPU time, on the `sched_switch` raw tracepoint: an event is a traced thread's
     /// stay off the CPU, its amount the nanoseconds it lasted
     /// ([`Options::off_cpu_min_block_ns`](crate::Options::off_cpu_min_block_ns) and more).

@@ -9,13 +9,17 @@
 //! of the rounds is printed with their range, and the µs added per pair against the
 //! untraced run of the same round.
 //!
+//! `alloc` runs the storm with the preloaded library (`src/alloc/preload.rs`), two
+//! breakpoints per pair; `alloc --no-preload` probes libc's malloc (entry and return)
+//! and free, three events per pair: both are ways of each round.
+//!
 //! Where the time goes: one more `alloc` run with `--bpf-stats` gives the BPF time per
-//! run of each heap program (the entry walks the stack; the return and the free update
-//! maps). `alloc --sample-every 1000` is a way of each round too, and one more run of it
-//! with `--bpf-stats` gives the BPF time of an event that is not sampled (the programs'
-//! mean per run, the one sampled call in 1000 included). Its programs do next to
-//! nothing: its added time less their BPF time is the kernel's share of a pair, the
-//! uprobe traps at malloc's entry and free's and malloc's return probe.
+//! run of each heap program (the site after malloc walks the stack and tracks the
+//! block; the free updates maps). `alloc --sample-every 1000` is a way of each round
+//! too, and one more run of it with `--bpf-stats` gives the BPF time of an event that
+//! is not sampled (the programs' mean per run, the one sampled call in 1000 included).
+//! Its programs do next to nothing: its added time less their BPF time is the kernel's
+//! share of a pair, the breakpoints at the library's two sites.
 //!
 //! Then the same storm in a Rust program whose global allocator is tikv-jemallocator or
 //! the mimalloc crate (`alloc_crates storm N`, 48-byte Vecs), untraced and under `alloc`,
@@ -86,6 +90,7 @@ fn main() {
             ("cargo trace alloc", Vec::new()),
             ("uprobe:libc:malloc", Vec::new()),
             ("alloc sampled 1/1000", Vec::new()),
+            ("alloc --no-preload", Vec::new()),
         ];
         if heaptrack {
             ways.push(("heaptrack", Vec::new()));
@@ -112,6 +117,7 @@ fn main() {
                     "alloc sampled 1/1000" => {
                         traced("alloc", &["--sample-every", SAMPLE_EVERY]).stdout
                     }
+                    "alloc --no-preload" => traced("alloc", &["--no-preload"]).stdout,
                     probe => traced(probe.trim_start_matches("cargo trace "), &[]).stdout,
                 };
                 times.push(value_after(&String::from_utf8_lossy(&stdout), "loop_ns"));
@@ -142,17 +148,25 @@ fn main() {
             };
             println!("  {way:<22}{:<28}{added}", per_pair.show(1));
         }
-        if heaptrack {
-            let alloc = &ways[1].1;
-            let heap = &ways[4].1;
-            let ratio = Spread::of(
+        let added_ratio = |over: usize, under: usize| {
+            Spread::of(
                 base.iter()
-                    .zip(alloc.iter().zip(heap))
-                    .map(|(b, (a, h))| (a - b) / (h - b)),
-            );
+                    .zip(ways[over].1.iter().zip(&ways[under].1))
+                    .map(|(b, (o, u))| (o - b) / (u - b)),
+            )
+        };
+        println!(
+            "  alloc's added time / alloc --no-preload's: {} (same rounds)",
+            added_ratio(1, 4).show(2)
+        );
+        if heaptrack {
             println!(
                 "  alloc's added time / heaptrack's: {} (same rounds)",
-                ratio.show(2)
+                added_ratio(1, 5).show(2)
+            );
+            println!(
+                "  alloc --no-preload's added time / heaptrack's: {} (same rounds)",
+                added_ratio(4, 5).show(2)
             );
         }
 
@@ -195,8 +209,8 @@ fn main() {
         };
         println!(
             "  where a pair's time goes: alloc's BPF {:.2} µs (the --bpf-stats run), the \
-             kernel's events (malloc's entry trap, its return, free's entry trap) the other \
-             {:.2} µs of +{:.2}",
+             kernel's events (the breakpoints of the preloaded library's two sites) the \
+             other {:.2} µs of +{:.2}",
             per_pair(&exact) / 1e3,
             (added(1) - per_pair(&exact)) / 1e3,
             added(1) / 1e3
@@ -204,7 +218,7 @@ fn main() {
         // The sampled way's programs do next to nothing: the rest is the kernel's.
         println!(
             "  sampled: BPF {:.0} ns per pair, the kernel's events the other {:.2} µs of \
-             +{:.2} (a call left out still has its return probe)",
+             +{:.2} (a call left out still hits both sites)",
             per_pair(&sampled),
             (added(3) - per_pair(&sampled)) / 1e3,
             added(3) / 1e3,
@@ -281,7 +295,13 @@ fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
             let (name, rest) = line.strip_prefix("cargo-trace: bpf ")?.split_once(": ")?;
             if !matches!(
                 name,
-                "on_alloc" | "on_resize" | "on_alloc_return" | "on_free"
+                "on_alloc"
+                    | "on_resize"
+                    | "on_alloc_return"
+                    | "on_free"
+                    | "on_preload_alloc"
+                    | "on_preload_resize"
+                    | "on_preload_resized"
             ) {
                 return None;
             }

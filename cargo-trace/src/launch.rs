@@ -39,11 +39,13 @@ impl Exit {
     }
 }
 
-/// Start `argv` traced and run it up to its entry point.
-pub fn start(argv: &[String]) -> Result<Stopped> {
+/// Start `argv` traced, with `env` added to its environment, and run it up to its entry
+/// point.
+pub fn start(argv: &[String], env: &[(&str, std::ffi::OsString)]) -> Result<Stopped> {
     let (program, args) = argv.split_first().context("empty command")?;
     let mut command = Command::new(program);
     command.args(args);
+    command.envs(env.iter().map(|(name, value)| (name, value)));
     // SAFETY: the closure runs in the forked child before exec and only calls
     // ptrace(PTRACE_TRACEME), which is async-signal-safe.
     unsafe {

@@ -17,6 +17,7 @@ use bpf_prog::{AllocOptions, EventProgram, Loss, Options, StackRef, Tracer};
 use probes::{Attachment, Fire, ProbeSpec, ProgramKind, Rate, UprobeGroup};
 
 use crate::alloc::live::HeapWatch;
+use crate::alloc::preload::{self, Preload};
 use crate::alloc::{AllocArgs, AllocProbe};
 use crate::children::Children;
 use crate::cli::Cli;
@@ -153,6 +154,9 @@ struct Traced {
     tracer: Tracer,
     /// Resumes the processes held stopped, should cargo-trace die without doing so.
     guard: Guard,
+    /// The heap profiler's preloaded library, when the target was launched with it, and
+    /// the processes that ran without it.
+    preload: Option<(Preload, preload::Missing)>,
 }
 
 /// Phase 1: everything attached, the target held at its entry point.
@@ -174,6 +178,10 @@ impl Prepared {
             None => Some(command_line(cli)?),
         };
         let follow = !cli.no_follow_forks;
+        let preload = match &argv {
+            Some(_) if wants_preload(&probes, &cli.alloc) => Some(Preload::write()?),
+            _ => None,
+        };
         let alloc_probes = probes.iter().filter(|p| p.event_spec().is_none()).count();
         let alloc_probes = u32::try_from(alloc_probes.max(1)).unwrap_or(u32::MAX);
         let options = Options {
@@ -181,7 +189,7 @@ impl Prepared {
             // still keeps the processes it follows (those past a full pid filter are
             // not).
             filter_uprobes: follow,
-            programs: programs_for(&probes),
+            programs: programs_for(&probes, preload.is_some()),
             // The heap's totals are per process and alloc probe.
             alloc: AllocOptions {
                 max_processes: cli.max_processes.saturating_mul(alloc_probes),
@@ -219,7 +227,14 @@ impl Prepared {
 
         let (pid, stopped) = match (&argv, cli.pid) {
             (Some(argv), _) => {
-                let stopped = launch::start(argv)?;
+                let env: Vec<(&str, std::ffi::OsString)> = match &preload {
+                    Some(preload) => {
+                        let existing = std::env::var_os("LD_PRELOAD");
+                        vec![("LD_PRELOAD", preload.ld_preload(existing))]
+                    }
+                    None => Vec::new(),
+                };
+                let stopped = launch::start(argv, &env)?;
                 (stopped.pid(), Some(stopped))
             }
             (None, Some(pid)) => (pid, None),
@@ -235,7 +250,8 @@ impl Prepared {
             scope,
             unsafe_addresses: cli.unsafe_addresses,
         };
-        let (links, pending) = attach_all(&tracer, &probes, &cli.alloc, pid, &attach)?;
+        let (links, pending) =
+            attach_all(&tracer, &probes, &cli.alloc, pid, &attach, preload.as_ref())?;
         let children = if follow {
             let target = [pid];
             let fire = attach.scope.fire(pid, &target);
@@ -264,6 +280,7 @@ impl Prepared {
                 exited: ExitedProcesses::new(cli.keep_exited, pid),
                 tracer,
                 guard,
+                preload: preload.map(|preload| (preload, preload::Missing::default())),
             },
             stopped,
         })
@@ -337,6 +354,9 @@ impl Running {
     ) -> Result<Finished> {
         let deadline = duration.map(|duration| self.started + duration);
         let exit = self.wait_for_end(deadline, alloc, on_snapshot)?;
+        if let Some(warning) = self.traced.preload.as_ref().and_then(|(_, m)| m.warning()) {
+            eprintln!("cargo-trace: warning: {warning}");
+        }
         // The span ends: an interval counts no more, though its timer runs until the
         // links are detached below (which can take seconds with many probes).
         self.traced.tracer.set_interval_target(None);
@@ -371,6 +391,7 @@ impl Running {
             exited,
             tracer,
             guard,
+            preload,
         } = traced;
         // Teardown in order: no probe fires and no child stops any more, every child
         // held stopped is resumed; only then is the guard told it has nothing to do.
@@ -396,6 +417,7 @@ impl Running {
             stats,
             untraced,
             heap_timeline,
+            _preload: preload.map(|(preload, _)| preload),
         })
     }
 
@@ -454,12 +476,21 @@ impl Running {
                 // Wakes up as soon as a child stops at its start.
                 Some(children) => {
                     children.poll(POLL_INTERVAL);
-                    let (links, pending, probes) =
-                        (&mut traced.links, &mut traced.pending, &traced.probes);
+                    let (links, pending, probes, preload) = (
+                        &mut traced.links,
+                        &mut traced.pending,
+                        &traced.probes,
+                        &mut traced.preload,
+                    );
                     children.register_started(
                         &mut traced.tracer,
                         &mut traced.tables,
-                        |tracer, pid| pending.attach_in(tracer, probes, pid, links),
+                        |tracer, pid| {
+                            pending.attach_in(tracer, probes, pid, links);
+                            if let Some((preload, missing)) = preload {
+                                missing.check(preload, pid);
+                            }
+                        },
                     );
                 }
                 None => std::thread::sleep(POLL_INTERVAL),
@@ -545,6 +576,8 @@ struct Finished {
     untraced: Vec<u32>,
     /// With `alloc`: memory over time.
     heap_timeline: Vec<HeapPoint>,
+    /// The preloaded library, whose file symbolizes the wrappers' frames: removed last.
+    _preload: Option<Preload>,
 }
 
 impl Finished {
@@ -867,14 +900,29 @@ fn command_line(cli: &Cli) -> Result<Vec<String>> {
 
 /// The event programs the probes attach (the others are not loaded: the verifier's time
 /// is most of a session's start).
-fn programs_for(probes: &[Probe]) -> std::collections::BTreeSet<EventProgram> {
+/// `preload`: with the preloaded library's programs.
+fn programs_for(probes: &[Probe], preload: bool) -> std::collections::BTreeSet<EventProgram> {
     probes
         .iter()
         .flat_map(|probe| match &probe.kind {
             ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
+            ProbeKind::Alloc(_) if preload => [
+                &crate::alloc::PROGRAMS[..],
+                &crate::alloc::PRELOAD_PROGRAMS[..],
+            ]
+            .concat(),
             ProbeKind::Alloc(_) => crate::alloc::PROGRAMS.to_vec(),
         })
         .collect()
+}
+
+/// Whether a launched target runs with the preloaded library: an alloc probe would take
+/// its sites for libc's functions.
+fn wants_preload(probes: &[Probe], alloc: &AllocArgs) -> bool {
+    probes.iter().any(|probe| match &probe.kind {
+        ProbeKind::Alloc(heap) => heap.wants_preload(alloc),
+        ProbeKind::Event(_) => false,
+    })
 }
 
 /// The BPF program a probe of `kind` attaches.
@@ -956,6 +1004,7 @@ fn attach_all(
     alloc: &AllocArgs,
     pid: u32,
     plan: &AttachPlan,
+    preload: Option<&Preload>,
 ) -> Result<(Vec<Attachment>, Pending)> {
     let mut links = Vec::new();
     let mut pending = Pending {
@@ -967,7 +1016,7 @@ fn attach_all(
         if let ProbeKind::Alloc(heap) = &probe.kind {
             let target = [pid];
             let fire = plan.scope.fire(pid, &target);
-            links.extend(heap.attach(tracer, alloc, pid, fire, index as u32)?);
+            links.extend(heap.attach(tracer, alloc, pid, fire, index as u32, preload)?);
             continue;
         }
         match attach_one(tracer, probe, index, pid, plan, &[pid]) {

@@ -156,13 +156,38 @@ fn alloc_run(name: &str, fixture: &std::path::Path, extra: &[&str]) -> Run {
     trace(name, &["alloc"], &quoted(fixture), &args)
 }
 
+/// Launched, the target runs with the preloaded library, whose sites take the place of
+/// libc's functions (`on_preload_alloc` runs); `--no-preload` probes libc's functions
+/// themselves. Both count every function exactly.
 #[test]
 fn every_libc_function_is_counted_exactly() {
     if !bpf_available("every_libc_function_is_counted_exactly") {
         return;
     }
+    let run = check_every_libc_function("alloc-c", &["--bpf-stats"]);
+    assert!(
+        run.stderr.contains("bpf on_preload_alloc: ") && !run.stderr.contains("bpf on_alloc: "),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn every_libc_function_is_counted_exactly_without_the_preload() {
+    if !bpf_available("every_libc_function_is_counted_exactly_without_the_preload") {
+        return;
+    }
+    let run = check_every_libc_function("alloc-c-no-preload", &["--no-preload", "--bpf-stats"]);
+    assert!(
+        run.stderr.contains("bpf on_alloc: ") && !run.stderr.contains("on_preload"),
+        "{}",
+        run.stderr
+    );
+}
+
+fn check_every_libc_function(name: &str, extra: &[&str]) -> Run {
     let path = fixtures::c_fixture("alloc_c");
-    let run = alloc_run("alloc-c", &path, &[]);
+    let run = alloc_run(name, &path, extra);
     let rows = read_csv(&run, "heap.csv");
     let sites = check_sites(&run, &rows);
     assert_eq!(sites.len(), 14, "{}", run.stdout);
@@ -191,6 +216,7 @@ fn every_libc_function_is_counted_exactly() {
         leaks.contains("#1 7 blocks, 7651 B") && leaks.contains("site_leak <- main"),
         "{report}"
     );
+    run
 }
 
 #[test]
@@ -688,6 +714,57 @@ fn children_are_their_own_processes() {
                 site.function
             );
         }
+    }
+}
+
+/// A child whose environment drops `LD_PRELOAD` runs without the preloaded library: its
+/// heap is not counted, and one line says so, naming it; its sibling with the library is
+/// counted exactly.
+#[test]
+fn a_child_without_the_preload_is_reported() {
+    if !bpf_available("a_child_without_the_preload_is_reported") {
+        return;
+    }
+    let path = quoted(&fixtures::c_fixture("alloc_c"));
+    let script = format!("{path} && env -u LD_PRELOAD {path} dropped");
+    let run = trace(
+        "alloc-no-preload-child",
+        &["alloc"],
+        &format!("/bin/sh -c {}", common::shell_quote(&script)),
+        &["--csv", "heap.csv"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let warnings: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|line| line.contains("without cargo-trace's preloaded library"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{}", run.stderr);
+    assert!(
+        warnings[0].starts_with("cargo-trace: warning: 1 process (pid ")
+            && warnings[0].contains("alloc_c dropped)")
+            && warnings[0].contains("--no-preload"),
+        "{}",
+        warnings[0]
+    );
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert_eq!(sites.len(), 28, "two runs of 14 sites: {}", run.stdout);
+    let pids: std::collections::BTreeSet<u32> = rows
+        .iter()
+        .filter(|row| row.frames.iter().any(|f| f == "site_malloc"))
+        .map(|row| row.pid)
+        .collect();
+    assert_eq!(pids.len(), 1, "only the first child is counted: {pids:?}");
+    for site in &sites[..14] {
+        let rows = rows_of(&rows, site);
+        assert_eq!(
+            sum(&rows, "allocs") as u64,
+            site.allocs,
+            "{}",
+            site.function
+        );
+        assert_eq!(sum(&rows, "frees") as u64, site.frees, "{}", site.function);
     }
 }
 

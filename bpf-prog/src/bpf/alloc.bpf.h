@@ -529,11 +529,28 @@ static __always_inline void restore_old_block(const struct ct_alloc_call *call, 
 	}
 }
 
+/* The user stack of an allocating call: from the probed function's entry,
+ * or, at a preloaded site (site), from its caller, the preloaded library's
+ * wrapper of the allocator's function, the site's own frame left out: the
+ * stack then starts where a probe of the wrapped function would start it. */
+static __always_inline __u64 alloc_stack(struct pt_regs *ctx, __u32 tgid, bool site)
+{
+	__u64 ip = ctx->ip, sp = ctx->sp;
+
+	/* at the site's first instruction: its return address on top (unread,
+	 * the walk starts at the site, one frame more) */
+	if (site && bpf_probe_read_user(&ip, sizeof(ip), (void *)sp) == 0)
+		sp += 8;
+	else
+		ip = ctx->ip;
+	return take_stacks(NULL, tgid, ip, sp, ctx->bp, ctx->di).user;
+}
+
 /* An allocating call's entry, unsampled when sampling 1 in N left it out
  * (a resize then goes on all the same: see on_resize). Returns 1 when it
  * kept no call for its return, 0 when it did. */
 static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *task,
-				       bool unsampled)
+				       bool unsampled, bool site)
 {
 	__u64 cookie = run_cookie(task);
 	__u32 kind = cookie >> CT_ALLOC_KIND_SHIFT;
@@ -603,16 +620,14 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *
 		call->flags |= CT_CALL_UNSAMPLED;
 		return 0;
 	}
-	struct event_stacks stacks = take_stacks(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, ctx->di);
-	call->stack = stacks.user;
+	call->stack = alloc_stack(ctx, tgid, site);
 	return 0;
 }
 
-/* An allocating call's return. */
-static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct *task)
+/* An allocating call's return, of address (its return value): entry_sp is
+ * the stack pointer its entry saw. */
+static __always_inline int alloc_return(struct task_struct *task, __u64 entry_sp, __u64 address)
 {
-	/* rsp at the entry was this one less the return address popped */
-	__u64 entry_sp = ctx->sp - 8;
 	struct ct_alloc_thread *t = thread_calls(task, entry_sp, false);
 	__u32 depth = t ? t->depth : 0;
 	if (!t || depth == 0 || depth > CT_ALLOC_NEST ||
@@ -633,7 +648,6 @@ static __always_inline int alloc_return(struct pt_regs *ctx, struct task_struct 
 	__u32 tgid = t->tgid;
 	__u32 probe_id = call->probe_id;
 	__u64 now = bpf_ktime_get_ns();
-	__u64 address = ctx->ax;
 	if (call->kind == CT_ALLOC_MMAP && address == CT_MAP_FAILED)
 		address = 0;
 	if (call->kind == CT_ALLOC_POSIX_MEMALIGN) {
@@ -687,7 +701,7 @@ int on_alloc(struct pt_regs *ctx)
 	 * see on_alloc_return. */
 	if (alloc_sample_every > 1 && !sampled(0))
 		return 0;
-	alloc_entry(ctx, bpf_get_current_task_btf(), false);
+	alloc_entry(ctx, bpf_get_current_task_btf(), false, false);
 	return 0;
 }
 
@@ -702,7 +716,7 @@ int on_resize(struct pt_regs *ctx)
 {
 	bool unsampled = alloc_sample_every > 1 && !sampled(0);
 
-	alloc_entry(ctx, bpf_get_current_task_btf(), unsampled);
+	alloc_entry(ctx, bpf_get_current_task_btf(), unsampled, false);
 	return 0;
 }
 
@@ -714,7 +728,8 @@ int on_alloc_return(struct pt_regs *ctx)
 	 * task and its storage were two helper calls to find no call. */
 	if (alloc_sample_every > 1 && alloc_calls_kept == 0)
 		return 0;
-	return alloc_return(ctx, bpf_get_current_task_btf());
+	/* rsp at the entry was this one less the return address popped */
+	return alloc_return(bpf_get_current_task_btf(), ctx->sp - 8, ctx->ax);
 }
 
 SEC("uprobe")
@@ -750,6 +765,73 @@ int on_free(struct pt_regs *ctx)
 	if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
 		count_unknown_free(tgid, (__u32)cookie);
 	return 0;
+}
+
+/*
+ * The sites of the preloaded library (cargo-trace/preload/preload.c), which
+ * a target launched with it calls after its allocator's functions return,
+ * or before they free: attached in place of libc's functions. Each is the
+ * first instruction of a function of its own, a nop, which the kernel
+ * emulates under the breakpoint: two breakpoints per malloc/free pair and no
+ * return probe, where libc's functions take three events. The stack is
+ * walked from the site's caller, the library's wrapper of the allocator's
+ * function. Frees go to on_free (their address in rdi as free's is).
+ *
+ * on_preload_alloc, at cargo_trace_allocated(address, size, mapped): the
+ * allocating call's entry and return at once, nothing kept per thread. A
+ * mapping (mapped) made while a call of a probed allocator is in progress on
+ * the thread (an allocator of the executable's own, mapping memory for
+ * itself) is part of that call, as when libc's mmap is probed.
+ */
+SEC("uprobe")
+int on_preload_alloc(struct pt_regs *ctx)
+{
+	__u64 address = ctx->di, size = ctx->si;
+
+	/* sampling 1 in N: most calls end here, before any helper call */
+	if (alloc_sample_every > 1 && !sampled(0))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	if (ctx->dx) {
+		struct ct_alloc_thread *t = thread_calls(task, ctx->sp, false);
+		if (t && t->depth > 0)
+			return 0;
+	}
+	if (!address) {
+		count_in(&alloc_counters, CT_ALLOC_FAILED);
+		return 0;
+	}
+	if (!size_wanted(size) || (alloc_sample_bytes > 0 && !sampled(size)))
+		return 0;
+	__u64 stack = alloc_stack(ctx, tgid, true);
+	account_alloc(address, size, stack, tgid, (__u32)run_cookie(task), bpf_ktime_get_ns());
+	return 0;
+}
+
+/* At cargo_trace_resizing(old, size), before realloc: its entry, as
+ * on_resize's (the cookie's kind is realloc's), the stack walked from the
+ * wrapper. */
+SEC("uprobe")
+int on_preload_resize(struct pt_regs *ctx)
+{
+	bool unsampled = alloc_sample_every > 1 && !sampled(0);
+
+	alloc_entry(ctx, bpf_get_current_task_btf(), unsampled, true);
+	return 0;
+}
+
+/* At cargo_trace_resized(address), after realloc: its return. The wrapper
+ * calls both sites with one stack pointer, so the site's rsp is the one the
+ * entry kept. */
+SEC("uprobe")
+int on_preload_resized(struct pt_regs *ctx)
+{
+	if (alloc_sample_every > 1 && alloc_calls_kept == 0)
+		return 0;
+	return alloc_return(bpf_get_current_task_btf(), ctx->sp, ctx->di);
 }
 
 #endif /* ALLOC_BPF_H */

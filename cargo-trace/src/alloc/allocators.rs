@@ -127,10 +127,13 @@ pub struct AllocFunction {
 
 /// The functions to probe for `allocator` in process `pid`. `prefix` (`--alloc-prefix`)
 /// names the malloc API with a prefix in the executable, or in the library named.
+/// `preload`: the preloaded library, which process `pid` maps, whose sites take the place
+/// of libc's functions ([`super::preload`]).
 pub fn resolve(
     allocator: &Allocator,
     prefix: Option<&str>,
     pid: u32,
+    preload: Option<&Path>,
 ) -> Result<Vec<AllocFunction>> {
     let mut finder = Finder {
         pid,
@@ -146,13 +149,9 @@ pub fn resolve(
                 finder.add_executables_own()?;
                 finder.add_mapped_libraries()?;
             }
-            finder.add_api(Some("libc"), "", MALLOC_API)?;
-            finder.add_api(Some("libc"), "", MMAP_API)?;
+            finder.add_libc(preload)?;
         }
-        Allocator::Libc => {
-            finder.add_api(Some("libc"), "", MALLOC_API)?;
-            finder.add_api(Some("libc"), "", MMAP_API)?;
-        }
+        Allocator::Libc => finder.add_libc(preload)?,
         Allocator::Jemalloc => {
             let prefixes: Vec<&str> = match prefix {
                 Some(prefix) => vec![prefix],
@@ -203,7 +202,7 @@ pub fn resolve(
     // two probes on one instruction would count each call twice.
     let mut seen = HashSet::new();
     found.retain(|f| seen.insert((f.target.path.clone(), f.target.file_offset)));
-    move_to_emulated_instructions(&mut found)?;
+    move_to_emulated_instructions(&mut found, preload)?;
     Ok(found)
 }
 
@@ -211,10 +210,16 @@ pub fn resolve(
 /// first ones change nothing its program reads (see [`probes::cheaper_entries`]):
 /// jemalloc's malloc and sdallocx start with a compare the kernel single-steps, which
 /// made a traced malloc/free pair 5 times as costly as glibc's.
-fn move_to_emulated_instructions(found: &mut [AllocFunction]) -> Result<()> {
+/// The preloaded library's sites stay where they are: their nop is what the kernel
+/// optimizes.
+fn move_to_emulated_instructions(
+    found: &mut [AllocFunction],
+    preload: Option<&Path>,
+) -> Result<()> {
     let mut paths: Vec<std::path::PathBuf> = found.iter().map(|f| f.target.path.clone()).collect();
     paths.sort();
     paths.dedup();
+    paths.retain(|path| Some(path.as_path()) != preload);
     for path in paths {
         let mine: Vec<&mut AllocFunction> =
             found.iter_mut().filter(|f| f.target.path == path).collect();
@@ -273,6 +278,18 @@ impl Finder {
             self.add_api(None, "", JEMALLOC_API)?;
         }
         Ok(())
+    }
+
+    /// libc's malloc API and mmap, or the preloaded library's sites in their place. Not
+    /// where an allocator found before replaces malloc: the library's wrappers call that
+    /// one, which is probed itself.
+    fn add_libc(&mut self, preload: Option<&Path>) -> Result<()> {
+        let replaced = self.found.iter().any(|f| f.target.symbol == "malloc");
+        if let (Some(path), false) = (preload, replaced) {
+            return self.add_api(Some(&path.display().to_string()), "", super::preload::SITES);
+        }
+        self.add_api(Some("libc"), "", MALLOC_API)?;
+        self.add_api(Some("libc"), "", MMAP_API)
     }
 
     /// jemalloc or mimalloc as a library the process maps (linked, or LD_PRELOADed).
@@ -463,7 +480,7 @@ mod tests {
     #[test]
     fn libc_functions_are_found_once_each() {
         let pid = std::process::id();
-        let found = resolve(&Allocator::Libc, None, pid).unwrap();
+        let found = resolve(&Allocator::Libc, None, pid, None).unwrap();
         let symbols: Vec<&str> = found.iter().map(|f| f.target.symbol.as_str()).collect();
         for name in ["malloc", "calloc", "realloc", "free", "posix_memalign"] {
             assert!(symbols.contains(&name), "{name} not in {symbols:?}");

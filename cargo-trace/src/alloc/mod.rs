@@ -14,6 +14,7 @@
 
 pub mod allocators;
 pub mod live;
+pub mod preload;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -34,6 +35,14 @@ pub const PROGRAMS: [EventProgram; 4] = [
     EventProgram::ResizeEntry,
     EventProgram::AllocReturn,
     EventProgram::Free,
+];
+
+/// The programs of the preloaded library's sites ([`preload`]), loaded besides when the
+/// target runs with it.
+pub const PRELOAD_PROGRAMS: [EventProgram; 3] = [
+    EventProgram::PreloadAlloc,
+    EventProgram::PreloadResize,
+    EventProgram::PreloadResized,
 ];
 
 /// Heap profiling's command-line options.
@@ -112,6 +121,12 @@ pub struct AllocArgs {
     /// With `alloc`: a block freed within this many milliseconds is a temporary.
     #[arg(long = "temporary-ms", value_name = "MS", default_value_t = 1.0)]
     pub temporary_ms: f64,
+
+    /// With `alloc` on a launched target: probe libc's allocator functions themselves
+    /// rather than run the target with cargo-trace's preloaded library (whose probe sites
+    /// cost less per call, but which a process that drops LD_PRELOAD does not load).
+    #[arg(long = "no-preload")]
+    pub no_preload: bool,
 }
 
 impl AllocArgs {
@@ -286,6 +301,15 @@ impl AllocProbe {
     /// Attaches the allocator's functions as found in process `pid`, firing where `fire`
     /// says, with probe id `probe_id`: each allocating function's entry and return, each
     /// freeing function's entry.
+    /// Whether the probe would take the preloaded library's sites for libc's functions.
+    pub fn wants_preload(&self, args: &AllocArgs) -> bool {
+        matches!(self.allocator, Allocator::Auto | Allocator::Libc)
+            && args.alloc_prefix.is_none()
+            && !args.no_preload
+    }
+
+    /// `preload`: the preloaded library, if the target was launched with it; its sites
+    /// are attached for libc's functions if process `pid` loaded it.
     pub fn attach(
         &self,
         tracer: &Tracer,
@@ -293,8 +317,13 @@ impl AllocProbe {
         pid: u32,
         fire: Fire<'_>,
         probe_id: u32,
+        preload: Option<&preload::Preload>,
     ) -> Result<Vec<Attachment>> {
-        let functions = allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid)?;
+        let preload = preload
+            .filter(|p| self.wants_preload(args) && p.mapped_in(pid))
+            .map(preload::Preload::path);
+        let functions =
+            allocators::resolve(&self.allocator, args.alloc_prefix.as_deref(), pid, preload)?;
         // Functions of a kind share their programs and cookie: attached together (bound
         // to processes, they are one event of the kernel's, attached and detached at once).
         let mut by_kind: Vec<(AllocKind, Vec<UprobeTarget>)> = Vec::new();

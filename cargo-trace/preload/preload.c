@@ -1,0 +1,293 @@
+/*
+ * libcargo-trace-preload.so: the heap profiler's probe sites, preloaded into a
+ * target cargo-trace launches (cargo-trace/src/alloc/preload.rs).
+ *
+ * Probing libc's allocator costs three kernel events per malloc/free pair: a
+ * breakpoint at malloc's entry, its return probe, a breakpoint at free's
+ * entry. Preloaded, this library's malloc and the rest call libc's and then
+ * call a site: a function whose first instruction is a nop, where the
+ * uprobe's breakpoint is emulated (never single-stepped). A pair costs two
+ * such events, and no return probe. The BPF programs (alloc.bpf.h,
+ * on_preload_*) walk the stack from the site's caller, the wrapper below,
+ * and count the block as the probes of libc's functions do.
+ *
+ * Not a 5-byte nop: Linux 6.18 optimizes a uprobe on one into a call to a
+ * trampoline page of the process, which a child it forks does not inherit,
+ * though it inherits the call: the child crashes at its first allocation.
+ *
+ * The sites take what the programs read in their argument registers:
+ *   cargo_trace_allocated(address, size, mapped): a block allocated (NULL: the
+ *     allocation failed); mapped: by mmap, which an allocator the program
+ *     probes may be calling (then it is part of that call).
+ *   cargo_trace_freeing(address): a block about to be freed, before the
+ *     allocator may hand the address out again to another thread.
+ *   cargo_trace_unmapping(address): the same for munmap.
+ *   cargo_trace_resizing(old, size) before realloc, cargo_trace_resized(new)
+ *     after: the old block leaves at the first, and comes back if the realloc
+ *     failed.
+ * Without cargo-trace attached the sites are a call to a nop each.
+ *
+ * Only calls made through the dynamic linker's symbol lookup come here:
+ * libc's calls to its own malloc from inside realloc, or to mmap from inside
+ * malloc, do not, which is what the profile wants (they are part of the call
+ * the program made).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+
+#define EXPORT __attribute__((visibility("default")))
+/* A site: its own function, never inlined or cloned, its arguments in their
+ * registers, a one-byte nop first (the build has no endbr64 to precede it). */
+#define SITE EXPORT __attribute__((noipa, used))
+#define NOP __asm__ volatile("nop" ::: "memory")
+
+SITE void cargo_trace_allocated(void *address, size_t size, int mapped)
+{
+	NOP;
+	(void)address, (void)size, (void)mapped;
+}
+
+SITE void cargo_trace_freeing(void *address)
+{
+	NOP;
+	(void)address;
+}
+
+SITE void cargo_trace_unmapping(void *address)
+{
+	NOP;
+	(void)address;
+}
+
+SITE void cargo_trace_resizing(void *old, size_t size)
+{
+	NOP;
+	(void)old, (void)size;
+}
+
+SITE void cargo_trace_resized(void *address)
+{
+	NOP;
+	(void)address;
+}
+
+/* The functions wrapped, as the next object in the lookup order defines
+ * them (libc's, or an allocator preloaded after this library). */
+static struct {
+	void *(*malloc)(size_t);
+	void *(*calloc)(size_t, size_t);
+	void *(*realloc)(void *, size_t);
+	void (*free)(void *);
+	int (*posix_memalign)(void **, size_t, size_t);
+	void *(*aligned_alloc)(size_t, size_t);
+	void *(*memalign)(size_t, size_t);
+	void *(*valloc)(size_t);
+	void *(*pvalloc)(size_t);
+	void *(*mmap)(void *, size_t, int, int, int, off_t);
+	int (*munmap)(void *, size_t);
+} next;
+
+/*
+ * While dlsym looks the functions up, the allocations it makes (if any) come
+ * from here: a block of this arena is never freed, and a free of one is
+ * ignored. Bumped atomically, should two threads resolve at once.
+ */
+static _Alignas(64) unsigned char bootstrap[16384];
+static size_t bootstrap_used;
+static __thread int resolving;
+
+static int in_bootstrap(const void *p)
+{
+	return (const unsigned char *)p >= bootstrap &&
+	       (const unsigned char *)p < bootstrap + sizeof(bootstrap);
+}
+
+static void *bootstrap_alloc(size_t size)
+{
+	size_t rounded = (size + 15) & ~(size_t)15;
+	size_t at = __atomic_fetch_add(&bootstrap_used, rounded, __ATOMIC_RELAXED);
+
+	if (rounded < size || at + rounded > sizeof(bootstrap))
+		return NULL;
+	return bootstrap + at;
+}
+
+#define RESOLVE(name) (next.name = (__typeof__(next.name))dlsym(RTLD_NEXT, #name))
+
+static void resolve(void)
+{
+	resolving = 1;
+	RESOLVE(malloc);
+	RESOLVE(calloc);
+	RESOLVE(realloc);
+	RESOLVE(free);
+	RESOLVE(posix_memalign);
+	RESOLVE(aligned_alloc);
+	RESOLVE(memalign);
+	RESOLVE(valloc);
+	RESOLVE(pvalloc);
+	RESOLVE(mmap);
+	RESOLVE(munmap);
+	resolving = 0;
+}
+
+__attribute__((constructor)) static void preload_init(void)
+{
+	if (!next.malloc)
+		resolve();
+}
+
+/* Whether the wrapped functions are there; allocations made before they are
+ * (by dlsym itself) take the bootstrap arena. */
+static int ready(void)
+{
+	if (__builtin_expect(next.free != NULL, 1))
+		return 1;
+	if (!resolving)
+		resolve();
+	return next.free != NULL;
+}
+
+EXPORT void *malloc(size_t size)
+{
+	if (!ready())
+		return bootstrap_alloc(size);
+	void *p = next.malloc(size);
+	cargo_trace_allocated(p, size, 0);
+	return p;
+}
+
+EXPORT void *calloc(size_t n, size_t size)
+{
+	if (!ready()) {
+		size_t bytes;
+		if (__builtin_mul_overflow(n, size, &bytes))
+			return NULL;
+		return bootstrap_alloc(bytes); /* static storage: zeroed */
+	}
+	void *p = next.calloc(n, size);
+	cargo_trace_allocated(p, n * size, 0);
+	return p;
+}
+
+EXPORT void free(void *p)
+{
+	if (!p || in_bootstrap(p))
+		return;
+	cargo_trace_freeing(p);
+	if (ready())
+		next.free(p);
+}
+
+static void *resize(void *old, size_t size)
+{
+	if (in_bootstrap(old)) {
+		/* moved out of the arena: a new block, its size unknown here, so
+		 * copied up to the arena's end at most */
+		void *p = malloc(size);
+		if (p) {
+			size_t left = (size_t)(bootstrap + sizeof(bootstrap) - (unsigned char *)old);
+			__builtin_memcpy(p, old, size < left ? size : left);
+		}
+		return p;
+	}
+	cargo_trace_resizing(old, size);
+	void *p = next.realloc(old, size);
+	cargo_trace_resized(p);
+	return p;
+}
+
+EXPORT void *realloc(void *old, size_t size)
+{
+	if (!ready())
+		return bootstrap_alloc(size);
+	return resize(old, size);
+}
+
+EXPORT void *reallocarray(void *old, size_t n, size_t size)
+{
+	size_t bytes;
+
+	if (__builtin_mul_overflow(n, size, &bytes)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	if (!ready())
+		return bootstrap_alloc(bytes);
+	return resize(old, bytes);
+}
+
+EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
+{
+	if (!ready())
+		return ENOMEM;
+	int error = next.posix_memalign(out, alignment, size);
+	cargo_trace_allocated(error ? NULL : *out, size, 0);
+	return error;
+}
+
+EXPORT void *aligned_alloc(size_t alignment, size_t size)
+{
+	if (!ready())
+		return NULL;
+	void *p = next.aligned_alloc(alignment, size);
+	cargo_trace_allocated(p, size, 0);
+	return p;
+}
+
+EXPORT void *memalign(size_t alignment, size_t size)
+{
+	if (!ready())
+		return NULL;
+	void *p = next.memalign(alignment, size);
+	cargo_trace_allocated(p, size, 0);
+	return p;
+}
+
+EXPORT void *valloc(size_t size)
+{
+	if (!ready())
+		return NULL;
+	void *p = next.valloc(size);
+	cargo_trace_allocated(p, size, 0);
+	return p;
+}
+
+EXPORT void *pvalloc(size_t size)
+{
+	if (!ready())
+		return NULL;
+	void *p = next.pvalloc(size);
+	cargo_trace_allocated(p, size, 0);
+	return p;
+}
+
+EXPORT void *mmap(void *address, size_t length, int prot, int flags, int fd, off_t offset)
+{
+	if (!ready()) {
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	void *p = next.mmap(address, length, prot, flags, fd, offset);
+	if (flags & MAP_ANONYMOUS)
+		cargo_trace_allocated(p == MAP_FAILED ? NULL : p, length, 1);
+	return p;
+}
+
+EXPORT void *mmap64(void *address, size_t length, int prot, int flags, int fd, off_t offset)
+	__attribute__((alias("mmap")));
+
+EXPORT int munmap(void *address, size_t length)
+{
+	if (!ready()) {
+		errno = ENOMEM;
+		return -1;
+	}
+	cargo_trace_unmapping(address);
+	return next.munmap(address, length);
+}
