@@ -667,23 +667,7 @@ fn children_are_their_own_processes() {
     if !bpf_available("children_are_their_own_processes") {
         return;
     }
-    let path = quoted(&fixtures::c_fixture("alloc_c"));
-    let script = format!("{path} && {path}");
-    let run = trace(
-        "alloc-children",
-        &["alloc"],
-        &format!("/bin/sh -c {}", common::shell_quote(&script)),
-        &["--csv", "heap.csv"],
-    );
-    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
-    let rows = read_csv(&run, "heap.csv");
-    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
-    assert_eq!(sites.len(), 28, "two runs of 14 sites: {}", run.stdout);
-    let pids: std::collections::BTreeSet<u32> = rows
-        .iter()
-        .filter(|row| row.frames.iter().any(|f| f == "site_malloc"))
-        .map(|row| row.pid)
-        .collect();
+    let (_, rows, sites, pids) = alloc_c_twice("alloc-children", "");
     assert_eq!(pids.len(), 2, "{pids:?}");
     for pid in pids {
         let own: Vec<Row> = rows.iter().filter(|row| row.pid == pid).cloned().collect();
@@ -717,6 +701,38 @@ fn children_are_their_own_processes() {
     }
 }
 
+/// `alloc` on a shell that runs the `alloc_c` fixture, then `second_prefix` and the
+/// fixture again with the argument `second`: the run, its CSV rows, the 28 sites both
+/// runs printed, and the pids whose rows hold `site_malloc`.
+fn alloc_c_twice(
+    name: &str,
+    second_prefix: &str,
+) -> (
+    Run,
+    Vec<Row>,
+    Vec<HeapSite>,
+    std::collections::BTreeSet<u32>,
+) {
+    let path = quoted(&fixtures::c_fixture("alloc_c"));
+    let script = format!("{path} && {second_prefix}{path} second");
+    let run = trace(
+        name,
+        &["alloc"],
+        &format!("/bin/sh -c {}", common::shell_quote(&script)),
+        &["--csv", "heap.csv"],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let rows = read_csv(&run, "heap.csv");
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert_eq!(sites.len(), 28, "two runs of 14 sites: {}", run.stdout);
+    let pids = rows
+        .iter()
+        .filter(|row| row.frames.iter().any(|f| f == "site_malloc"))
+        .map(|row| row.pid)
+        .collect();
+    (run, rows, sites, pids)
+}
+
 /// A child whose environment drops `LD_PRELOAD` runs without the preloaded library: its
 /// heap is not counted, and one line says so, naming it; its sibling with the library is
 /// counted exactly.
@@ -725,15 +741,7 @@ fn a_child_without_the_preload_is_reported() {
     if !bpf_available("a_child_without_the_preload_is_reported") {
         return;
     }
-    let path = quoted(&fixtures::c_fixture("alloc_c"));
-    let script = format!("{path} && env -u LD_PRELOAD {path} dropped");
-    let run = trace(
-        "alloc-no-preload-child",
-        &["alloc"],
-        &format!("/bin/sh -c {}", common::shell_quote(&script)),
-        &["--csv", "heap.csv"],
-    );
-    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let (run, rows, sites, pids) = alloc_c_twice("alloc-no-preload-child", "env -u LD_PRELOAD ");
     let warnings: Vec<&str> = run
         .stderr
         .lines()
@@ -742,19 +750,11 @@ fn a_child_without_the_preload_is_reported() {
     assert_eq!(warnings.len(), 1, "{}", run.stderr);
     assert!(
         warnings[0].starts_with("cargo-trace: warning: 1 process (pid ")
-            && warnings[0].contains("alloc_c dropped)")
+            && warnings[0].contains("alloc_c second)")
             && warnings[0].contains("--no-preload"),
         "{}",
         warnings[0]
     );
-    let rows = read_csv(&run, "heap.csv");
-    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
-    assert_eq!(sites.len(), 28, "two runs of 14 sites: {}", run.stdout);
-    let pids: std::collections::BTreeSet<u32> = rows
-        .iter()
-        .filter(|row| row.frames.iter().any(|f| f == "site_malloc"))
-        .map(|row| row.pid)
-        .collect();
     assert_eq!(pids.len(), 1, "only the first child is counted: {pids:?}");
     for site in &sites[..14] {
         let rows = rows_of(&rows, site);

@@ -80,8 +80,11 @@ impl Preload {
 
     /// Whether process `pid` maps the library (it kept `LD_PRELOAD` and ld.so loaded it).
     pub fn mapped_in(&self, pid: u32) -> bool {
-        process_image::mapped_files(pid)
-            .is_ok_and(|files| files.iter().any(|file| same_file(file, &self.path)))
+        process_image::mapped_files(pid).is_ok_and(|files| self.among(&files))
+    }
+
+    fn among(&self, files: &[PathBuf]) -> bool {
+        files.iter().any(|file| same_file(file, &self.path))
     }
 }
 
@@ -93,14 +96,12 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Whether process `pid` maps a libc, whose allocator the library would have wrapped.
-fn maps_libc(pid: u32) -> bool {
-    process_image::mapped_files(pid).is_ok_and(|files| {
-        files.iter().any(|file| {
-            file.file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-"))
-        })
+/// Whether `files` hold a libc, whose allocator the library would have wrapped.
+fn has_libc(files: &[PathBuf]) -> bool {
+    files.iter().any(|file| {
+        file.file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-"))
     })
 }
 
@@ -115,7 +116,10 @@ pub struct Missing {
 impl Missing {
     /// Checks process `pid`, stopped at its start after an exec.
     pub fn check(&mut self, preload: &Preload, pid: u32) {
-        if preload.mapped_in(pid) || !maps_libc(pid) {
+        let Ok(files) = process_image::mapped_files(pid) else {
+            return; // gone already
+        };
+        if preload.among(&files) || !has_libc(&files) {
             return;
         }
         self.count += 1;
