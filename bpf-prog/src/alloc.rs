@@ -59,13 +59,21 @@ pub enum AllocKind {
     /// the usable size capped at `size + extra`; no change when it returns less than
     /// `size` (the block could not be resized).
     Xallocx,
-    /// The preloaded library's site `cargo_trace_allocated(address, size, mapped)`, called
-    /// after an allocating function returned (`EventProgram::PreloadAlloc`).
+    /// The preloaded library's site `cargo_trace_allocated(address, size, mapped, log, n)`,
+    /// called after an allocating function returned, with the thread's frees logged since
+    /// its last allocation (`EventProgram::PreloadAlloc`).
     Allocated,
-    /// Its site `cargo_trace_resizing(old, size)`, before a realloc: as realloc's entry.
+    /// Its site `cargo_trace_resizing(old, size, log, n)`, before a realloc: as realloc's
+    /// entry, after the thread's logged frees.
     Resizing,
     /// Its site `cargo_trace_resized(address)`, after the realloc: as realloc's return.
     Resized,
+    /// Its site `cargo_trace_freed(log, n)`: a thread's log of frees, full
+    /// (`EventProgram::PreloadFreed`).
+    Freed,
+    /// Its site `cargo_trace_log(log)`: where a thread logs its frees, told at its exit
+    /// (`EventProgram::PreloadLog`).
+    Log,
 }
 
 impl AllocKind {
@@ -82,8 +90,8 @@ impl AllocKind {
             AllocKind::Mmap => kind::MMAP,
             AllocKind::Munmap => kind::MUNMAP,
             AllocKind::Xallocx => kind::XALLOCX,
-            // The site's program reads no kind.
-            AllocKind::Allocated => kind::SIZE_ARG0,
+            // The sites' programs read no kind.
+            AllocKind::Allocated | AllocKind::Freed | AllocKind::Log => kind::SIZE_ARG0,
             // The entry's arguments are realloc's.
             AllocKind::Resizing | AllocKind::Resized => kind::REALLOC,
         }
@@ -93,13 +101,15 @@ impl AllocKind {
     /// order) its entry program reads.
     pub fn arguments_read(self) -> usize {
         match self {
-            AllocKind::SizeArg0 | AllocKind::Free | AllocKind::Munmap | AllocKind::Resized => 1,
-            AllocKind::SizeArg1 | AllocKind::Calloc | AllocKind::Realloc | AllocKind::Resizing => 2,
-            AllocKind::ReallocArray
-            | AllocKind::PosixMemalign
-            | AllocKind::Xallocx
-            | AllocKind::Allocated => 3,
-            AllocKind::Mmap => 4,
+            AllocKind::SizeArg0
+            | AllocKind::Free
+            | AllocKind::Munmap
+            | AllocKind::Resized
+            | AllocKind::Log => 1,
+            AllocKind::SizeArg1 | AllocKind::Calloc | AllocKind::Realloc | AllocKind::Freed => 2,
+            AllocKind::ReallocArray | AllocKind::PosixMemalign | AllocKind::Xallocx => 3,
+            AllocKind::Mmap | AllocKind::Resizing => 4,
+            AllocKind::Allocated => 5,
         }
     }
 
@@ -130,6 +140,8 @@ impl AllocKind {
             AllocKind::Allocated => &[(EventProgram::PreloadAlloc, false)],
             AllocKind::Resizing => &[(EventProgram::PreloadResize, false)],
             AllocKind::Resized => &[(EventProgram::PreloadResized, false)],
+            AllocKind::Freed => &[(EventProgram::PreloadFreed, false)],
+            AllocKind::Log => &[(EventProgram::PreloadLog, false)],
         }
     }
 }
@@ -208,6 +220,9 @@ pub enum AllocCounter {
     NoEntry = 4,
     /// Addresses handed out again with no free seen: the old block was counted freed then.
     Reused = 5,
+    /// Free logs of the preloaded library the kernel could not read (at their thread's
+    /// exit, after the kernel released its memory): their frees are not counted.
+    LogsUnread = 6,
 }
 
 impl AllocCounter {
@@ -219,6 +234,7 @@ impl AllocCounter {
         AllocCounter::StatsMapFull,
         AllocCounter::NoEntry,
         AllocCounter::Reused,
+        AllocCounter::LogsUnread,
     ];
 
     /// Its name in reports.
@@ -230,6 +246,7 @@ impl AllocCounter {
             AllocCounter::StatsMapFull => "events uncounted (stats map full)",
             AllocCounter::NoEntry => "returns without their entry",
             AllocCounter::Reused => "addresses reused without a free",
+            AllocCounter::LogsUnread => "free logs unread (frees not counted)",
         }
     }
 }

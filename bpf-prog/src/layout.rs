@@ -646,7 +646,9 @@ pub mod alloc {
 
     /// Entries of the alloc_counters map (`CT_ALLOC_COUNTER_COUNT`), indexed by
     /// [`AllocCounter`](crate::AllocCounter).
-    pub const COUNTER_COUNT: usize = 6;
+    pub const COUNTER_COUNT: usize = 7;
+    /// Entries of a thread's free log in the preloaded library (`CT_FREE_LOG`).
+    pub const FREE_LOG: usize = 16;
 
     check_constants! {
         BUCKETS => c::ct_alloc_limits::CT_ALLOC_BUCKETS,
@@ -654,6 +656,7 @@ pub mod alloc {
         KIND_SHIFT => c::ct_alloc_limits::CT_ALLOC_KIND_SHIFT,
         WEIGHT_SHIFT => c::ct_alloc_limits::CT_ALLOC_WEIGHT_SHIFT,
         LIVE_FILTER_BITS => c::ct_alloc_limits::CT_ALLOC_LIVE_FILTER_BITS,
+        FREE_LOG => c::ct_alloc_limits::CT_FREE_LOG,
         kind::SIZE_ARG0 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG0,
         kind::SIZE_ARG1 => c::ct_alloc_kind::CT_ALLOC_SIZE_ARG1,
         kind::CALLOC => c::ct_alloc_kind::CT_ALLOC_CALLOC,
@@ -672,6 +675,7 @@ pub mod alloc {
         crate::AllocCounter::StatsMapFull => c::ct_alloc_counter::CT_ALLOC_STATS_FULL,
         crate::AllocCounter::NoEntry => c::ct_alloc_counter::CT_ALLOC_NO_ENTRY,
         crate::AllocCounter::Reused => c::ct_alloc_counter::CT_ALLOC_REUSED,
+        crate::AllocCounter::LogsUnread => c::ct_alloc_counter::CT_ALLOC_LOGS_UNREAD,
     }
 
     /// `struct ct_alloc_key`.
@@ -851,12 +855,18 @@ pub mod alloc {
         pub depth: u32,
         pub tgid: u32,
         pub calls: [CtAllocCall; NEST],
+        pub free_log: u64,
+        pub log_probe_id: u32,
+        pub pad: u32,
     }
     mirror!(
         CtAllocThread = ct_alloc_thread {
             depth: u32,
             tgid: u32,
             calls: [CtAllocCall; NEST] as [c::ct_alloc_call; NEST],
+            free_log: u64,
+            log_probe_id: u32,
+            pad: u32,
         }
     );
 

@@ -197,7 +197,7 @@ pub use alloc::{
 };
 pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
-pub use programs::EventProgram;
+pub use programs::{kernel_has_btf_tracepoint, EventProgram};
 pub use records::{Count, CountKey, Frame, Loss, ObjectId, Stack, StackRef, WalkCounters};
 pub use sys::{enable_run_time_stats, ProgramStats};
 pub use tracer::{FileMapping, Mapping, Options, StackStorage, TableId, TableUsage, Tracer};

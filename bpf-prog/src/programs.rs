@@ -93,6 +93,17 @@ event_programs! {
     /// The preloaded library's site after a realloc (`cargo_trace_resized`): as
     /// `AllocReturn`.
     PreloadResized => on_preload_resized, "allocations";
+    /// The preloaded library's site for a thread's full log of frees (`cargo_trace_freed`):
+    /// the frees counted.
+    PreloadFreed => on_preload_freed, "logs";
+    /// The preloaded library's site that says where a thread logs its frees
+    /// (`cargo_trace_log`), for its exit.
+    PreloadLog => on_preload_log, "threads";
+    /// The `sched_process_exit` BTF tracepoint: a thread's logged frees counted at its exit.
+    ThreadExit => on_thread_exit, "exits";
+    /// The `sched_prepare_exec` BTF tracepoint: a thread's logged frees counted before its
+    /// exec replaces the memory they are in.
+    ThreadExec => on_thread_exec, "execs";
     /// Off-CPU time, on the `sched_switch` raw tracepoint: an event is a traced thread's
     /// stay off the CPU, its amount the nanoseconds it lasted
     /// ([`Options::off_cpu_min_block_ns`](crate::Options::off_cpu_min_block_ns) and more).
@@ -117,3 +128,13 @@ pub(crate) fn child_programs<'a, 'obj>(
         ("on_start_main", &progs.on_start_main),
     ]
 }
+
+/// Whether the running kernel has the BTF tracepoint `name` (a `tp_btf/` program of
+/// `name` can be loaded): `sched_prepare_exec` came with Linux 6.10.
+pub fn kernel_has_btf_tracepoint(name: &str) -> bool {
+    libbpf_rs::btf::Btf::from_vmlinux().is_ok_and(|btf| {
+        btf.type_by_name::<libbpf_rs::btf::BtfType<'_>>(&format!("btf_trace_{name}"))
+            .is_some()
+    })
+}
+

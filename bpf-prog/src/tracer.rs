@@ -989,10 +989,12 @@ pub(crate) fn sum_per_cpu(map: &MapMut<'_>, name: &'static str, totals: &mut [u6
                 source,
             })?
             .unwrap_or_default();
+        // Wrapping: a count one CPU takes back from another's (see tell_frees) leaves that
+        // CPU's below 0.
         *total = per_cpu
             .iter()
             .filter_map(|bytes| from_bytes::<u64>(bytes))
-            .sum();
+            .fold(0, u64::wrapping_add);
     }
     Ok(())
 }

@@ -9,16 +9,18 @@
 //! of the rounds is printed with their range, and the µs added per pair against the
 //! untraced run of the same round.
 //!
-//! `alloc` runs the storm with the preloaded library (`src/alloc/preload.rs`), two
-//! breakpoints per pair; `alloc --no-preload` probes libc's malloc (entry and return)
-//! and free, three events per pair: both are ways of each round.
+//! `alloc` runs the storm with the preloaded library (`src/alloc/preload.rs`): one
+//! breakpoint per pair, at the site after malloc, which also tells the free logged
+//! before it; `alloc --no-preload` probes libc's malloc (entry and return) and free,
+//! three events per pair: both are ways of each round.
 //!
 //! Where the time goes: one more `alloc` run with `--bpf-stats` gives the BPF time per
-//! run of each heap program (the site after malloc walks the stack and tracks the
-//! block; the free updates maps). `alloc --sample-every 1000` is a way of each round
+//! run of each heap program (the site after malloc tells the logged free, walks the
+//! stack and tracks the block). `alloc --sample-every 1000` is a way of each round
 //! too, and one more run of it with `--bpf-stats` gives the BPF time of an event that
 //! is not sampled (the programs' mean per run, the one sampled call in 1000 included).
-//! Its programs do next to nothing: its added time less their BPF time is the kernel's
+//! Sampled, the library logs no frees (the kernel leaves most out as they come): its
+//! programs do next to nothing, and its added time less their BPF time is the kernel's
 //! share of a pair, the breakpoints at the library's two sites.
 //!
 //! Then the same storm in a Rust program whose global allocator is tikv-jemallocator or
@@ -209,7 +211,8 @@ fn main() {
         };
         println!(
             "  where a pair's time goes: alloc's BPF {:.2} µs (the --bpf-stats run), the \
-             kernel's events (the breakpoints of the preloaded library's two sites) the \
+             kernel's events (the breakpoint of the preloaded library's allocation site; \
+             the free is logged and told with the next allocation) and the library the \
              other {:.2} µs of +{:.2}",
             per_pair(&exact) / 1e3,
             (added(1) - per_pair(&exact)) / 1e3,
@@ -302,6 +305,7 @@ fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
                     | "on_preload_alloc"
                     | "on_preload_resize"
                     | "on_preload_resized"
+                    | "on_preload_freed"
             ) {
                 return None;
             }
@@ -316,7 +320,9 @@ fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
         })
         .collect();
     assert!(
-        programs.iter().any(|p| p.name == "on_free"),
+        programs
+            .iter()
+            .any(|p| p.name == "on_free" || p.name == "on_preload_alloc"),
         "no BPF statistics of the heap programs in {stderr}"
     );
     programs

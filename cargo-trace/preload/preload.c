@@ -15,16 +15,30 @@
  * trampoline page of the process, which a child it forks does not inherit,
  * though it inherits the call: the child crashes at its first allocation.
  *
+ * Frees, where cargo-trace counts every call (CARGO_TRACE_FREE_LOG=1 in the
+ * environment), are not a site each: each thread logs them, address and
+ * time, in its struct ct_free_log (cargo_trace.h), before the block goes
+ * back to the allocator, and the log goes to the kernel with the thread's
+ * next allocation, or when it is full, or when the thread exits or execs.
+ * A malloc/free pair is then one breakpoint. A block the allocator hands
+ * out is never one whose free is still in this thread's log: the log is
+ * told first. Another thread may be handed it, which the kernel sees (the
+ * address is live still) and sorts out when the free is told.
+ *
  * The sites take what the programs read in their argument registers:
- *   cargo_trace_allocated(address, size, mapped): a block allocated (NULL: the
- *     allocation failed); mapped: by mmap, which an allocator the program
- *     probes may be calling (then it is part of that call).
+ *   cargo_trace_allocated(address, size, mapped, log, n): a block allocated
+ *     (NULL: the allocation failed); mapped: by mmap, which an allocator the
+ *     program probes may be calling (then it is part of that call); log and
+ *     n: the thread's free log and its entries, told first.
  *   cargo_trace_freeing(address): a block about to be freed, before the
- *     allocator may hand the address out again to another thread.
- *   cargo_trace_unmapping(address): the same for munmap.
- *   cargo_trace_resizing(old, size) before realloc, cargo_trace_resized(new)
- *     after: the old block leaves at the first, and comes back if the realloc
- *     failed.
+ *     allocator may hand the address out again to another thread (frees not
+ *     logged).
+ *   cargo_trace_freed(log, n): a thread's free log, full.
+ *   cargo_trace_log(log): where the thread's log is, at its first free.
+ *   cargo_trace_unmapping(address): a mapping about to be unmapped.
+ *   cargo_trace_resizing(old, size, log, n) before realloc,
+ *     cargo_trace_resized(new) after: the old block leaves at the first, and
+ *     comes back if the realloc failed.
  * Without cargo-trace attached the sites are a call to a nop each.
  *
  * Only calls made through the dynamic linker's symbol lookup come here:
@@ -35,10 +49,16 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/types.h>
+#include <time.h>
+#include <linux/types.h>
+
+#include "cargo_trace.h"
 
 #define EXPORT __attribute__((visibility("default")))
 /* A site: its own function, never inlined or cloned, its arguments in their
@@ -46,10 +66,23 @@
 #define SITE EXPORT __attribute__((noipa, used))
 #define NOP __asm__ volatile("nop" ::: "memory")
 
-SITE void cargo_trace_allocated(void *address, size_t size, int mapped)
+SITE void cargo_trace_allocated(void *address, size_t size, int mapped, struct ct_free_log *log,
+			       unsigned n)
 {
 	NOP;
-	(void)address, (void)size, (void)mapped;
+	(void)address, (void)size, (void)mapped, (void)log, (void)n;
+}
+
+SITE void cargo_trace_freed(struct ct_free_log *log, unsigned n)
+{
+	NOP;
+	(void)log, (void)n;
+}
+
+SITE void cargo_trace_log(struct ct_free_log *log)
+{
+	NOP;
+	(void)log;
 }
 
 SITE void cargo_trace_freeing(void *address)
@@ -64,10 +97,10 @@ SITE void cargo_trace_unmapping(void *address)
 	(void)address;
 }
 
-SITE void cargo_trace_resizing(void *old, size_t size)
+SITE void cargo_trace_resizing(void *old, size_t size, struct ct_free_log *log, unsigned n)
 {
 	NOP;
-	(void)old, (void)size;
+	(void)old, (void)size, (void)log, (void)n;
 }
 
 SITE void cargo_trace_resized(void *address)
@@ -136,10 +169,82 @@ static void resolve(void)
 	resolving = 0;
 }
 
+/*
+ * The thread's free log. Static TLS (the library is loaded with the
+ * program): an entry costs two stores and the clock's vDSO read. The
+ * kernel reads it where it is; `logging` is set once, before main.
+ */
+static __thread struct ct_free_log free_log __attribute__((tls_model("initial-exec")));
+static int logging;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
+}
+
+static inline __attribute__((always_inline)) void log_free(void *p)
+{
+	struct ct_free_log *log = &free_log;
+
+	if (__builtin_expect(!log->registered, 0)) {
+		log->registered = 1;
+		cargo_trace_log(log);
+	}
+	unsigned n = log->n;
+	log->entries[n].address = (uintptr_t)p;
+	log->entries[n].ns = now_ns();
+	/* the entry before the count: a thread killed between the two leaves
+	 * it out, never half written */
+	__atomic_store_n(&log->n, n + 1, __ATOMIC_RELEASE);
+	if (n + 1 == CT_FREE_LOG) {
+		cargo_trace_freed(log, n + 1);
+		log->n = 0;
+	}
+}
+
+/* The site of an allocation, with the frees logged before it. A macro: the
+ * stack's first frame is the wrapper, which names the function it wraps,
+ * with no inlined frame of this file's under it. */
+#define ALLOCATED(p, size, mapped)                                          \
+	do {                                                                \
+		unsigned logged_ = free_log.n;                              \
+		cargo_trace_allocated(p, size, mapped, &free_log, logged_); \
+		if (logged_)                                                \
+			free_log.n = 0;                                     \
+	} while (0)
+
+/* A child forked by this thread starts with a copy of its log: the parent
+ * tells those frees, and the kernel knows nothing of the copy. */
+static void forked_child(void)
+{
+	free_log.n = 0;
+	free_log.registered = 0;
+}
+
 __attribute__((constructor)) static void preload_init(void)
 {
 	if (!next.malloc)
 		resolve();
+	const char *value = getenv("CARGO_TRACE_FREE_LOG");
+	logging = value && value[0] == '1';
+	if (logging)
+		pthread_atfork(NULL, NULL, forked_child);
+}
+
+/* The main thread's last frees, where the kernel cannot read them at its
+ * exit (it does, where it can: the second telling finds an empty log). */
+__attribute__((destructor)) static void preload_fini(void)
+{
+	struct ct_free_log *log = &free_log;
+	unsigned n = log->n;
+
+	if (n) {
+		cargo_trace_freed(log, n);
+		log->n = 0;
+	}
 }
 
 /* Whether the wrapped functions are there; allocations made before they are
@@ -158,7 +263,7 @@ EXPORT void *malloc(size_t size)
 	if (!ready())
 		return bootstrap_alloc(size);
 	void *p = next.malloc(size);
-	cargo_trace_allocated(p, size, 0);
+	ALLOCATED(p, size, 0);
 	return p;
 }
 
@@ -171,7 +276,7 @@ EXPORT void *calloc(size_t n, size_t size)
 		return bootstrap_alloc(bytes); /* static storage: zeroed */
 	}
 	void *p = next.calloc(n, size);
-	cargo_trace_allocated(p, n * size, 0);
+	ALLOCATED(p, n * size, 0);
 	return p;
 }
 
@@ -179,7 +284,10 @@ EXPORT void free(void *p)
 {
 	if (!p || in_bootstrap(p))
 		return;
-	cargo_trace_freeing(p);
+	if (logging)
+		log_free(p);
+	else
+		cargo_trace_freeing(p);
 	if (ready())
 		next.free(p);
 }
@@ -196,7 +304,10 @@ static void *resize(void *old, size_t size)
 		}
 		return p;
 	}
-	cargo_trace_resizing(old, size);
+	unsigned logged = free_log.n;
+	cargo_trace_resizing(old, size, &free_log, logged);
+	if (logged)
+		free_log.n = 0;
 	void *p = next.realloc(old, size);
 	cargo_trace_resized(p);
 	return p;
@@ -227,7 +338,7 @@ EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 	if (!ready())
 		return ENOMEM;
 	int error = next.posix_memalign(out, alignment, size);
-	cargo_trace_allocated(error ? NULL : *out, size, 0);
+	ALLOCATED(error ? NULL : *out, size, 0);
 	return error;
 }
 
@@ -236,7 +347,7 @@ EXPORT void *aligned_alloc(size_t alignment, size_t size)
 	if (!ready())
 		return NULL;
 	void *p = next.aligned_alloc(alignment, size);
-	cargo_trace_allocated(p, size, 0);
+	ALLOCATED(p, size, 0);
 	return p;
 }
 
@@ -245,7 +356,7 @@ EXPORT void *memalign(size_t alignment, size_t size)
 	if (!ready())
 		return NULL;
 	void *p = next.memalign(alignment, size);
-	cargo_trace_allocated(p, size, 0);
+	ALLOCATED(p, size, 0);
 	return p;
 }
 
@@ -254,7 +365,7 @@ EXPORT void *valloc(size_t size)
 	if (!ready())
 		return NULL;
 	void *p = next.valloc(size);
-	cargo_trace_allocated(p, size, 0);
+	ALLOCATED(p, size, 0);
 	return p;
 }
 
@@ -263,7 +374,7 @@ EXPORT void *pvalloc(size_t size)
 	if (!ready())
 		return NULL;
 	void *p = next.pvalloc(size);
-	cargo_trace_allocated(p, size, 0);
+	ALLOCATED(p, size, 0);
 	return p;
 }
 
@@ -275,7 +386,7 @@ EXPORT void *mmap(void *address, size_t length, int prot, int flags, int fd, off
 	}
 	void *p = next.mmap(address, length, prot, flags, fd, offset);
 	if (flags & MAP_ANONYMOUS)
-		cargo_trace_allocated(p == MAP_FAILED ? NULL : p, length, 1);
+		ALLOCATED(p == MAP_FAILED ? NULL : p, length, 1);
 	return p;
 }
 

@@ -82,7 +82,8 @@ impl Limit {
                 AllocCounter::UnknownFrees
                 | AllocCounter::Failed
                 | AllocCounter::NoEntry
-                | AllocCounter::Reused => &[],
+                | AllocCounter::Reused
+                | AllocCounter::LogsUnread => &[],
             },
         }
     }

@@ -227,11 +227,11 @@ impl Prepared {
 
         let (pid, stopped) = match (&argv, cli.pid) {
             (Some(argv), _) => {
-                let env: Vec<(&str, std::ffi::OsString)> = match &preload {
-                    Some(preload) => {
-                        let existing = std::env::var_os("LD_PRELOAD");
-                        vec![("LD_PRELOAD", preload.ld_preload(existing))]
-                    }
+                let env = match &preload {
+                    Some(preload) => preload.environment(
+                        std::env::var_os("LD_PRELOAD"),
+                        !cli.alloc.options().sampling(),
+                    ),
                     None => Vec::new(),
                 };
                 let stopped = launch::start(argv, &env)?;
@@ -908,7 +908,7 @@ fn programs_for(probes: &[Probe], preload: bool) -> std::collections::BTreeSet<E
             ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
             ProbeKind::Alloc(_) if preload => [
                 &crate::alloc::PROGRAMS[..],
-                &crate::alloc::PRELOAD_PROGRAMS[..],
+                &crate::alloc::preload_programs()[..],
             ]
             .concat(),
             ProbeKind::Alloc(_) => crate::alloc::PROGRAMS.to_vec(),

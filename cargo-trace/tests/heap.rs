@@ -1399,3 +1399,74 @@ fn heaptrack_needs_the_alloc_probe() {
          (cargo trace alloc ...)",
     );
 }
+
+/// Under the preloaded library each thread logs its frees and tells them with its next
+/// allocation. The last frees of a thread that ends without one are told at its end: at
+/// the process's `_exit` (no destructor runs), at a thread's return, at a crash and before
+/// an exec. Each way, the site's blocks are freed, none leaked.
+#[test]
+fn a_threads_last_frees_are_told_at_its_end() {
+    if !bpf_available("a_threads_last_frees_are_told_at_its_end") {
+        return;
+    }
+    let path = fixtures::c_fixture("free_log");
+    for (mode, crashes) in [
+        ("exit", false),
+        ("thread", false),
+        ("crash", true),
+        ("exec", false),
+    ] {
+        let run = trace(
+            &format!("free-log-{mode}"),
+            &["alloc"],
+            &format!("{} {mode}", quoted(&path)),
+            &["--csv", "heap.csv", "--report-text", "report.txt"],
+        );
+        if crashes {
+            assert_eq!(
+                run.status.code(),
+                Some(128 + libc::SIGSEGV),
+                "{}",
+                run.stderr
+            );
+        } else {
+            assert!(run.status.success(), "{mode}: {}", run.stderr);
+        }
+        let rows = read_csv(&run, "heap.csv");
+        let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+        assert_eq!(sites.len(), 1, "{mode}: {}", run.stdout);
+        let site = &sites[0];
+        let rows = rows_of(&rows, site);
+        assert_eq!(sum(&rows, "allocs"), 5, "{mode}");
+        assert_eq!(sum(&rows, "frees"), 5, "{mode}: {}", run.stderr);
+        assert_eq!(sum(&rows, "leaked_blocks"), 0, "{mode}");
+        let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+        assert!(report.contains("unknown frees 0"), "{mode}: {report}");
+        assert!(!run.stderr.contains("free logs unread"), "{}", run.stderr);
+    }
+}
+
+/// A thread frees blocks and keeps them in its log while the allocator hands their
+/// addresses to another thread, whose blocks are counted there; the free told later is
+/// the first block's, counted once: no reuse without a free, no unknown free, every site
+/// exact.
+#[test]
+fn a_free_told_after_its_address_was_reused() {
+    if !bpf_available("a_free_told_after_its_address_was_reused") {
+        return;
+    }
+    let path = fixtures::c_fixture("free_log");
+    let run = trace(
+        "free-log-cross",
+        &["alloc"],
+        &format!("{} cross", quoted(&path)),
+        &["--csv", "heap.csv", "--report-text", "report.txt"],
+    );
+    let rows = read_csv(&run, "heap.csv");
+    let sites = check_sites(&run, &rows);
+    assert_eq!(sites.len(), 3, "{}", run.stdout);
+    let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+    assert!(report.contains("unknown frees 0"), "{report}");
+    assert!(!report.contains("reused without a free"), "{report}");
+    assert!(!run.stderr.contains("reused without a free"), "{}", run.stderr);
+}

@@ -152,6 +152,20 @@ struct {
 	__uint(max_entries, 1 << CT_ALLOC_LIVE_FILTER_BITS); /* 1 when nothing is left out */
 } alloc_live_filter SEC(".maps");
 
+/*
+ * Addresses a block was counted freed at because the allocator handed them
+ * out again with no free seen (CT_ALLOC_REUSED), with the time: where frees
+ * are logged (struct ct_free_log), a thread's free may be told after another
+ * thread was handed the address. The told free finds it here, and is not
+ * counted again, nor as unknown, nor as a reuse. Kept for the recent ones.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_live_key);
+	__type(value, __u64);
+	__uint(max_entries, 4096);
+} alloc_reused SEC(".maps");
+
 /* Per CPU: the state of sampling's random numbers (xorshift64*), seeded by
  * bpf_get_prandom_u32 at its first use. A helper call costs ~40 ns where
  * the kernel mitigates return speculation: an unsampled call makes one. */
@@ -453,6 +467,7 @@ static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack
 			struct ct_live_block gone = *old;
 			count_in(&alloc_counters, CT_ALLOC_REUSED);
 			account_free(&gone, pid, now);
+			bpf_map_update_elem(&alloc_reused, &key, &now, BPF_ANY);
 		}
 		err = put_live(&key, &block, BPF_ANY);
 	}
@@ -481,6 +496,62 @@ static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_bl
 	__u32 *count = live_filter_slot(address);
 	if (count)
 		__sync_fetch_and_sub(count, 1);
+	return 0;
+}
+
+/*
+ * Tells the kernel n frees of the thread's free log at user address log (a
+ * struct ct_free_log) in process tgid: each block leaves the live map and
+ * is counted freed at the time logged, as on_free would have counted it
+ * then. A block born after its free was logged is another one the allocator
+ * handed out at the address meanwhile (to another thread: this one tells its
+ * log before it allocates); the logged block was counted freed then
+ * (alloc_reused). Returns 0, or -1 if the log could not be read.
+ * Not inlined: verified once, and its entries take half the BPF stack.
+ */
+static __noinline int tell_frees(__u64 log, __u32 n, __u32 tgid, __u32 probe_id)
+{
+	struct ct_free_entry entries[CT_FREE_LOG];
+
+	if (n > CT_FREE_LOG)
+		n = CT_FREE_LOG;
+	if (n == 0)
+		return 0;
+	if (bpf_probe_read_user(entries, n * sizeof(entries[0]),
+				(void *)(log + __builtin_offsetof(struct ct_free_log, entries))))
+		return -1;
+	for (__u32 i = 0; i < CT_FREE_LOG; i++) {
+		if (i >= n)
+			break;
+		__u64 address = entries[i].address, ns = entries[i].ns;
+		__u32 *count = live_filter_slot(address);
+		if (count && *count == 0)
+			continue; /* a block left out */
+		struct ct_live_key key = { .address = address, .pid = tgid };
+		struct ct_live_block *live = bpf_map_lookup_elem(&alloc_live, &key);
+		if (live && live->born_ns <= ns) {
+			struct ct_live_block block = *live;
+			if (bpf_map_delete_elem(&alloc_live, &key))
+				continue; /* a double free, racing */
+			if (count)
+				__sync_fetch_and_sub(count, 1);
+			account_free(&block, tgid, ns);
+			continue;
+		}
+		__u64 *reused = bpf_map_lookup_elem(&alloc_reused, &key);
+		if (reused && *reused >= ns) {
+			/* counted freed at the reuse: not a reuse without a free
+			 * after all (the sum over CPUs comes out right) */
+			bpf_map_delete_elem(&alloc_reused, &key);
+			__u32 index = CT_ALLOC_REUSED;
+			__u64 *reuses = bpf_map_lookup_elem(&alloc_counters, &index);
+			if (reuses)
+				*reuses -= 1;
+			continue;
+		}
+		if (!live)
+			count_unknown_free(tgid, probe_id);
+	}
 	return 0;
 }
 
@@ -775,9 +846,12 @@ int on_free(struct pt_regs *ctx)
  * emulates under the breakpoint: two breakpoints per malloc/free pair and no
  * return probe, where libc's functions take three events. The stack is
  * walked from the site's caller, the library's wrapper of the allocator's
- * function. Frees go to on_free (their address in rdi as free's is).
+ * function. Frees go to on_free (their address in rdi as free's is), or,
+ * where the library logs them (exact counts: see struct ct_free_log), are
+ * told with the thread's next allocation (tell_frees): one breakpoint per
+ * pair.
  *
- * on_preload_alloc, at cargo_trace_allocated(address, size, mapped): the
+ * on_preload_alloc, at cargo_trace_allocated(address, size, mapped, log, n): the
  * allocating call's entry and return at once, nothing kept per thread. A
  * mapping (mapped) made while a call of a probed allocator is in progress on
  * the thread (an allocator of the executable's own, mapping memory for
@@ -788,13 +862,17 @@ int on_preload_alloc(struct pt_regs *ctx)
 {
 	__u64 address = ctx->di, size = ctx->si;
 
-	/* sampling 1 in N: most calls end here, before any helper call */
+	/* sampling 1 in N: most calls end here, before any helper call (the
+	 * library logs no frees under sampling) */
 	if (alloc_sample_every > 1 && !sampled(0))
 		return 0;
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (filter_uprobes && !pid_wanted(tgid))
 		return 0;
+	/* the thread's frees logged so far came first */
+	if (ctx->r8 && tell_frees(ctx->cx, ctx->r8, tgid, (__u32)run_cookie(task)))
+		count_in(&alloc_counters, CT_ALLOC_LOGS_UNREAD);
 	if (ctx->dx) {
 		struct ct_alloc_thread *t = thread_calls(task, ctx->sp, false);
 		if (t && t->depth > 0)
@@ -811,15 +889,24 @@ int on_preload_alloc(struct pt_regs *ctx)
 	return 0;
 }
 
-/* At cargo_trace_resizing(old, size), before realloc: its entry, as
+/* At cargo_trace_resizing(old, size, log, n), before realloc: its entry, as
  * on_resize's (the cookie's kind is realloc's), the stack walked from the
  * wrapper. */
 SEC("uprobe")
 int on_preload_resize(struct pt_regs *ctx)
 {
 	bool unsampled = alloc_sample_every > 1 && !sampled(0);
+	struct task_struct *task = bpf_get_current_task_btf();
 
-	alloc_entry(ctx, bpf_get_current_task_btf(), unsampled, true);
+	if (ctx->cx) {
+		/* the thread's logged frees came first (the address realloc
+		 * returns may be one of them) */
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if ((!filter_uprobes || pid_wanted(tgid)) &&
+		    tell_frees(ctx->dx, ctx->cx, tgid, (__u32)run_cookie(task)))
+			count_in(&alloc_counters, CT_ALLOC_LOGS_UNREAD);
+	}
+	alloc_entry(ctx, task, unsampled, true);
 	return 0;
 }
 
@@ -832,6 +919,64 @@ int on_preload_resized(struct pt_regs *ctx)
 	if (alloc_sample_every > 1 && alloc_calls_kept == 0)
 		return 0;
 	return alloc_return(bpf_get_current_task_btf(), ctx->sp, ctx->di);
+}
+
+/* At cargo_trace_freed(log, n): a thread's free log, full. */
+SEC("uprobe")
+int on_preload_freed(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_uprobes && !pid_wanted(tgid))
+		return 0;
+	if (tell_frees(ctx->di, ctx->si, tgid, (__u32)run_cookie(bpf_get_current_task_btf())))
+		count_in(&alloc_counters, CT_ALLOC_LOGS_UNREAD);
+	return 0;
+}
+
+/* At cargo_trace_log(log), a thread's first logged free: where its log is,
+ * for its exit and its exec. */
+SEC("uprobe")
+int on_preload_log(struct pt_regs *ctx)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct ct_alloc_thread *t = thread_calls(task, ctx->sp, true);
+
+	if (t) {
+		t->free_log = ctx->di;
+		t->log_probe_id = run_cookie(task);
+	}
+	return 0;
+}
+
+/* Tells the free log of task, the current thread, if it registered one:
+ * at its exit or exec, while its memory is still the process's. */
+static __always_inline void tell_last_frees(struct task_struct *task)
+{
+	struct ct_alloc_thread *t = bpf_task_storage_get(&alloc_threads, task, NULL, 0);
+
+	if (!t || !t->free_log)
+		return;
+	__u64 log = t->free_log;
+	__u32 n = 0;
+	t->free_log = 0;
+	if (bpf_probe_read_user(&n, sizeof(n), (void *)log) ||
+	    tell_frees(log, n, t->tgid, t->log_probe_id))
+		count_in(&alloc_counters, CT_ALLOC_LOGS_UNREAD);
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_thread_exit, struct task_struct *task)
+{
+	tell_last_frees(task);
+	return 0;
+}
+
+SEC("tp_btf/sched_prepare_exec")
+int BPF_PROG(on_thread_exec, struct task_struct *task)
+{
+	tell_last_frees(task);
+	return 0;
 }
 
 #endif /* ALLOC_BPF_H */

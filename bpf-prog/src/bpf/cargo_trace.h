@@ -407,6 +407,7 @@ enum ct_alloc_limits {
 	CT_ALLOC_KIND_SHIFT = 32, /* see above */
 	CT_ALLOC_WEIGHT_SHIFT = 16, /* fixed point of the estimated counts */
 	CT_ALLOC_LIVE_FILTER_BITS = 16, /* slots of alloc_live_filter: 1 << this */
+	CT_FREE_LOG = 16,	  /* frees a thread logs before it tells them (see below) */
 };
 
 /* Where a function's size and addresses are (x86-64 argument registers). */
@@ -436,7 +437,9 @@ enum ct_alloc_counter {
 				     * attached while the call was in progress) */
 	CT_ALLOC_REUSED = 5,	    /* an address returned again with no free seen: the
 				     * old block is counted freed then */
-	CT_ALLOC_COUNTER_COUNT = 6,
+	CT_ALLOC_LOGS_UNREAD = 6,   /* free logs the kernel could not read at their
+				     * thread's exit or exec: their frees not counted */
+	CT_ALLOC_COUNTER_COUNT = 7,
 };
 
 /* Aggregation key of the heap statistics. */
@@ -529,6 +532,28 @@ struct ct_alloc_thread {
 	__u32 depth;
 	__u32 tgid; /* the thread's process, wanted (pid_filter) when this was created */
 	struct ct_alloc_call calls[CT_ALLOC_NEST];
+	__u64 free_log;	      /* user address of the thread's struct ct_free_log; 0: none */
+	__u32 log_probe_id;   /* the probe whose site registered it */
+	__u32 pad;
+};
+
+/*
+ * The preloaded library's log of one thread's frees (cargo-trace/preload/
+ * preload.c), in the thread's memory: each free is logged, with the time,
+ * before the block goes back to the allocator, and the log is told to the
+ * kernel at the thread's next allocation (whose site carries it), when it is
+ * full, and at the thread's exit or exec (registered at its first free).
+ * The site of a free is a breakpoint; an entry of the log is two stores.
+ */
+struct ct_free_entry {
+	__u64 address;
+	__u64 ns; /* CLOCK_MONOTONIC, as bpf_ktime_get_ns */
+};
+
+struct ct_free_log {
+	__u32 n; /* entries logged and not told yet */
+	__u32 registered;
+	struct ct_free_entry entries[CT_FREE_LOG];
 };
 
 /*

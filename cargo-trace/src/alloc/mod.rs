@@ -38,12 +38,27 @@ pub const PROGRAMS: [EventProgram; 4] = [
 ];
 
 /// The programs of the preloaded library's sites ([`preload`]), loaded besides when the
-/// target runs with it.
-pub const PRELOAD_PROGRAMS: [EventProgram; 3] = [
-    EventProgram::PreloadAlloc,
-    EventProgram::PreloadResize,
-    EventProgram::PreloadResized,
-];
+/// target runs with it, and those that take a thread's logged frees at its exit and, where
+/// the kernel has the tracepoint, at its exec.
+pub fn preload_programs() -> Vec<EventProgram> {
+    let mut programs = vec![
+        EventProgram::PreloadAlloc,
+        EventProgram::PreloadResize,
+        EventProgram::PreloadResized,
+        EventProgram::PreloadFreed,
+        EventProgram::PreloadLog,
+        EventProgram::ThreadExit,
+    ];
+    programs.extend(thread_exec_program());
+    programs
+}
+
+/// [`EventProgram::ThreadExec`], if the kernel has its tracepoint (asked once).
+fn thread_exec_program() -> Option<EventProgram> {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    HAS.get_or_init(|| bpf_prog::kernel_has_btf_tracepoint("sched_prepare_exec"))
+        .then_some(EventProgram::ThreadExec)
+}
 
 /// Heap profiling's command-line options.
 #[derive(Debug, Clone, clap::Args)]
@@ -334,6 +349,18 @@ impl AllocProbe {
             }
         }
         let mut links = Vec::new();
+        if preload.is_some() {
+            // Where threads' logged frees are told at their exit and exec: everywhere,
+            // the programs ask only threads whose log a site registered.
+            for program in std::iter::once(EventProgram::ThreadExit).chain(thread_exec_program())
+            {
+                let link = tracer
+                    .program(program)
+                    .attach()
+                    .with_context(|| format!("attaching {}", program.name()))?;
+                links.push(Attachment::from(link));
+            }
+        }
         for (kind, targets) in &by_kind {
             let cookie = alloc_cookie(probe_id, *kind);
             for &(program, retprobe) in kind.programs() {

@@ -38,6 +38,8 @@ pub const SITES: &[(&str, AllocKind)] = &[
     ("cargo_trace_unmapping", AllocKind::Munmap),
     ("cargo_trace_resizing", AllocKind::Resizing),
     ("cargo_trace_resized", AllocKind::Resized),
+    ("cargo_trace_freed", AllocKind::Freed),
+    ("cargo_trace_log", AllocKind::Log),
 ];
 
 /// The library written out for one session, in a directory of its own that goes with it.
@@ -76,6 +78,20 @@ impl Preload {
             value.push(existing);
         }
         value
+    }
+
+    /// The target's environment for the library: `LD_PRELOAD` with it, and whether it logs
+    /// the frees (`log_frees`: where every call is counted; sampling asks the kernel to
+    /// leave most out as they come, which a log told later would not let it).
+    pub fn environment(
+        &self,
+        existing: Option<OsString>,
+        log_frees: bool,
+    ) -> Vec<(&'static str, OsString)> {
+        vec![
+            ("LD_PRELOAD", self.ld_preload(existing)),
+            ("CARGO_TRACE_FREE_LOG", if log_frees { "1" } else { "0" }.into()),
+        ]
     }
 
     /// Whether process `pid` maps the library (it kept `LD_PRELOAD` and ld.so loaded it).
