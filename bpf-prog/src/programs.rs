@@ -137,4 +137,3 @@ pub fn kernel_has_btf_tracepoint(name: &str) -> bool {
             .is_some()
     })
 }
-

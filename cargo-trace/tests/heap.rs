@@ -1468,5 +1468,9 @@ fn a_free_told_after_its_address_was_reused() {
     let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
     assert!(report.contains("unknown frees 0"), "{report}");
     assert!(!report.contains("reused without a free"), "{report}");
-    assert!(!run.stderr.contains("reused without a free"), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("reused without a free"),
+        "{}",
+        run.stderr
+    );
 }

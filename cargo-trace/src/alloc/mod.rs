@@ -352,8 +352,7 @@ impl AllocProbe {
         if preload.is_some() {
             // Where threads' logged frees are told at their exit and exec: everywhere,
             // the programs ask only threads whose log a site registered.
-            for program in std::iter::once(EventProgram::ThreadExit).chain(thread_exec_program())
-            {
+            for program in std::iter::once(EventProgram::ThreadExit).chain(thread_exec_program()) {
                 let link = tracer
                     .program(program)
                     .attach()

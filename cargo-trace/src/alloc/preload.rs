@@ -90,7 +90,10 @@ impl Preload {
     ) -> Vec<(&'static str, OsString)> {
         vec![
             ("LD_PRELOAD", self.ld_preload(existing)),
-            ("CARGO_TRACE_FREE_LOG", if log_frees { "1" } else { "0" }.into()),
+            (
+                "CARGO_TRACE_FREE_LOG",
+                if log_frees { "1" } else { "0" }.into(),
+            ),
         ]
     }
 
