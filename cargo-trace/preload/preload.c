@@ -15,12 +15,13 @@
  * trampoline page of the process, which a child it forks does not inherit,
  * though it inherits the call: the child crashes at its first allocation.
  *
- * Frees, where cargo-trace counts every call (CARGO_TRACE_FREE_LOG=1 in the
- * environment), are not a site each: each thread logs them, address and
- * time, in its struct ct_free_log (cargo_trace.h), before the block goes
- * back to the allocator, and the log goes to the kernel with the thread's
- * next allocation, or when it is full, or when the thread exits or execs.
- * A malloc/free pair is then one breakpoint. A block the allocator hands
+ * Frees of small blocks, where cargo-trace counts every call
+ * (CARGO_TRACE_FREE_LOG=1 in the environment), are not a site each: each
+ * thread logs them, address and time, in its struct ct_free_log
+ * (cargo_trace.h), before the block goes back to the allocator, and the log
+ * goes to the kernel with the thread's next allocation, or when it is full,
+ * or when the thread exits or execs. A malloc/free pair is then one
+ * breakpoint. A block the allocator hands
  * out is never one whose free is still in this thread's log: the log is
  * told first. Another thread may be handed it, which the kernel sees (the
  * address is live still) and sorts out when the free is told.
@@ -123,6 +124,7 @@ static struct {
 	void *(*pvalloc)(size_t);
 	void *(*mmap)(void *, size_t, int, int, int, off_t);
 	int (*munmap)(void *, size_t);
+	size_t (*malloc_usable_size)(void *);
 } next;
 
 /*
@@ -166,6 +168,7 @@ static void resolve(void)
 	RESOLVE(pvalloc);
 	RESOLVE(mmap);
 	RESOLVE(munmap);
+	RESOLVE(malloc_usable_size);
 	resolving = 0;
 }
 
@@ -176,6 +179,15 @@ static void resolve(void)
  */
 static __thread struct ct_free_log free_log __attribute__((tls_model("initial-exec")));
 static int logging;
+
+/*
+ * Blocks this large are told at once. Until a logged free is told, the
+ * kernel counts its block live: a thread that frees and then waits without
+ * allocating keeps its last frees in its log. Small blocks only, so what is
+ * counted live that way is under CT_FREE_LOG * LOGGED_BELOW bytes a thread,
+ * and the live bytes (and their peak) stay within that of the truth.
+ */
+#define LOGGED_BELOW 16384
 
 static uint64_t now_ns(void)
 {
@@ -284,7 +296,7 @@ EXPORT void free(void *p)
 {
 	if (!p || in_bootstrap(p))
 		return;
-	if (logging)
+	if (logging && next.malloc_usable_size && next.malloc_usable_size(p) < LOGGED_BELOW)
 		log_free(p);
 	else
 		cargo_trace_freeing(p);

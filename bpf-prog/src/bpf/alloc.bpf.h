@@ -68,7 +68,9 @@
  * live bytes at that peak, kept lazily: a change of a stack that comes
  * after the process's last peak first saves the stack's live bytes as they
  * were at it (they had not changed since). Exact for one thread; with
- * threads racing on one process, within the races.
+ * threads racing on one process, within the races, and, where frees are
+ * logged (struct ct_free_log), within the small blocks a thread freed and
+ * has not told yet.
  */
 #ifndef ALLOC_BPF_H
 #define ALLOC_BPF_H
@@ -843,8 +845,8 @@ int on_free(struct pt_regs *ctx)
  * a target launched with it calls after its allocator's functions return,
  * or before they free: attached in place of libc's functions. Each is the
  * first instruction of a function of its own, a nop, which the kernel
- * emulates under the breakpoint: two breakpoints per malloc/free pair and no
- * return probe, where libc's functions take three events. The stack is
+ * emulates under the breakpoint: no return probe, where libc's functions
+ * take an entry and a return event. The stack is
  * walked from the site's caller, the library's wrapper of the allocator's
  * function. Frees go to on_free (their address in rdi as free's is), or,
  * where the library logs them (exact counts: see struct ct_free_log), are

@@ -6,9 +6,16 @@
 //! (`preload/preload.c`, built into this binary): its malloc and the rest call the next
 //! definition (libc's) and then a site, a function that starts with a nop, whose
 //! breakpoint the kernel emulates. The programs attached there (`on_preload_*` in
-//! `alloc.bpf.h`) count what the probes of libc's functions would, with two events per
-//! pair and no return probe; the stacks start at the library's wrapper, which is named as
-//! the function it wraps. Where the executable or a library it maps brings an allocator
+//! `alloc.bpf.h`) count what the probes of libc's functions would, with no return probe;
+//! the stacks start at the library's wrapper, which is named as the function it wraps.
+//! Where every call is counted ([`Preload::environment`]), the library logs each
+//! thread's frees of small blocks and the kernel takes the log with the thread's next
+//! allocation (`struct ct_free_log`): one event per malloc/free pair. The log's last
+//! frees are taken at the thread's exit and exec too ([`EventProgram::ThreadExit`],
+//! [`EventProgram::ThreadExec`]).
+//!
+//! [`EventProgram::ThreadExit`]: bpf_prog::EventProgram::ThreadExit
+//! [`EventProgram::ThreadExec`]: bpf_prog::EventProgram::ThreadExec Where the executable or a library it maps brings an allocator
 //! that replaces malloc (jemalloc, mimalloc), that one is probed, and libc's functions
 //! as without the library: the wrappers call that allocator's malloc, which would count
 //! each call twice.
