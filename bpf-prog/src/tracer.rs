@@ -578,6 +578,16 @@ impl Tracer {
         }
     }
 
+    /// Marks the attach of the heap probes as done, now: the frees a thread of the
+    /// preloaded library logged before (its constructors', before the target's entry,
+    /// where it waited for the probes) are of blocks allocated unseen, and are not
+    /// counted, not even as unknown. Call it before a launched target runs on.
+    pub fn start_free_logs(&mut self) {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.alloc_logged_since = monotonic_ns();
+        }
+    }
+
     /// The pid filter map (keys: the tgids traced, `u32`), for a process that
     /// must find the traced processes after this one is gone.
     pub fn pid_filter_fd(&self) -> BorrowedFd<'_> {
@@ -1058,6 +1068,17 @@ fn delete<K: layout::Pod>(map: &MapMut<'_>, name: &'static str, key: &K) -> Resu
 fn log_text(log: &[u8]) -> String {
     let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
     String::from_utf8_lossy(&log[..end]).into_owned()
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the programs' clock (`bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 #[cfg(test)]

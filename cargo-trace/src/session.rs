@@ -302,6 +302,7 @@ impl Prepared {
         self.traced
             .tracer
             .set_interval_target(Some(self.traced.pid));
+        self.traced.tracer.start_free_logs();
         let target = match self.stopped {
             Some(stopped) => Target::Launched(stopped.resume()?),
             None => Target::Attached(self.traced.pid),

@@ -206,6 +206,15 @@ struct {
  */
 volatile __u64 alloc_calls_kept = 0;
 
+/*
+ * When the session's probes were attached, in bpf_ktime_get_ns's clock, set
+ * by userspace before the target it launched runs on (0: not yet). A free
+ * logged before it (by a library's constructor, ahead of the target's entry
+ * where it waited for the probes) is of a block allocated before the probes
+ * saw anything, and is not counted, as such frees were not before the log.
+ */
+volatile __u64 alloc_logged_since = 0;
+
 /* A call pushed on a thread's calls, or popped (see alloc_calls_kept). */
 static __always_inline void call_pushed(void)
 {
@@ -526,6 +535,8 @@ static __noinline int tell_frees(__u64 log, __u32 n, __u32 tgid, __u32 probe_id)
 		if (i >= n)
 			break;
 		__u64 address = entries[i].address, ns = entries[i].ns;
+		if (ns < alloc_logged_since)
+			continue;
 		__u32 *count = live_filter_slot(address);
 		if (count && *count == 0)
 			continue; /* a block left out */

@@ -403,7 +403,7 @@ pub fn add_samples(
         .duration_since(stopped)
         .unwrap_or_default()
         .as_micros() as u64;
-    let now_us = monotonic_us().saturating_sub(since_stop);
+    let now_us = (bpf_prog::monotonic_ns() / 1000).saturating_sub(since_stop);
     let value = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     // What one sampled event stands for where every event weighs the same (1 in N);
     // with --sample-bytes, histograms, temporaries and peaks count the sampled blocks.
@@ -547,17 +547,6 @@ fn size_filter_note(options: &AllocOptions) -> Option<String> {
         (min, 0) => Some(format!("allocations of {min} bytes or more")),
         (min, max) => Some(format!("allocations of {min} to {max} bytes")),
     }
-}
-
-/// Microseconds of `CLOCK_MONOTONIC`, the BPF program's clock (`bpf_ktime_get_ns`).
-fn monotonic_us() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer to ours.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1000
 }
 
 #[cfg(test)]
