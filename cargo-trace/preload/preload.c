@@ -197,6 +197,22 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
 }
 
+/* Tells the thread's log when it ends (pthread_exit, or its function
+ * returned): older kernels release a thread's memory before the exit
+ * tracepoint where the kernel takes the log otherwise. */
+static pthread_key_t exit_key;
+
+static void tell_at_exit(void *value)
+{
+	struct ct_free_log *log = value;
+	unsigned n = log->n;
+
+	if (n) {
+		cargo_trace_freed(log, n);
+		log->n = 0;
+	}
+}
+
 static inline __attribute__((always_inline)) void log_free(void *p)
 {
 	struct ct_free_log *log = &free_log;
@@ -204,6 +220,7 @@ static inline __attribute__((always_inline)) void log_free(void *p)
 	if (__builtin_expect(!log->registered, 0)) {
 		log->registered = 1;
 		cargo_trace_log(log);
+		pthread_setspecific(exit_key, log);
 	}
 	unsigned n = log->n;
 	log->entries[n].address = (uintptr_t)p;
@@ -241,22 +258,16 @@ __attribute__((constructor)) static void preload_init(void)
 	if (!next.malloc)
 		resolve();
 	const char *value = getenv("CARGO_TRACE_FREE_LOG");
-	logging = value && value[0] == '1';
+	logging = value && value[0] == '1' && pthread_key_create(&exit_key, tell_at_exit) == 0;
 	if (logging)
 		pthread_atfork(NULL, NULL, forked_child);
 }
 
-/* The main thread's last frees, where the kernel cannot read them at its
- * exit (it does, where it can: the second telling finds an empty log). */
+/* The last frees of the thread that exits the process (the kernel takes
+ * them at its exit too, where it can read them: it finds the log empty). */
 __attribute__((destructor)) static void preload_fini(void)
 {
-	struct ct_free_log *log = &free_log;
-	unsigned n = log->n;
-
-	if (n) {
-		cargo_trace_freed(log, n);
-		log->n = 0;
-	}
+	tell_at_exit(&free_log);
 }
 
 /* Whether the wrapped functions are there; allocations made before they are
