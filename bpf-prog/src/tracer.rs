@@ -340,6 +340,7 @@ impl Tracer {
             ),
             (&mut maps.rule_cache, "rule_cache", per_cpu(1)),
             (&mut maps.known_cache, "known_cache", per_cpu(1)),
+            (&mut maps.walk_memo, "walk_memo", per_cpu(1)),
         ] {
             map.set_max_entries(entries.max(1))
                 .map_err(|source| Error::Configure { map: name, source })?;
@@ -876,6 +877,16 @@ impl Tracer {
         let mut counters = WalkCounters::default();
         sum_per_cpu(&self.skel.maps.walk_ends, "walk_ends", &mut counters.0)?;
         Ok(counters)
+    }
+
+    /// How many of the walks counted in [`Tracer::walk_ends`] the walk memo answered:
+    /// the thread's stack started where a walk remembered had, and every word of
+    /// memory that walk read was unchanged, so the key it gave was taken again
+    /// without a walk.
+    pub fn memo_hits(&self) -> Result<u64> {
+        let mut hits = [0u64; 1];
+        sum_per_cpu(&self.skel.maps.memo_hits, "memo_hits", &mut hits)?;
+        Ok(hits[0])
     }
 
     /// The loss counters summed over CPUs, indexed by [`Loss`]
