@@ -38,6 +38,10 @@ pub struct Options {
     pub filter_events: bool,
     /// Record the kernel stack of perf samples taken in kernel mode and of tracepoints.
     pub kernel_stacks: bool,
+    /// Let the walk memo answer a walk that would repeat one remembered (see
+    /// [`Tracer::memo_hits`]). On by default; off, every event walks (what the walk
+    /// benchmark measures the walker by).
+    pub walk_memo: bool,
     /// Capacity of the table maps, summed over all loaded tables.
     pub max_rows: u32,
     pub max_pages: u32,
@@ -80,6 +84,7 @@ impl Default for Options {
             filter_uprobes: false,
             filter_events: true,
             kernel_stacks: true,
+            walk_memo: true,
             max_rows: 8 << 20,
             max_pages: 256 << 10,
             max_rules: 256 << 10,
@@ -283,6 +288,7 @@ impl Tracer {
         rodata.filter_uprobes = options.filter_uprobes.into();
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
+        rodata.use_walk_memo = options.walk_memo.into();
         rodata.off_cpu_min_block_ns = options.off_cpu_min_block_ns;
         crate::alloc::configure(
             &mut open,

@@ -41,6 +41,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const volatile __u8 filter_uprobes = 0; /* uprobes count only pids in pid_filter */
 const volatile __u8 filter_events = 1;	/* same for perf events and tracepoints */
 const volatile __u8 kernel_stacks = 1;	/* record kernel stacks of kernel-mode events */
+const volatile __u8 use_walk_memo = 1;	/* the walk memo answers and remembers (memo.bpf.h) */
 
 /*
  * Anchors: they put the header's enums in BTF, so that the generated skeleton
@@ -318,7 +319,7 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &tgid);
 	__u64 trampoline = uretprobe_trampoline();
 
-	if (level == 0 && proc) {
+	if (use_walk_memo && level == 0 && proc) {
 		__u32 cpu = bpf_get_smp_processor_id();
 		__u32 pages_key = cpu * CT_NEST_LEVELS;
 		struct ct_user_pages *pages = bpf_map_lookup_elem(&page_cache, &pages_key);
@@ -348,7 +349,7 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 	 * again: a value the verifier knows something of (the level, the CPU
 	 * below the map's size, a pointer or NULL) live across the walk would
 	 * have it check the walk once for each. */
-	if (w->use_rule_cache && settled) {
+	if (use_walk_memo && w->use_rule_cache && settled) {
 		struct ct_memo_set *memo = memo_set(bpf_get_smp_processor_id(), tgid, rip, rsp);
 		if (memo)
 			memo_remember(memo, w, tgid, rip, rsp, rbp, key);
