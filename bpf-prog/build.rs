@@ -19,9 +19,10 @@ use std::process::Command;
 use libbpf_cargo::SkeletonBuilder;
 
 /// Every file the object is compiled from, in hashing order.
-const INPUTS: [&str; 7] = [
+const INPUTS: [&str; 8] = [
     "src/bpf/trace.bpf.c",
     "src/bpf/walk.bpf.h",
+    "src/bpf/memo.bpf.h",
     "src/bpf/alloc.bpf.h",
     "src/bpf/offcpu.bpf.h",
     "src/bpf/interval.bpf.h",

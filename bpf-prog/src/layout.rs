@@ -33,6 +33,17 @@ pub const NEST_LEVELS: usize = 4;
 pub const RULE_CACHE_SLOTS: usize = 4096;
 /// Entries of the cache of known stacks per CPU (`CT_KNOWN_CACHE_SLOTS`).
 pub const KNOWN_CACHE_SLOTS: usize = 4096;
+/// Sets of the walk memo per CPU (`CT_MEMO_SETS`).
+pub const MEMO_SETS: usize = 16;
+/// Entries of a set of the walk memo (`CT_MEMO_WAYS`).
+pub const MEMO_WAYS: usize = 4;
+/// Words of user memory a remembered walk may have read (`CT_MEMO_WORDS`).
+pub const MEMO_WORDS: usize = 256;
+/// Words from the lowest to the highest a remembered walk read, at most
+/// (`CT_MEMO_SPAN_WORDS`): a page_cache element's.
+pub const MEMO_SPAN_WORDS: usize = USER_PAGE_SIZE * PAGE_SLOTS / 8;
+/// Words above rsp a remembered walk's reads start below (`CT_MEMO_REACH`).
+pub const MEMO_REACH: usize = 1 << 16;
 /// Bytes past its row's start the last push/pop step of a row may lie (`CT_STEP_WINDOW`),
 /// as in `unwind_tables::rule::STEP_WINDOW`.
 pub const STEP_WINDOW: u32 = 16;
@@ -148,6 +159,11 @@ check_constants! {
     RULE_CACHE_SLOTS => c::ct_limits::CT_RULE_CACHE_SLOTS,
     KNOWN_CACHE_SLOTS => c::ct_limits::CT_KNOWN_CACHE_SLOTS,
     STEP_WINDOW => c::ct_limits::CT_STEP_WINDOW,
+    MEMO_SETS => c::ct_limits::CT_MEMO_SETS,
+    MEMO_WAYS => c::ct_limits::CT_MEMO_WAYS,
+    MEMO_WORDS => c::ct_limits::CT_MEMO_WORDS,
+    MEMO_SPAN_WORDS => c::ct_limits::CT_MEMO_SPAN_WORDS,
+    MEMO_REACH => c::ct_limits::CT_MEMO_REACH,
     STACK_NONE => c::ct_stack_key::CT_STACK_NONE,
     STACK_NOT_STORED => c::ct_stack_key::CT_STACK_NOT_STORED,
     rule_kind::GAP => c::ct_rule_kind::CT_RULE_GAP,
@@ -416,6 +432,68 @@ pub struct CtKnownCache {
 mirror!(
     CtKnownCache = ct_known_cache {
         entries: [CtKnownEntry; KNOWN_CACHE_SLOTS] as [c::ct_known_entry; KNOWN_CACHE_SLOTS],
+    }
+);
+
+/// `struct ct_memo_entry`: a walk remembered by a CPU's walk memo (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtMemoEntry {
+    pub rip: u64,
+    pub rsp: u64,
+    pub rbp: u64,
+    pub trampoline: u64,
+    pub key: u64,
+    pub tgid: u32,
+    pub generation: u32,
+    pub nwords: u16,
+    pub first: u16,
+    pub span: u16,
+    pub uses_rbp: u16,
+    pub offsets: [u16; MEMO_WORDS],
+    pub values: [u64; MEMO_WORDS],
+}
+mirror!(
+    CtMemoEntry = ct_memo_entry {
+        rip: u64,
+        rsp: u64,
+        rbp: u64,
+        trampoline: u64,
+        key: u64,
+        tgid: u32,
+        generation: u32,
+        nwords: u16,
+        first: u16,
+        span: u16,
+        uses_rbp: u16,
+        offsets: [u16; MEMO_WORDS],
+        values: [u64; MEMO_WORDS],
+    }
+);
+
+/// `struct ct_memo_set`: the entries of one set of a CPU's walk memo (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtMemoSet {
+    pub next: u64,
+    pub ways: [CtMemoEntry; MEMO_WAYS],
+}
+mirror!(
+    CtMemoSet = ct_memo_set {
+        next: u64,
+        ways: [CtMemoEntry; MEMO_WAYS] as [c::ct_memo_entry; MEMO_WAYS],
+    }
+);
+
+/// `struct ct_walk_memo`: one element of the walk_memo map, one CPU's memo (BPF-internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CtWalkMemo {
+    pub sets: [CtMemoSet; MEMO_SETS],
+}
+mirror!(
+    CtWalkMemo = ct_walk_memo {
+        sets: [CtMemoSet; MEMO_SETS] as [c::ct_memo_set; MEMO_SETS],
     }
 );
 

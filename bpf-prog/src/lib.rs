@@ -144,6 +144,15 @@
 //! `benches/uprobe.rs` measures the costs under a uprobe, `benches/walk.rs`
 //! the walk alone (BPF_PROG_TEST_RUN on the benchmark's own stack).
 //!
+//! A thread that meets the same stack again (a hot uprobe, an allocation in a
+//! loop) is not walked again: at level 0 a per-CPU walk memo (`memo.bpf.h`)
+//! keeps, for recent walks that ended complete with their stack known, where
+//! they started (process, mappings generation, rip, rsp, rbp if a rule used it)
+//! and every word of user memory they read; an event that starts the same way
+//! reads those words again in one `bpf_probe_read_user`, and if none changed
+//! takes the walk's stack key, counted as a complete walk
+//! ([`Tracer::memo_hits`] says how many were).
+//!
 //! # Layouts
 //!
 //! `src/bpf/cargo_trace.h` is the single definition of every map key and

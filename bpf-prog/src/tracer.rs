@@ -38,6 +38,10 @@ pub struct Options {
     pub filter_events: bool,
     /// Record the kernel stack of perf samples taken in kernel mode and of tracepoints.
     pub kernel_stacks: bool,
+    /// Let the walk memo answer a walk that would repeat one remembered (see
+    /// [`Tracer::memo_hits`]). On by default; off, every event walks (what the walk
+    /// benchmark measures the walker by).
+    pub walk_memo: bool,
     /// Capacity of the table maps, summed over all loaded tables.
     pub max_rows: u32,
     pub max_pages: u32,
@@ -80,6 +84,7 @@ impl Default for Options {
             filter_uprobes: false,
             filter_events: true,
             kernel_stacks: true,
+            walk_memo: true,
             max_rows: 8 << 20,
             max_pages: 256 << 10,
             max_rules: 256 << 10,
@@ -283,6 +288,7 @@ impl Tracer {
         rodata.filter_uprobes = options.filter_uprobes.into();
         rodata.filter_events = options.filter_events.into();
         rodata.kernel_stacks = options.kernel_stacks.into();
+        rodata.use_walk_memo = options.walk_memo.into();
         rodata.off_cpu_min_block_ns = options.off_cpu_min_block_ns;
         crate::alloc::configure(
             &mut open,
@@ -340,6 +346,7 @@ impl Tracer {
             ),
             (&mut maps.rule_cache, "rule_cache", per_cpu(1)),
             (&mut maps.known_cache, "known_cache", per_cpu(1)),
+            (&mut maps.walk_memo, "walk_memo", per_cpu(1)),
         ] {
             map.set_max_entries(entries.max(1))
                 .map_err(|source| Error::Configure { map: name, source })?;
@@ -886,6 +893,16 @@ impl Tracer {
         let mut counters = WalkCounters::default();
         sum_per_cpu(&self.skel.maps.walk_ends, "walk_ends", &mut counters.0)?;
         Ok(counters)
+    }
+
+    /// How many of the walks counted in [`Tracer::walk_ends`] the walk memo answered:
+    /// the thread's stack started where a walk remembered had, and every word of
+    /// memory that walk read was unchanged, so the key it gave was taken again
+    /// without a walk.
+    pub fn memo_hits(&self) -> Result<u64> {
+        let mut hits = [0u64; 1];
+        sum_per_cpu(&self.skel.maps.memo_hits, "memo_hits", &mut hits)?;
+        Ok(hits[0])
     }
 
     /// The loss counters summed over CPUs, indexed by [`Loss`]

@@ -481,3 +481,74 @@ fn rule_cache_entries_answer_only_for_their_own_mappings() {
     assert_eq!(partial.pcs, whole.pcs[..partial.pcs.len()]);
     assert_eq!(partial.pcs.len(), chain_below("leaf", depth).len() + 1);
 }
+
+/// The walk memo answers only for the words it read: `leaf` of `memo_chains` is entered
+/// with the same rip and rsp through chains that differ in one word of the stack (the
+/// return address into `via_a` or `via_b`, or three frames up into `outer_x` or
+/// `outer_y`), in rounds that switch between them. Each chain must keep its own count,
+/// exactly, while the memo answers most events: a memo that answered for a word it did not
+/// check would move events to the chain it remembered. Built without frame pointers
+/// (rsp-based rules; rbp is the compiler's) and with them (rbp-based rules: the thread's
+/// rbp is part of the memo's key).
+#[test]
+fn memo_answers_only_for_unchanged_words() {
+    let _serial = serial();
+    for flags in [&[][..], &["-fno-omit-frame-pointer"][..]] {
+        let Some(mut tracer) = tracer_or_skip("memo_answers_only_for_unchanged_words", &options())
+        else {
+            return;
+        };
+        let binary = cargo_trace_tests::fixtures::build(
+            cargo_trace_tests::fixtures::Lang::C,
+            "memo_chains",
+            flags,
+        )
+        .expect("build memo_chains");
+        let (rounds, a, b, x, y) = (60u64, 3, 2, 2, 1);
+        let args = [rounds, a, b, x, y].map(|n| n.to_string());
+        let target = Target::spawn(&binary, &args);
+        let pid = target.pid();
+        let mappings = register_process(&mut tracer, pid, |_| false);
+        let _link = attach(&tracer, pid, &binary, "leaf", false);
+        target.run_to_end();
+
+        let mut by_chain = std::collections::BTreeMap::new();
+        let mut symbols = Symbols::default();
+        for (key, count) in tracer.counts().expect("read counts") {
+            if key.pid != pid {
+                continue;
+            }
+            let StackRef::Hash(hash) = key.stack else {
+                panic!("stack not stored: {key:?}");
+            };
+            let stack = tracer
+                .stack(hash)
+                .expect("read stack")
+                .expect("stack stored");
+            let names = symbols.frames(&mappings, &stack.pcs);
+            assert_eq!(stack.end, WalkEnd::Complete, "{flags:?}: {names:?}");
+            let chain = names[..names.iter().position(|n| n == "main").expect("main")].join(" ");
+            *by_chain.entry(chain).or_insert(0) += count.events;
+        }
+        let expected: std::collections::BTreeMap<String, u64> = [
+            ("leaf via_a run", rounds * a),
+            ("leaf via_b run", rounds * b),
+            ("leaf via_a mid outer_x run", rounds * x),
+            ("leaf via_a mid outer_y run", rounds * y),
+        ]
+        .into_iter()
+        .map(|(chain, count)| (chain.to_string(), count))
+        .collect();
+        assert_eq!(by_chain, expected, "{flags:?}");
+
+        let events = rounds * (a + b + x + y);
+        let ends = tracer.walk_ends().expect("walk ends");
+        assert_eq!(ends.get(WalkEnd::Complete), events, "{flags:?}: {ends:?}");
+        assert_eq!(ends.total(), events, "{flags:?}: {ends:?}");
+        // Each chain is walked once per CPU it runs on, and again only where a round
+        // switches chains faster than the memo's ways hold them: most events are answers.
+        let hits = tracer.memo_hits().expect("memo hits");
+        println!("{flags:?}: {hits} of {events} walks answered by the memo");
+        assert!(hits * 2 >= events, "{flags:?}: {hits} of {events} answered");
+    }
+}

@@ -607,7 +607,8 @@ impl Finished {
         )
     }
 
-    /// With `--bpf-stats`: each program's runs and nanoseconds per run.
+    /// With `--bpf-stats`: each program's runs and nanoseconds per run, and how many of
+    /// the stack walks the walk memo answered.
     fn report_program_stats(&self) -> Result<()> {
         if self.stats.is_none() {
             return Ok(());
@@ -625,6 +626,16 @@ impl Finished {
                 s.run_time_ns / s.run_count
             );
         }
+        let walks = self
+            .tracer
+            .walk_ends()
+            .context("reading the walk counters")?
+            .total();
+        let answered = self
+            .tracer
+            .memo_hits()
+            .context("reading the walk memo's counter")?;
+        eprintln!("cargo-trace: walk memo: {answered} of {walks} walks answered");
         Ok(())
     }
 

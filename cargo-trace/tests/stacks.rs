@@ -467,6 +467,16 @@ fn bpf_stats_report_runs_and_time_per_run() {
         "{line}"
     );
     assert!(words[2].parse::<u64>().unwrap() > 0, "{line}");
+    let memo = run
+        .stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("cargo-trace: walk memo: "))
+        .unwrap_or_else(|| panic!("no walk memo line: {}", run.stderr));
+    let words: Vec<&str> = memo.split_whitespace().collect();
+    assert_eq!(words[1..], ["of", words[2], "walks", "answered"], "{memo}");
+    let (answered, walks): (u64, u64) = (words[0].parse().unwrap(), words[2].parse().unwrap());
+    // Each site of chains_c mallocs in a loop: the same stack over and over.
+    assert!(answered > 0 && answered <= walks, "{memo}");
 }
 
 #[test]

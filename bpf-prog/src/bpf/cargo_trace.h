@@ -88,6 +88,20 @@ enum ct_limits {
 	 * capped at this, and a row from an earlier page is that far behind.
 	 */
 	CT_STEP_WINDOW = 16,
+	/*
+	 * Walks remembered per CPU (an element of the walk_memo map per possible
+	 * CPU; see memo.bpf.h): CT_MEMO_SETS sets of CT_MEMO_WAYS entries, a
+	 * set chosen by the walk's start (tgid, rip, rsp), each entry with the
+	 * words of user stack its walk read, at most CT_MEMO_WORDS of them
+	 * (a 64-frame walk reads 64 to 128) within CT_MEMO_SPAN_WORDS words
+	 * (the page_cache element an answer reads them into) starting less
+	 * than CT_MEMO_REACH words above rsp (offsets are 16-bit).
+	 */
+	CT_MEMO_SETS = 16,
+	CT_MEMO_WAYS = 4,
+	CT_MEMO_WORDS = 256,
+	CT_MEMO_SPAN_WORDS = CT_USER_PAGE_SIZE * CT_PAGE_SLOTS / 8,
+	CT_MEMO_REACH = 1 << 16,
 };
 
 /* The child-following uprobe (on_start_main) and glibc's struct r_debug. */
@@ -210,6 +224,39 @@ struct ct_rule_cache_entry {
  * per walk. */
 struct ct_rule_cache {
 	struct ct_rule_cache_entry entries[CT_RULE_CACHE_SLOTS];
+};
+
+/*
+ * A walk remembered (see memo.bpf.h): where it started, in which process
+ * and mappings, the stack key it gave, and every word of user memory it
+ * read. Walks that end CT_WALK_COMPLETE only.
+ */
+struct ct_memo_entry {
+	__u64 rip;
+	__u64 rsp;
+	__u64 rbp;	  /* compared only if the walk used the thread's (uses_rbp) */
+	__u64 trampoline; /* the process's uretprobe trampoline then (0: none) */
+	__u64 key;	  /* the stack's key: known to userspace when remembered */
+	__u32 tgid;
+	__u32 generation; /* ct_proc.generation of the mappings walked; 0: empty */
+	__u16 nwords;	  /* words read */
+	__u16 first;	  /* the lowest word read, in words above rsp */
+	__u16 span;	  /* words from first to the highest word read, inclusive */
+	__u16 uses_rbp;
+	__u16 offsets[CT_MEMO_WORDS]; /* each word read, in words above rsp */
+	__u64 values[CT_MEMO_WORDS];  /* ... and its value */
+};
+
+/* The entries of one set, and the way the next walk remembered takes. */
+struct ct_memo_set {
+	__u64 next;
+	struct ct_memo_entry ways[CT_MEMO_WAYS];
+};
+
+/* One element of the walk_memo map: one CPU's memo, behind one lookup per
+ * walk. */
+struct ct_walk_memo {
+	struct ct_memo_set sets[CT_MEMO_SETS];
 };
 
 /* A stack found stored: its key and its ct_stack.check. */

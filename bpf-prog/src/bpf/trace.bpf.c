@@ -26,6 +26,7 @@
 #include <bpf/bpf_core_read.h>
 #include "cargo_trace.h"
 #include "walk.bpf.h"
+#include "memo.bpf.h"
 
 #define CT_SIGSTOP 19
 #define CT_PF_KTHREAD 0x00200000
@@ -40,6 +41,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const volatile __u8 filter_uprobes = 0; /* uprobes count only pids in pid_filter */
 const volatile __u8 filter_events = 1;	/* same for perf events and tracepoints */
 const volatile __u8 kernel_stacks = 1;	/* record kernel stacks of kernel-mode events */
+const volatile __u8 use_walk_memo = 1;	/* the walk memo answers and remembers (memo.bpf.h) */
 
 /*
  * Anchors: they put the header's enums in BTF, so that the generated skeleton
@@ -98,6 +100,14 @@ struct {
 	__type(value, __u64);
 	__uint(max_entries, CT_WALK_END_COUNT);
 } walk_ends SEC(".maps");
+
+/* Walks the memo answered (see memo.bpf.h), counted in walk_ends too. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} memo_hits SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -194,22 +204,28 @@ static __always_inline bool send_stack(struct ct_stack *stack, __u64 key)
  * stack that never arrives is reported as such). A stack known_stacks has
  * no room for is sent without a claim, every time it is met.
  *
- * A stack known under hash itself goes into this CPU's cache, asked first.
- * One race makes an entry untrue: another CPU that meets the stack between
- * its claim and a failed send caches it, and sends it no more; the stack
- * then arrives when any other CPU meets it after the ring buffer drained,
- * and until it does userspace shows those events under a lost stack. Two
- * walks of one CPU (nesting levels) may write an entry at once; a torn
- * entry pairs a key with another stack's check and misses.
+ * A stack known under hash itself goes into this CPU's cache, asked first,
+ * and *settled is set: the stack is userspace's (or on its way) under its
+ * own hash, and nothing was counted lost, so storing it again would change
+ * nothing (the walk memo relies on it). One race makes an entry untrue:
+ * another CPU that meets the stack between its claim and a failed send
+ * caches it, and sends it no more; the stack then arrives when any other
+ * CPU meets it after the ring buffer drained, and until it does userspace
+ * shows those events under a lost stack. Two walks of one CPU (nesting
+ * levels) may write an entry at once; a torn entry pairs a key with another
+ * stack's check and misses.
  */
 static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash,
-					 struct ct_known_cache *known)
+					 struct ct_known_cache *known, bool *settled)
 {
 	struct ct_known_entry *seen = &known->entries[hash & (CT_KNOWN_CACHE_SLOTS - 1)];
 	__u64 check = stack->check;
 
-	if (seen->key == hash && seen->check == check)
+	*settled = false;
+	if (seen->key == hash && seen->check == check) {
+		*settled = true;
 		return hash;
+	}
 	for (int slot = 0; slot < CT_STACK_SLOTS; slot++) {
 		__u64 key = hash + slot;
 		__u64 *old = bpf_map_lookup_elem(&known_stacks, &key);
@@ -229,7 +245,7 @@ static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash,
 			if (!old) {
 				count_loss(CT_LOSS_KNOWN_STACKS_FULL);
 				if (send_stack(stack, key))
-					goto known;
+					goto cache;
 				count_loss(CT_LOSS_STACK_RING_FULL);
 				return key;
 			}
@@ -239,6 +255,8 @@ static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash,
 		count_loss(CT_LOSS_HASH_COLLISION);
 		continue;
 known:
+		*settled = slot == 0;
+cache:
 		if (slot == 0) {
 			seen->key = hash;
 			seen->check = check;
@@ -284,7 +302,9 @@ static __always_inline bool current_in_execve(void)
 
 /*
  * Walks the user stack (see walk_user_stack), counts how the walk ended and
- * stores the stack; returns its key. CT_STACK_NONE when the event has no
+ * stores the stack; returns its key. At nesting level 0 the walk memo may
+ * answer instead (memo.bpf.h), a walk counted as it would have ended, and
+ * remembers the walk otherwise. CT_STACK_NONE when the event has no
  * user stack after all: inside execve, a walk that fails found the image
  * that called execve gone (its registers, but the new image's memory) or the
  * new image not registered yet (registers at its entry point, where nothing
@@ -296,7 +316,25 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 					     __u32 level, __u32 tgid, __u64 rip, __u64 rsp,
 					     __u64 rbp, __u64 rdi)
 {
-	walk_user_stack(w, level, tgid, rip, rsp, rbp, rdi);
+	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &tgid);
+	__u64 trampoline = uretprobe_trampoline();
+
+	if (use_walk_memo && level == 0 && proc) {
+		__u32 cpu = bpf_get_smp_processor_id();
+		__u32 pages_key = cpu * CT_NEST_LEVELS;
+		struct ct_user_pages *pages = bpf_map_lookup_elem(&page_cache, &pages_key);
+		struct ct_memo_set *memo = memo_set(cpu, tgid, rip, rsp);
+		if (memo && pages) {
+			__u64 key = memo_answer(memo, pages, tgid, proc->generation, trampoline,
+						rip, rsp, rbp);
+			if (key != CT_STACK_NONE) {
+				count_in(&walk_ends, CT_WALK_COMPLETE);
+				count_in(&memo_hits, 0);
+				return key;
+			}
+		}
+	}
+	walk_user_stack(w, level, proc, trampoline, rip, rsp, rbp, rdi);
 	if (w->error != CT_WALK_COMPLETE &&
 	    (current_in_execve() ||
 	     (w->error == CT_WALK_NO_PROC && bpf_map_lookup_elem(&loading, &tgid)))) {
@@ -304,7 +342,19 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 		return CT_STACK_NONE;
 	}
 	count_in(&walk_ends, w->error);
-	return store_stack(&w->stack, finish_hashes(&w->stack, w->hash, w->check), known);
+	bool settled;
+	__u64 key = store_stack(&w->stack, finish_hashes(&w->stack, w->hash, w->check), known,
+				&settled);
+	/* Level 0 as the walk keeps it, the CPU asked and the set looked up
+	 * again: a value the verifier knows something of (the level, the CPU
+	 * below the map's size, a pointer or NULL) live across the walk would
+	 * have it check the walk once for each. */
+	if (use_walk_memo && w->use_rule_cache && settled) {
+		struct ct_memo_set *memo = memo_set(bpf_get_smp_processor_id(), tgid, rip, rsp);
+		if (memo)
+			memo_remember(memo, w, tgid, rip, rsp, rbp, key);
+	}
+	return key;
 }
 
 /*
@@ -332,7 +382,8 @@ static __always_inline __u64 take_kernel_stack(struct ct_stack *k, struct ct_kno
 	k->len = len;
 	k->error = CT_WALK_COMPLETE;
 	k->reason = 0;
-	return store_stack(k, finish_hashes(k, hash, check), known);
+	bool settled;
+	return store_stack(k, finish_hashes(k, hash, check), known, &settled);
 }
 
 /* Claims a free nesting level of this CPU (see CT_NEST_LEVELS) in *held;

@@ -96,6 +96,18 @@ struct walk_state {
 	__u64 trampoline; /* the process's uretprobe trampoline (see uretprobe_return); 0: none */
 	__u16 error;  /* enum ct_walk_end, once the walk stopped */
 	__u16 reason; /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
+	/*
+	 * What the walk memo (memo.bpf.h) needs to know of the walk: every
+	 * word read (see log_read), and whether the walk depended on anything
+	 * else than its start, its process's mappings and those words.
+	 */
+	__u64 start_rsp;		/* the words' distances are counted from it */
+	__u32 nwords;			/* words read */
+	__u16 unfit;			/* it used more than its start and words (see memo.bpf.h) */
+	__u16 uses_rbp;			/* it used the thread's rbp */
+	__u64 rbp_from_regs;		/* rbp is still the thread's, not read from the stack */
+	__u64 distances[CT_MEMO_WORDS]; /* of each word read, in bytes above start_rsp */
+	__u64 values[CT_MEMO_WORDS];
 };
 
 /* Pages of user stack read during the current walk: an element per level
@@ -121,9 +133,14 @@ struct {
  * Frames walked per bpf_loop iteration. Each iteration is a call and a
  * return of the callback, and returns are expensive where the kernel
  * mitigates return-address speculation (SRSO safe RET here): four steps per
- * call took ~3.5 ns off each frame, at 4x the verifier's work.
+ * call took ~3.5 ns off each frame, at 4x the verifier's work. With the
+ * memo's log of the words read (log_read), four steps cost the verifier
+ * 2.4x what they did (on_uprobe 62K -> 146K instructions, loading all
+ * programs 2.3 -> 6.5 s) where two cost less than four did before; a frame
+ * walked costs ~3 ns more (benches/walk.rs, the memo off: 16.6 -> 19.6 ns),
+ * which the memo gives back many times over wherever a stack repeats.
  */
-#define STEPS_PER_CALL 4
+#define STEPS_PER_CALL 2
 
 /*
  * What bpf_loop passes to each step (it must live on the BPF stack): the
@@ -393,9 +410,10 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 				w->error = CT_WALK_NO_MAPPING;
 				return NULL;
 			}
-			/* not cached: the registered mappings' generation says
-			 * nothing of it */
+			/* not cached, nor the walk remembered: the registered
+			 * mappings' generation says nothing of it */
 			entry = NULL;
+			w->unfit = 1;
 		}
 	}
 	name_frame(w, m->object, m->bias);
@@ -433,18 +451,35 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 }
 
 /*
+ * Adds a word read to the walk's log, for the memo: no branch, a few
+ * instructions a read (the memo sorts out what fits when it remembers).
+ * Past CT_MEMO_WORDS reads the log wraps, and the walk is not remembered.
+ */
+static __always_inline void log_read(struct walk_state *w, __u64 addr, __u64 value)
+{
+	__u32 n = w->nwords;
+
+	w->distances[n & (CT_MEMO_WORDS - 1)] = addr - w->start_rsp;
+	w->values[n & (CT_MEMO_WORDS - 1)] = value;
+	w->nwords = n + 1;
+}
+
+/*
  * Reads the u64 at user address addr through the page cache. Equivalent to
  * bpf_probe_read_user of those 8 bytes: a copy succeeds exactly when the
  * bytes it takes are mapped, readable and present, and it never leaves the
- * page of addr. Returns 0 on success.
+ * page of addr. Returns 0 on success. Every aligned word read is logged
+ * (log_read); a misaligned one keeps the walk out of the memo.
  */
 static __always_inline int read_user(struct walk_state *w, struct ct_user_pages *pages,
 				     __u64 addr, __u64 *value)
 {
-	if (addr & (sizeof(__u64) - 1))
+	if (addr & (sizeof(__u64) - 1)) {
 		/* misaligned (stack slots never are), maybe across two pages:
 		 * read directly. Aligned, the word is one of its page's. */
+		w->unfit = 1;
 		return bpf_probe_read_user(value, sizeof(*value), (void *)addr);
+	}
 
 	__u32 offset = addr & (CT_USER_PAGE_SIZE - 1);
 	__u64 page = addr / CT_USER_PAGE_SIZE;
@@ -473,6 +508,7 @@ static __always_inline int read_user(struct walk_state *w, struct ct_user_pages 
 	/* one load: through a byte array, clang would assemble the word from
 	 * eight byte loads (BPF has no unaligned access) */
 	*value = copy->words[at];
+	log_read(w, addr, *value);
 	return 0;
 }
 
@@ -548,13 +584,17 @@ static __always_inline int walk_step(struct walk_state *w, struct ct_proc *proc,
 		cfa = rsp + (__s64)rule->cfa_off;
 		break;
 	case CT_RULE_CFA_RBP:
+		w->uses_rbp |= w->rbp_from_regs;
 		cfa = rbp + (__s64)rule->cfa_off;
 		break;
 	case CT_RULE_PLT:
 		cfa = rsp + 8 + ((w->pc & 15) >= (__u64)rule->cfa_off ? 8 : 0);
 		break;
 	case CT_RULE_CFA_DEREF: {
-		__u64 base = rule->cfa_reg == CT_REG_RBP ? rbp : rsp;
+		__u64 from_rbp = rule->cfa_reg == CT_REG_RBP;
+		/* no branch: one more would double the paths the verifier checks */
+		w->uses_rbp |= w->rbp_from_regs & from_rbp;
+		__u64 base = from_rbp ? rbp : rsp;
 		if (read_user(w, pages, base + (__s64)rule->cfa_off, &cfa))
 			return stop(w, CT_WALK_READ_FAULT);
 		cfa += (__s64)(__s32)rule->cfa_arg;
@@ -571,6 +611,7 @@ static __always_inline int walk_step(struct walk_state *w, struct ct_proc *proc,
 		}
 		ra = w->rdi;
 		cfa = rsp + (__s64)rule->cfa_off;
+		w->unfit = 1;
 		goto push;
 	case CT_RULE_SIGNAL:
 		/* rip, rsp and rbp of the interrupted code, from the ucontext */
@@ -578,6 +619,7 @@ static __always_inline int walk_step(struct walk_state *w, struct ct_proc *proc,
 		    read_user(w, pages, rsp + CT_SIGFRAME_RSP, &cfa) ||
 		    read_user(w, pages, rsp + CT_SIGFRAME_RBP, &rbp))
 			return stop(w, CT_WALK_READ_FAULT);
+		w->rbp_from_regs = 0;
 		exact = 1;
 		goto push;
 	case CT_RULE_UNSUPPORTED:
@@ -595,13 +637,17 @@ static __always_inline int walk_step(struct walk_state *w, struct ct_proc *proc,
 	if (ra == w->trampoline && ra) {
 		__u64 slot = 0;
 		ra = uretprobe_return(cfa - 8, &slot);
+		w->unfit = 1;
 	}
 	if (rule->rbp_kind == CT_RBP_AT_CFA) {
 		if (read_user(w, pages, cfa + (__s64)rule->rbp_off, &rbp))
 			return stop(w, CT_WALK_READ_FAULT);
+		w->rbp_from_regs = 0;
 	} else if (rule->rbp_kind == CT_RBP_AT_RBP) {
+		w->uses_rbp |= w->rbp_from_regs;
 		if (read_user(w, pages, rbp + (__s64)rule->rbp_off, &rbp))
 			return stop(w, CT_WALK_READ_FAULT);
+		w->rbp_from_regs = 0;
 	}
 	if (cfa <= rsp)
 		return stop(w, CT_WALK_BAD_RA);
@@ -638,15 +684,18 @@ static int walk_steps(__u32 index, void *arg)
 }
 
 /*
- * Walks the user stack of process tgid from the given registers into w,
- * using the page slots of nesting level `level` (and the rule cache at level
- * 0): w->stack holds the frames found (stored as CT_FRAME_IN_OBJECT says),
- * w->error how the walk ended (an enum ct_walk_end), w->reason the reason of
- * an unsupported row, and w->hash and w->check the two hashes of the frames,
- * unfinished (see finish_hashes).
+ * Walks the user stack of the current process, whose mappings proc holds
+ * (NULL: none registered), from the given registers into w, using the page
+ * slots of nesting level `level` (and the rule cache at level 0);
+ * trampoline is the process's uretprobe_trampoline(). w->stack holds the
+ * frames found (stored as CT_FRAME_IN_OBJECT says), w->error how the walk
+ * ended (an enum ct_walk_end), w->reason the reason of an unsupported row,
+ * and w->hash and w->check the two hashes of the frames, unfinished (see
+ * finish_hashes).
  */
-static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, __u32 tgid,
-					    __u64 rip, __u64 rsp, __u64 rbp, __u64 rdi)
+static __always_inline void walk_user_stack(struct walk_state *w, __u32 level,
+					    struct ct_proc *proc, __u64 trampoline, __u64 rip,
+					    __u64 rsp, __u64 rbp, __u64 rdi)
 {
 	struct ct_stack *stack = &w->stack;
 	stack->pcs[0] = rip;
@@ -665,10 +714,15 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, _
 	w->error = CT_WALK_COMPLETE;
 	w->reason = 0;
 	w->use_rule_cache = level == 0;
+	w->start_rsp = rsp;
+	w->nwords = 0;
+	w->unfit = 0;
+	w->uses_rbp = 0;
+	w->rbp_from_regs = 1;
 	for (int slot = 0; slot < CT_PAGE_SLOTS; slot++)
 		w->page_tag[slot] = 0;
-	w->trampoline = uretprobe_trampoline();
-	if (w->trampoline && rip - w->trampoline < CT_TRAMPOLINE_SIZE) {
+	w->trampoline = trampoline;
+	if (trampoline && rip - trampoline < CT_TRAMPOLINE_SIZE) {
 		/* In the trampoline, the probed function has returned: the event
 		 * is its caller's, at the return address, with the stack as the
 		 * caller had it. */
@@ -680,13 +734,13 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level, _
 			w->rsp = slot + 8;
 			w->exact = 0;
 		}
+		w->unfit = 1;
 	}
 
 	__u32 cpu = bpf_get_smp_processor_id();
 	__u32 pages_key = cpu * CT_NEST_LEVELS + level;
 	struct ct_user_pages *pages = bpf_map_lookup_elem(&page_cache, &pages_key);
 	struct ct_rule_cache *cache = bpf_map_lookup_elem(&rule_cache, &cpu);
-	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &tgid);
 	if (!pages || !cache) {
 		/* never: both maps have an element per possible CPU */
 		w->error = CT_WALK_READ_FAULT;
