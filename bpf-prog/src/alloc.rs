@@ -97,20 +97,48 @@ impl AllocKind {
         }
     }
 
-    /// How many of the function's integer argument registers (rdi, rsi, rdx, rcx in
-    /// order) its entry program reads.
-    pub fn arguments_read(self) -> usize {
+    /// The argument registers its entry program reads (0: rdi, 1: rsi, 2: rdx, 3: rcx,
+    /// 4: r8), in the order of what it reads: a size, a count and a size, a block and a
+    /// size... Kinds of one of [`SAME_VALUES`] read the same values in that order, each
+    /// from its own registers.
+    fn registers_read(self) -> &'static [usize] {
         match self {
             AllocKind::SizeArg0
             | AllocKind::Free
             | AllocKind::Munmap
             | AllocKind::Resized
-            | AllocKind::Log => 1,
-            AllocKind::SizeArg1 | AllocKind::Calloc | AllocKind::Realloc | AllocKind::Freed => 2,
-            AllocKind::ReallocArray | AllocKind::PosixMemalign | AllocKind::Xallocx => 3,
-            AllocKind::Mmap | AllocKind::Resizing => 4,
-            AllocKind::Allocated => 5,
+            | AllocKind::Log => &[0],
+            AllocKind::SizeArg1 => &[1],
+            AllocKind::Calloc | AllocKind::Realloc | AllocKind::Freed => &[0, 1],
+            AllocKind::PosixMemalign => &[0, 2],
+            AllocKind::Mmap => &[1, 3],
+            AllocKind::ReallocArray | AllocKind::Xallocx => &[0, 1, 2],
+            AllocKind::Resizing => &[0, 1, 2, 3],
+            AllocKind::Allocated => &[0, 1, 2, 3, 4],
         }
+    }
+
+    /// The kind whose entry program reads what this kind's reads at a function's entry,
+    /// at a place past it where the function's first instructions moved its arguments:
+    /// `holds[r]` is the argument whose entry value argument register `r` holds there
+    /// (as [`AllocKind::registers_read`] numbers them). Itself when what it reads is
+    /// where it was; `mi_malloc_aligned(size, alignment)`, once past `mov %rdi,%rsi`,
+    /// is read as [`AllocKind::SizeArg1`]; `None` when no kind reads the values where
+    /// they are.
+    pub fn reading_moved(self, holds: &[Option<usize>]) -> Option<AllocKind> {
+        let family = SAME_VALUES
+            .iter()
+            .find(|family| family.contains(&self))
+            .map_or(std::slice::from_ref(&self), |family| *family);
+        let reads = self.registers_read();
+        family.iter().copied().find(|other| {
+            let there = other.registers_read();
+            there.len() == reads.len()
+                && there
+                    .iter()
+                    .zip(reads)
+                    .all(|(&register, &argument)| holds.get(register) == Some(&Some(argument)))
+        })
     }
 
     /// Whether the function frees only (attached at its entry, no return probe).
@@ -145,6 +173,10 @@ impl AllocKind {
         }
     }
 }
+
+/// Kinds whose programs read the same values and treat them alike, each from registers
+/// of its own: a function of one whose arguments moved may be probed as another.
+const SAME_VALUES: &[&[AllocKind]] = &[&[AllocKind::SizeArg0, AllocKind::SizeArg1]];
 
 /// The attach cookie of an allocator function of kind `kind` for probe `probe_id`.
 pub fn alloc_cookie(probe_id: u32, kind: AllocKind) -> u64 {
@@ -703,6 +735,38 @@ mod tests {
         assert_eq!(
             alloc_cookie(u32::MAX, AllocKind::PosixMemalign) >> 32,
             u64::from(raw::kind::POSIX_MEMALIGN)
+        );
+    }
+
+    #[test]
+    fn moved_arguments_are_read_where_they_are() {
+        let in_place = [0, 1, 2, 3, 4, 5].map(Some);
+        for kind in [AllocKind::SizeArg0, AllocKind::Realloc, AllocKind::Free] {
+            assert_eq!(kind.reading_moved(&in_place), Some(kind));
+        }
+        // mi_malloc_aligned(size, alignment) past `mov %rsi,%rdx; mov %rdi,%rsi`, rdi
+        // then loaded with the heap
+        let shifted = [None, Some(0), Some(1), Some(3), Some(4), Some(5)];
+        assert_eq!(
+            AllocKind::SizeArg0.reading_moved(&shifted),
+            Some(AllocKind::SizeArg1)
+        );
+        // and back: aligned_alloc(alignment, size) with the size copied to rdi
+        let size_in_rdi = [Some(1), None, Some(2), None, None, None];
+        assert_eq!(
+            AllocKind::SizeArg1.reading_moved(&size_in_rdi),
+            Some(AllocKind::SizeArg0)
+        );
+        // no free reads its block from rsi, no realloc its block from rsi
+        assert_eq!(AllocKind::Free.reading_moved(&shifted), None);
+        assert_eq!(AllocKind::Realloc.reading_moved(&shifted), None);
+        // calloc's count lost
+        let lost = [None, Some(1), Some(2), Some(3), Some(4), Some(5)];
+        assert_eq!(AllocKind::Calloc.reading_moved(&lost), None);
+        // what a kind does not read may change
+        assert_eq!(
+            AllocKind::Realloc.reading_moved(&[Some(0), Some(1), None, None, None, None]),
+            Some(AllocKind::Realloc)
         );
     }
 

@@ -85,16 +85,46 @@ fn emulated_without_prefix(bytes: &[u8]) -> bool {
     }
 }
 
-/// Instructions looked past, at most, for an emulated one (see [`first_emulated`]).
-const MAX_SKIPPED: usize = 6;
+/// Instructions looked past, at most, for an emulated one (see [`first_emulated`]): the
+/// allocators' entries seen need up to 10 (the mimalloc crate's `mi_free` finds its page
+/// in 10 register-only instructions before its first `je`), and what is looked past is
+/// checked one instruction at a time, so the bound only keeps the search to a
+/// function's first few instructions.
+const MAX_SKIPPED: usize = 16;
 
-/// The address of the first instruction of `code` (at `start`) that the kernel emulates
-/// under a uprobe (see [`emulated_without_prefix`]), when each instruction before it (at
-/// most [`MAX_SKIPPED`]) runs straight on and changes nothing but the flags and a general
-/// register neither in `kept` nor rsp nor rbp: compares and tests, and moves, loads and
-/// arithmetic into such a register. A probe there sees `kept`, rsp, rbp and memory as
-/// they were at `start`.
-pub(crate) fn first_emulated(code: &[u8], start: u64, kept: &[Register]) -> Option<u64> {
+/// The integer argument registers, in order.
+pub(crate) const ARGUMENTS: [Register; 6] = [
+    Register::RDI,
+    Register::RSI,
+    Register::RDX,
+    Register::RCX,
+    Register::R8,
+    Register::R9,
+];
+
+/// The first instruction past a function's entry that the kernel emulates under a
+/// uprobe, and where the function's arguments are when it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Emulated {
+    pub address: u64,
+    /// For each of [`ARGUMENTS`], the index of the argument whose value at the entry it
+    /// holds there: its own, another one copied into it (`mov %rdi,%rsi`), or `None`
+    /// once anything else was written to it.
+    pub holds: [Option<usize>; 6],
+}
+
+/// The first instruction of `code` (at `start`) that the kernel emulates under a uprobe
+/// (see [`emulated_without_prefix`]), when each instruction before it (at most
+/// [`MAX_SKIPPED`]) runs straight on and changes nothing but the flags and a general
+/// register other than rsp and rbp: compares and tests, and moves, loads and
+/// arithmetic into a register. A probe there sees rsp, rbp and memory as they were at
+/// `start`, and the arguments where [`Emulated::holds`] says.
+pub(crate) fn first_emulated(code: &[u8], start: u64) -> Option<Emulated> {
+    // The argument each general register holds, by register number (rax 0 to r15 15).
+    let mut values: [Option<usize>; 16] = [None; 16];
+    for (argument, register) in ARGUMENTS.iter().enumerate() {
+        values[number(*register)] = Some(argument);
+    }
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     for _ in 0..=MAX_SKIPPED {
         let offset = decoder.position();
@@ -106,32 +136,65 @@ pub(crate) fn first_emulated(code: &[u8], start: u64, kept: &[Register]) -> Opti
             return None;
         }
         if emulated_without_prefix(&code[offset..]) {
-            return Some(instruction.ip());
+            return Some(Emulated {
+                address: instruction.ip(),
+                holds: ARGUMENTS.map(|register| values[number(register)]),
+            });
         }
-        if !writes_only_flags_or(&instruction, kept) {
-            return None;
+        match effect(&instruction) {
+            Effect::Flags => {}
+            Effect::Copy { to, from } => values[number(to)] = values[number(from)],
+            Effect::Write(register) => values[number(register)] = None,
+            Effect::Other => return None,
         }
     }
     None
 }
 
-/// Whether `instruction` changes nothing but the flags and its first operand, a general
-/// register outside `kept`, rsp and rbp.
-fn writes_only_flags_or(instruction: &Instruction, kept: &[Register]) -> bool {
+/// The number of 64-bit general register `register` (rax 0 to r15 15).
+fn number(register: Register) -> usize {
+    register as usize - Register::RAX as usize
+}
+
+/// What an instruction looked past on the way to an emulated one changes.
+enum Effect {
+    /// The flags only.
+    Flags,
+    /// A 64-bit general register, to the value of another one (`mov %rdi,%rsi`).
+    Copy { to: Register, from: Register },
+    /// A general register (all of it, for the program reading it), and the flags.
+    Write(Register),
+    /// Something else: memory, rsp or rbp, another register, or control flow.
+    Other,
+}
+
+fn effect(instruction: &Instruction) -> Effect {
     use Mnemonic::*;
     match instruction.mnemonic() {
-        Cmp | Test => true,
+        Cmp | Test => Effect::Flags,
         Mov | Movzx | Movsx | Movsxd | Lea | Xor | And | Or | Add | Sub | Shl | Shr | Sar => {
             if instruction.op0_kind() != OpKind::Register {
-                return false;
+                return Effect::Other;
             }
-            let written = instruction.op0_register().full_register();
-            written.is_gpr64()
-                && written != Register::RSP
-                && written != Register::RBP
-                && !kept.contains(&written)
+            let register = instruction.op0_register();
+            let written = register.full_register();
+            if !written.is_gpr64() || written == Register::RSP || written == Register::RBP {
+                return Effect::Other;
+            }
+            let copied = instruction.mnemonic() == Mov
+                && register.is_gpr64()
+                && instruction.op1_kind() == OpKind::Register
+                && instruction.op1_register().is_gpr64();
+            if copied {
+                Effect::Copy {
+                    to: written,
+                    from: instruction.op1_register(),
+                }
+            } else {
+                Effect::Write(written)
+            }
         }
-        _ => false,
+        _ => Effect::Other,
     }
 }
 
@@ -165,14 +228,16 @@ pub(crate) fn misread_by_uprobes(code: &[u8], ip: u64) -> Option<Misread> {
 }
 
 /// The near branch targets (jumps, calls, conditional jumps) of the instructions of
-/// `code` (at `start`).
+/// `code` (at `start`). Bytes that do not decode (data, or padding between functions)
+/// are stepped over: the decoder falls back in step with the instructions within a few
+/// bytes, and a target read from data only makes the callers more careful.
 pub(crate) fn branch_targets(code: &[u8], start: u64) -> Vec<u64> {
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut targets = Vec::new();
     while decoder.can_decode() {
         let instruction = decoder.decode();
         if instruction.is_invalid() {
-            break;
+            continue;
         }
         let near = matches!(
             instruction.op0_kind(),
@@ -183,6 +248,25 @@ pub(crate) fn branch_targets(code: &[u8], start: u64) -> Vec<u64> {
         }
     }
     targets
+}
+
+/// Whether `code` (at `start`) jumps where a register or memory says (a switch's jump
+/// table: `jmp *%rax`), other than through a slot at a fixed address (`jmp
+/// *0x2fe2(%rip)`, a tail call through the GOT): where such a jump lands is unknown.
+pub(crate) fn has_computed_jumps(code: &[u8], start: u64) -> bool {
+    let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.mnemonic() != Mnemonic::Jmp {
+            continue;
+        }
+        match instruction.op0_kind() {
+            OpKind::Register => return true,
+            OpKind::Memory if !instruction.is_ip_rel_memory_operand() => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The addresses `code` (at `start`) refers to relative to rip (`lea f(%rip), %rax`):
@@ -244,34 +328,104 @@ mod tests {
         );
     }
 
+    /// Where `first_emulated` moves a probe of `code` at 0x1000, and the first `n`
+    /// argument registers' values there.
+    fn moved(code: &[u8], n: usize) -> Option<(u64, Vec<Option<usize>>)> {
+        first_emulated(code, 0x1000).map(|e| (e.address, e.holds[..n].to_vec()))
+    }
+
+    /// Every argument register in its place.
+    const IN_PLACE: [Option<usize>; 4] = [Some(0), Some(1), Some(2), Some(3)];
+
     #[test]
     fn probes_move_to_the_first_emulated_instruction() {
-        use Register::{RCX, RDI, RDX, RSI};
-        let first = |code: &[u8], kept: &[Register]| first_emulated(code, 0x1000, kept);
         // jemalloc's malloc: cmp $0x1000,%rdi; ja rel8
         let malloc = [0x48, 0x81, 0xff, 0x00, 0x10, 0x00, 0x00, 0x77, 0x77];
-        assert_eq!(first(&malloc, &[RDI]), Some(0x1007));
+        assert_eq!(moved(&malloc, 4), Some((0x1007, IN_PLACE.to_vec())));
         // its sdallocx: mov %rdi,%r9; cmp $0x1000,%rsi; ja rel32
         let sdallocx = [
             0x49, 0x89, 0xf9, 0x48, 0x81, 0xfe, 0x00, 0x10, 0x00, 0x00, 0x0f, 0x87, 0x78, 0x00,
             0x00, 0x00,
         ];
-        assert_eq!(first(&sdallocx, &[RDI]), Some(0x100a));
+        let e = first_emulated(&sdallocx, 0x1000).unwrap();
+        assert_eq!((e.address, e.holds[5]), (0x100a, Some(0)), "r9 holds rdi's");
         // its rallocx: xor %ecx,%ecx; jmp rel32 (rcx is its fourth argument)
         let rallocx = [0x31, 0xc9, 0xe9, 0x00, 0x00, 0x00, 0x00];
-        assert_eq!(first(&rallocx, &[RDI, RSI]), Some(0x1002));
-        assert_eq!(first(&rallocx, &[RDI, RSI, RDX, RCX]), None);
+        let rcx_lost = vec![Some(0), Some(1), Some(2), None];
+        assert_eq!(moved(&rallocx, 4), Some((0x1002, rcx_lost)));
         // push %r15 first: there already
-        assert_eq!(first(&[0x41, 0x57, 0x55], &[RDI]), Some(0x1000));
-        // mov %rdi,%rsi changes an argument read; sub $8,%rsp the stack
-        assert_eq!(first(&[0x48, 0x89, 0xfe, 0x77, 0x00], &[RDI, RSI]), None);
-        assert_eq!(first(&[0x48, 0x83, 0xec, 0x08, 0x77, 0x00], &[RDI]), None);
+        assert_eq!(moved(&[0x41, 0x57, 0x55], 1), Some((0x1000, vec![Some(0)])));
+        // sub $8,%rsp changes the stack, mov %rdi,%rbp the frame pointer
+        assert_eq!(moved(&[0x48, 0x83, 0xec, 0x08, 0x77, 0x00], 1), None);
+        assert_eq!(moved(&[0x48, 0x89, 0xfd, 0x77, 0x00], 1), None);
         // a store to memory
-        assert_eq!(first(&[0x48, 0x89, 0x38, 0x77, 0x00], &[RDI]), None);
+        assert_eq!(moved(&[0x48, 0x89, 0x38, 0x77, 0x00], 1), None);
         // a jcc with an operand-size prefix is single-stepped: not a place to move to
         assert_eq!(
-            first(&[0x48, 0x85, 0xff, 0x66, 0x0f, 0x84, 0, 0, 0, 0], &[RDI]),
+            moved(&[0x48, 0x85, 0xff, 0x66, 0x0f, 0x84, 0, 0, 0, 0], 1),
             None
+        );
+    }
+
+    #[test]
+    fn arguments_are_followed_through_register_moves() {
+        // the mimalloc crate's mi_malloc_aligned(size, alignment): mov $-0x78,%rax;
+        // mov %rsi,%rdx; mov %rdi,%rsi; mov %fs:(%rax),%rax; mov %rax,%rdi; jmp rel32
+        let code = [
+            0x48, 0xc7, 0xc0, 0x88, 0xff, 0xff, 0xff, //
+            0x48, 0x89, 0xf2, //
+            0x48, 0x89, 0xfe, //
+            0x64, 0x48, 0x8b, 0x00, //
+            0x48, 0x89, 0xc7, //
+            0xe9, 0x00, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(
+            moved(&code, 3),
+            Some((0x1014, vec![None, Some(0), Some(1)]))
+        );
+        // through another register: mov %rdi,%rax; mov %rsi,%rdi; mov %rax,%rsi; jmp
+        let swapped = [
+            0x48, 0x89, 0xf8, 0x48, 0x89, 0xf7, 0x48, 0x89, 0xc6, 0xeb, 0x00,
+        ];
+        assert_eq!(moved(&swapped, 2), Some((0x1009, vec![Some(1), Some(0)])));
+        // a 32-bit move zero-extends: not a copy (mov %edi,%esi; jmp)
+        assert_eq!(
+            moved(&[0x89, 0xfe, 0xeb, 0x00], 2),
+            Some((0x1002, vec![Some(0), None]))
+        );
+        // a load through an argument is no copy of it: mov (%rdi),%rdi; jmp
+        assert_eq!(
+            moved(&[0x48, 0x8b, 0x3f, 0xeb, 0x00], 1),
+            Some((0x1003, vec![None]))
+        );
+    }
+
+    #[test]
+    fn long_runs_of_register_only_instructions_are_looked_past() {
+        // the mimalloc crate's mi_free: 10 instructions before its `je`, the address
+        // copied to rsi before rdi is loaded with the page.
+        let code = [
+            0x48, 0x8b, 0x05, 0x89, 0xf1, 0x04, 0x00, // mov 0x4f189(%rip),%rax
+            0x48, 0x89, 0xfa, // mov %rdi,%rdx
+            0x48, 0x89, 0xfe, // mov %rdi,%rsi
+            0x48, 0xc1, 0xea, 0x1d, // shr $0x1d,%rdx
+            0x48, 0x8b, 0x14, 0xd0, // mov (%rax,%rdx,8),%rdx
+            0x48, 0x89, 0xf8, // mov %rdi,%rax
+            0x48, 0xc1, 0xe8, 0x10, // shr $0x10,%rax
+            0x25, 0xff, 0x1f, 0x00, 0x00, // and $0x1fff,%eax
+            0x48, 0x8b, 0x3c, 0xc2, // mov (%rdx,%rax,8),%rdi
+            0x48, 0x85, 0xff, // test %rdi,%rdi
+            0x74, 0x23, // je
+        ];
+        assert_eq!(moved(&code, 2), Some((0x1028, vec![None, Some(0)])));
+        // but not past MAX_SKIPPED of them
+        let mut long = [0x48, 0x85, 0xff].repeat(MAX_SKIPPED + 1);
+        long.extend_from_slice(&[0x74, 0x00]);
+        assert_eq!(moved(&long, 1), None);
+        long.drain(..3);
+        assert_eq!(
+            moved(&long, 1),
+            Some((0x1000 + 3 * MAX_SKIPPED as u64, vec![Some(0)]))
         );
     }
 

@@ -84,7 +84,7 @@ pub use libbpf_log::libbpf_log;
 pub use notice::Notice;
 pub use resolve::{
     cheaper_entries, resolve_binary, resolve_uprobe, resolve_uprobe_with, resolve_usdt,
-    ResolveError, ResolveOptions, UprobeTarget,
+    CheaperEntry, ResolveError, ResolveOptions, UprobeTarget,
 };
 pub use spec::{
     parse, split_list, HardwareEvent, KprobeSpec, Lang, ParseError, ProbeSpec, ProgramKind, Rate,

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use crate::elf::{ElfInfo, Function};
 use crate::instructions::{
-    branch_targets, first_emulated, misread_by_uprobes, placement, rip_relative_targets, Misread,
-    Placement,
+    branch_targets, first_emulated, has_computed_jumps, misread_by_uprobes, placement,
+    rip_relative_targets, Misread, Placement,
 };
 use crate::notice::Notice;
 use crate::spec::{Lang, UprobeLocation, UprobeSpec, UsdtSpec};
@@ -539,59 +539,105 @@ fn implementation_name(info: &ElfInfo, address: u64, ifunc: &str) -> String {
         .unwrap_or_else(|| format!("{address:#x}"))
 }
 
-/// Where entry probes of functions of the file at `path` cost least: for each `(address,
-/// arguments)` (a function's entry, and how many of its integer argument registers the
-/// probe's program reads: rdi, rsi, rdx, rcx, r8, r9 in order), the address to probe
-/// instead, or `address` itself.
+/// Where a function's entry probe costs least (see [`cheaper_entries`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheaperEntry {
+    pub address: u64,
+    /// For each integer argument register (rdi, rsi, rdx, rcx, r8, r9 in order), the
+    /// index of the argument whose value at the entry it holds at `address`, if any: a
+    /// probe moved past `mov %rdi,%rsi; mov (%rax),%rdi` finds the first argument in
+    /// rsi and no argument in rdi.
+    pub holds: [Option<usize>; 6],
+}
+
+impl CheaperEntry {
+    /// The entry itself, every argument in its register.
+    fn at(address: u64) -> CheaperEntry {
+        CheaperEntry {
+            address,
+            holds: [0, 1, 2, 3, 4, 5].map(Some),
+        }
+    }
+}
+
+/// Where entry probes of functions of the file at `path` cost least: for each function
+/// entry in `entries`, the address to probe instead and where the arguments are there,
+/// or the entry itself. The caller tells whether its program can read the arguments
+/// where they are, and keeps the entry when it cannot.
 ///
 /// The kernel emulates a few instructions under a uprobe (jumps, calls, conditional
 /// jumps, `push` of a register, `nop`) and single-steps the others, which costs ~22 µs a
 /// hit on the machines measured, against under 1 µs. When a function starts with
-/// instructions that only compare, or move values into registers the probe does not
-/// read (jemalloc's malloc: `cmp $0x1000,%rdi; ja`; its sdallocx: `mov %rdi,%r9; cmp
-/// $0x1000,%rsi; ja`), the probe sits on the first emulated instruction instead and sees
-/// what it would have seen at the entry: the arguments it reads, rsp, rbp and memory
-/// unchanged, the return address still at rsp (so a return probe placed there works as
-/// at the entry). Not when a branch of the function (or of its `.cold` part) lands past
-/// the entry and up to there: the probe would fire more than once per call.
-pub fn cheaper_entries(path: &Path, entries: &[(u64, usize)]) -> Result<Vec<u64>, ResolveError> {
-    use iced_x86::Register;
-    const ARGUMENTS: [Register; 6] = [
-        Register::RDI,
-        Register::RSI,
-        Register::RDX,
-        Register::RCX,
-        Register::R8,
-        Register::R9,
-    ];
+/// instructions that only compare, or move values between and into general registers
+/// (jemalloc's malloc: `cmp $0x1000,%rdi; ja`; the mimalloc crate's
+/// `mi_malloc_aligned`: `mov %rsi,%rdx; mov %rdi,%rsi; ...; jmp`), the probe sits on
+/// the first emulated instruction instead and sees what it would have seen at the
+/// entry, the arguments followed through their moves: rsp, rbp and memory unchanged,
+/// the return address still at rsp (so a return probe placed there works as at the
+/// entry, and the stack is walked as from the entry). Those instructions run straight
+/// on, so every call reaches the probe; it must reach it once: not when a branch
+/// anywhere in the file lands past the entry and up to there, nor when the function
+/// (or the `.cold` part the compiler split off it) has a jump whose target is computed.
+pub fn cheaper_entries(path: &Path, entries: &[u64]) -> Result<Vec<CheaperEntry>, ResolveError> {
     let info = ElfInfo::load(path)?;
-    Ok(entries
+    let mut cheaper: Vec<CheaperEntry> = entries
         .iter()
-        .map(|&(address, arguments)| {
-            cheaper_entry(&info, address, &ARGUMENTS[..arguments.min(ARGUMENTS.len())])
-                .unwrap_or(address)
-        })
-        .collect())
+        .map(|&address| cheaper_entry(&info, address).unwrap_or(CheaperEntry::at(address)))
+        .collect();
+    if cheaper
+        .iter()
+        .zip(entries)
+        .all(|(c, &entry)| c.address == entry)
+    {
+        return Ok(cheaper);
+    }
+    // Another function may jump into one's first instructions (a tail shared by
+    // several, hand-written assembly): every branch of the file's code is looked at.
+    let mut targets: Vec<u64> = info
+        .segments
+        .iter()
+        .filter(|segment| segment.executable)
+        .filter_map(|segment| Some((segment.vaddr, info.code_from(segment.vaddr)?)))
+        .flat_map(|(start, code)| branch_targets(code, start))
+        .collect();
+    targets.sort_unstable();
+    for (entry, &address) in cheaper.iter_mut().zip(entries) {
+        let skipped = address + 1..=entry.address;
+        let first = targets.partition_point(|target| target < skipped.start());
+        if targets
+            .get(first)
+            .is_some_and(|target| skipped.contains(target))
+        {
+            *entry = CheaperEntry::at(address);
+        }
+    }
+    Ok(cheaper)
 }
 
-fn cheaper_entry(info: &ElfInfo, address: u64, kept: &[iced_x86::Register]) -> Option<u64> {
+fn cheaper_entry(info: &ElfInfo, address: u64) -> Option<CheaperEntry> {
     let (function, offset) = info.function_at(address)?;
     let code = info.code_from(function.address)?;
     let code = &code[..code.len().min(usize::try_from(function.size).ok()?)];
-    let moved = first_emulated(code.get(usize::try_from(offset).ok()?..)?, address, kept)?;
+    let moved = first_emulated(code.get(usize::try_from(offset).ok()?..)?, address)?;
     // The function's own branches, and those of the parts the compiler split off it
-    // (`malloc.cold`, jumped to and back from).
+    // (`malloc.cold`, jumped to and back from), decoded from their starts.
     let cold = format!("{}.cold", function.name);
-    let mut targets = branch_targets(code, function.address);
+    let mut parts = vec![(function.address, code)];
     for part in info.functions.iter().filter(|f| f.name.starts_with(&cold)) {
         let part_code = info.code_from(part.address)?;
-        let part_code = &part_code[..part_code.len().min(usize::try_from(part.size).ok()?)];
-        targets.extend(branch_targets(part_code, part.address));
+        let size = usize::try_from(part.size).ok()?;
+        parts.push((part.address, &part_code[..part_code.len().min(size)]));
     }
-    let reached_otherwise = targets
-        .iter()
-        .any(|target| (address + 1..=moved).contains(target));
-    (!reached_otherwise).then_some(moved)
+    let reached_otherwise = parts.iter().any(|&(start, code)| {
+        has_computed_jumps(code, start)
+            || branch_targets(code, start)
+                .iter()
+                .any(|target| (address + 1..=moved.address).contains(target))
+    });
+    (!reached_otherwise).then_some(CheaperEntry {
+        address: moved.address,
+        holds: moved.holds,
+    })
 }
 
 /// The instruction at `address` if Linux's uprobes would misread it (see [`Misread`]).

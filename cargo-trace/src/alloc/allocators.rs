@@ -207,9 +207,11 @@ pub fn resolve(
 }
 
 /// Moves each probe to the first instruction the kernel emulates, when the function's
-/// first ones change nothing its program reads (see [`probes::cheaper_entries`]):
-/// jemalloc's malloc and sdallocx start with a compare the kernel single-steps, which
-/// made a traced malloc/free pair 5 times as costly as glibc's.
+/// first ones leave what its program reads where a program can read it (see
+/// [`probes::cheaper_entries`]): jemalloc's malloc and sdallocx start with a compare the
+/// kernel single-steps, which made a traced malloc/free pair 5 times as costly as
+/// glibc's; the mimalloc crate's `mi_malloc_aligned` moves its size to rsi on the way to
+/// its tail call, where [`AllocKind::SizeArg1`] reads it.
 /// The preloaded library's sites stay where they are: their nop is what the kernel
 /// optimizes.
 fn move_to_emulated_instructions(
@@ -223,15 +225,16 @@ fn move_to_emulated_instructions(
     for path in paths {
         let mine: Vec<&mut AllocFunction> =
             found.iter_mut().filter(|f| f.target.path == path).collect();
-        let entries: Vec<(u64, usize)> = mine
-            .iter()
-            .map(|f| (f.target.address, f.kind.arguments_read()))
-            .collect();
-        let moved = probes::cheaper_entries(&path, &entries)
+        let entries: Vec<u64> = mine.iter().map(|f| f.target.address).collect();
+        let cheaper = probes::cheaper_entries(&path, &entries)
             .with_context(|| format!("reading the code of {}", path.display()))?;
-        for (function, address) in mine.into_iter().zip(moved) {
-            function.target.file_offset += address - function.target.address;
-            function.target.address = address;
+        for (function, entry) in mine.into_iter().zip(cheaper) {
+            let Some(kind) = function.kind.reading_moved(&entry.holds) else {
+                continue;
+            };
+            function.target.file_offset += entry.address - function.target.address;
+            function.target.address = entry.address;
+            function.kind = kind;
         }
     }
     Ok(())

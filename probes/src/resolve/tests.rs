@@ -1020,7 +1020,10 @@ fn instructions_the_kernel_would_skip_are_never_probed() {
 
 /// Functions written in assembly, each with the symbol size a compiler gives it:
 /// `direct` starts `cmp $0x1000,%rdi; ja`, as jemalloc's malloc does; `rejoined` starts
-/// the same, and its `.cold` part jumps back to its `ja`.
+/// the same, and its `.cold` part jumps back to its `ja`; `shifted` moves its arguments
+/// up a register before a tail call, as the mimalloc crate's `mi_malloc_aligned` does;
+/// `entered` starts as `direct` does, but another function jumps to its `ja`;
+/// `switched` jumps where a register says (a jump table's target is unknown).
 const COLD_FIXTURE: &str = r#"
 __asm__(
     ".text\n"
@@ -1032,14 +1035,26 @@ __asm__(
     ".size rejoined,.-rejoined\n"
     ".globl rejoined.cold\n.type rejoined.cold,@function\n"
     "rejoined.cold:\n sub $0x1000,%rdi\n cmp $0x1000,%rdi\n jmp 2b\n"
-    ".size rejoined.cold,.-rejoined.cold\n");
+    ".size rejoined.cold,.-rejoined.cold\n"
+    ".globl shifted\n.type shifted,@function\n"
+    "shifted:\n mov %rsi,%rdx\n mov %rdi,%rsi\n xor %edi,%edi\n jmp direct\n"
+    ".size shifted,.-shifted\n"
+    ".globl entered\n.type entered,@function\n"
+    "entered:\n cmp $0x1000,%rdi\n3: ja 1f\n xor %eax,%eax\n ret\n1: mov $1,%eax\n ret\n"
+    ".size entered,.-entered\n"
+    ".globl enters\n.type enters,@function\n"
+    "enters:\n mov $0x2000,%edi\n jmp 3b\n"
+    ".size enters,.-enters\n"
+    ".globl switched\n.type switched,@function\n"
+    "switched:\n cmp $0x1000,%rdi\n ja 1f\n xor %eax,%eax\n ret\n1: jmp *%rdi\n"
+    ".size switched,.-switched\n");
 int direct(unsigned long);
 int rejoined(unsigned long);
 int main(int argc, char **argv) { return direct(argc) + rejoined(argc); }
 "#;
 
 #[test]
-fn entries_move_to_the_first_emulated_instruction_unless_a_cold_part_jumps_back() {
+fn entries_move_to_the_first_emulated_instruction_unless_something_else_jumps_there() {
     let dir = TempDir::new("cold");
     let path = compile("gcc", dir.path(), "cold", "c", COLD_FIXTURE, &["-O1"]);
     let info = ElfInfo::load(&path).unwrap();
@@ -1050,9 +1065,19 @@ fn entries_move_to_the_first_emulated_instruction_unless_a_cold_part_jumps_back(
             .unwrap_or_else(|| panic!("no {name}"))
             .address
     };
-    let (direct, rejoined) = (address("direct"), address("rejoined"));
-    let moved = cheaper_entries(&path, &[(direct, 1), (rejoined, 1)]).unwrap();
+    let names = ["direct", "rejoined", "shifted", "entered", "switched"];
+    let entries: Vec<u64> = names.iter().map(|name| address(name)).collect();
+    let moved = cheaper_entries(&path, &entries).unwrap();
+    let offsets: Vec<u64> = moved
+        .iter()
+        .zip(&entries)
+        .map(|(entry, start)| entry.address - start)
+        .collect();
     // `cmp $0x1000,%rdi` is 7 bytes: the probe moves to the `ja` after it, which the
-    // kernel emulates, unless something jumps there.
-    assert_eq!(moved, vec![direct + 7, rejoined]);
+    // kernel emulates, unless something jumps there (the `.cold` part, another
+    // function) or may (a computed jump). `shifted`'s three moves are 3, 3 and 2 bytes.
+    assert_eq!(offsets, vec![7, 0, 8, 0, 0]);
+    assert_eq!(moved[0].holds, [0, 1, 2, 3, 4, 5].map(Some));
+    let shifted = [None, Some(0), Some(1), Some(3), Some(4), Some(5)];
+    assert_eq!(moved[2].holds, shifted);
 }
