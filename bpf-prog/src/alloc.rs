@@ -49,6 +49,9 @@ pub enum AllocKind {
     PosixMemalign,
     /// `free(ptr)`, `sdallocx(ptr, size, flags)`, `dallocx(ptr, flags)`, `mi_free`.
     Free,
+    /// A free whose address is in the second argument register: a free's probe moved past
+    /// instructions that copied it there (`mi_free`, see [`AllocKind::reading_moved`]).
+    FreeArg1,
     /// `mmap(addr, len, prot, flags, fd, offset)`: anonymous mappings only.
     Mmap,
     /// `munmap(addr, len)`: ends the mapping made at `addr`; an address no mapping was
@@ -86,7 +89,7 @@ impl AllocKind {
             AllocKind::Realloc => kind::REALLOC,
             AllocKind::ReallocArray => kind::REALLOCARRAY,
             AllocKind::PosixMemalign => kind::POSIX_MEMALIGN,
-            AllocKind::Free => kind::FREE,
+            AllocKind::Free | AllocKind::FreeArg1 => kind::FREE,
             AllocKind::Mmap => kind::MMAP,
             AllocKind::Munmap => kind::MUNMAP,
             AllocKind::Xallocx => kind::XALLOCX,
@@ -108,7 +111,7 @@ impl AllocKind {
             | AllocKind::Munmap
             | AllocKind::Resized
             | AllocKind::Log => &[0],
-            AllocKind::SizeArg1 => &[1],
+            AllocKind::SizeArg1 | AllocKind::FreeArg1 => &[1],
             AllocKind::Calloc | AllocKind::Realloc | AllocKind::Freed => &[0, 1],
             AllocKind::PosixMemalign => &[0, 2],
             AllocKind::Mmap => &[1, 3],
@@ -143,7 +146,10 @@ impl AllocKind {
 
     /// Whether the function frees only (attached at its entry, no return probe).
     pub fn frees_only(self) -> bool {
-        matches!(self, AllocKind::Free | AllocKind::Munmap)
+        matches!(
+            self,
+            AllocKind::Free | AllocKind::FreeArg1 | AllocKind::Munmap
+        )
     }
 
     /// The programs a function of this kind is attached as, each with whether it is a
@@ -153,6 +159,7 @@ impl AllocKind {
     pub fn programs(self) -> &'static [(EventProgram, bool)] {
         match self {
             AllocKind::Free | AllocKind::Munmap => &[(EventProgram::Free, false)],
+            AllocKind::FreeArg1 => &[(EventProgram::FreeArg1, false)],
             AllocKind::Realloc | AllocKind::ReallocArray | AllocKind::Xallocx => &[
                 (EventProgram::ResizeEntry, false),
                 (EventProgram::AllocReturn, true),
@@ -176,7 +183,10 @@ impl AllocKind {
 
 /// Kinds whose programs read the same values and treat them alike, each from registers
 /// of its own: a function of one whose arguments moved may be probed as another.
-const SAME_VALUES: &[&[AllocKind]] = &[&[AllocKind::SizeArg0, AllocKind::SizeArg1]];
+const SAME_VALUES: &[&[AllocKind]] = &[
+    &[AllocKind::SizeArg0, AllocKind::SizeArg1],
+    &[AllocKind::Free, AllocKind::FreeArg1],
+];
 
 /// The attach cookie of an allocator function of kind `kind` for probe `probe_id`.
 pub fn alloc_cookie(probe_id: u32, kind: AllocKind) -> u64 {
@@ -757,8 +767,13 @@ mod tests {
             AllocKind::SizeArg1.reading_moved(&size_in_rdi),
             Some(AllocKind::SizeArg0)
         );
-        // no free reads its block from rsi, no realloc its block from rsi
-        assert_eq!(AllocKind::Free.reading_moved(&shifted), None);
+        // mi_free past `mov %rdi,%rsi`, rdi then loaded with the page: read from rsi
+        assert_eq!(
+            AllocKind::Free.reading_moved(&shifted),
+            Some(AllocKind::FreeArg1)
+        );
+        // no munmap reads its address from rsi, no realloc its block
+        assert_eq!(AllocKind::Munmap.reading_moved(&shifted), None);
         assert_eq!(AllocKind::Realloc.reading_moved(&shifted), None);
         // calloc's count lost
         let lost = [None, Some(1), Some(2), Some(3), Some(4), Some(5)];

@@ -84,6 +84,8 @@ event_programs! {
     AllocReturn => on_alloc_return, "allocations";
     /// A freeing function's entry: the block's free counted.
     Free => on_free, "frees";
+    /// The same, past instructions that copied the address to the second argument register.
+    FreeArg1 => on_free_arg1, "frees";
     /// The preloaded library's site after an allocation (`cargo_trace_allocated`): the
     /// call's entry and return at once, the stack walked from the library's wrapper.
     PreloadAlloc => on_preload_alloc, "allocations";

@@ -816,11 +816,9 @@ int on_alloc_return(struct pt_regs *ctx)
 	return alloc_return(bpf_get_current_task_btf(), ctx->sp - 8, ctx->ax);
 }
 
-SEC("uprobe")
-int on_free(struct pt_regs *ctx)
+/* The entry of a freeing function, of the block at address. */
+static __always_inline int free_entry(struct pt_regs *ctx, __u64 address)
 {
-	__u64 address = ctx->di;
-
 	if (!address)
 		return 0;
 	__u32 *count = live_filter_slot(address);
@@ -849,6 +847,21 @@ int on_free(struct pt_regs *ctx)
 	if (cookie >> CT_ALLOC_KIND_SHIFT != CT_ALLOC_MUNMAP)
 		count_unknown_free(tgid, (__u32)cookie);
 	return 0;
+}
+
+SEC("uprobe")
+int on_free(struct pt_regs *ctx)
+{
+	return free_entry(ctx, ctx->di);
+}
+
+/* A free's probe moved past its first instructions, which copied the address
+ * from rdi to rsi (mimalloc's mi_free: they are not emulated, and a probe on
+ * them would be single-stepped, ~30 times the time). */
+SEC("uprobe")
+int on_free_arg1(struct pt_regs *ctx)
+{
+	return free_entry(ctx, ctx->si);
 }
 
 /*

@@ -30,11 +30,12 @@ use crate::profile::{HeapProcess, HeapTotals, RawSample, SamplingMode, ValueType
 use allocators::Allocator;
 
 /// The programs an `alloc` probe attaches.
-pub const PROGRAMS: [EventProgram; 4] = [
+pub const PROGRAMS: [EventProgram; 5] = [
     EventProgram::AllocEntry,
     EventProgram::ResizeEntry,
     EventProgram::AllocReturn,
     EventProgram::Free,
+    EventProgram::FreeArg1,
 ];
 
 /// The programs of the preloaded library's sites ([`preload`]), loaded besides when the
