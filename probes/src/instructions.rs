@@ -85,8 +85,8 @@ impl HazardKind {
             }
             HazardKind::OptimizedNop => {
                 "a 5-byte nop Linux 6.18's uprobes turn into a call to a page of the probed \
-                 process, which a child it forks does not inherit: the child would crash at \
-                 its first call there"
+                 process, which a child it forks does not inherit (the child would crash at \
+                 its first call there)"
             }
         }
     }
