@@ -581,6 +581,9 @@ impl CheaperEntry {
 /// on, so every call reaches the probe; it must reach it once: not when a branch
 /// anywhere in the file lands past the entry and up to there, nor when the function
 /// (or the `.cold` part the compiler split off it) has a jump whose target is computed.
+/// A move never lands on an instruction no uprobe may sit on (see [`HazardKind`]):
+/// neither kind is emulated or looked past. An entry given is kept as it is, so entries
+/// come from [`resolve_uprobe`], which already moved them past such an instruction.
 pub fn cheaper_entries(path: &Path, entries: &[u64]) -> Result<Vec<CheaperEntry>, ResolveError> {
     let info = ElfInfo::load(path)?;
     let mut cheaper: Vec<CheaperEntry> = entries
