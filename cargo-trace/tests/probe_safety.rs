@@ -532,6 +532,89 @@ fn an_avx_instruction_the_kernel_would_skip_is_never_probed() {
     assert!(stderr.contains("the kernel refuses uprobe "), "{stderr}");
 }
 
+/// Linux 6.18 optimizes a uprobe on a 5-byte nop into a call to a page of the process
+/// (`[uprobes-trampoline]`); a child forked afterwards inherits the call, not the page,
+/// and died of SIGSEGV at its first call, whether forks were followed or not. A function
+/// starting with one is probed at its next instruction: both processes run to the end
+/// and every call of each is counted, for a return probe too (its breakpoint is at the
+/// entry); the nop itself, by address, is refused.
+#[test]
+fn a_five_byte_nop_the_kernel_would_turn_into_a_call_is_never_probed() {
+    if !bpf_or_skip("nop5 entry") {
+        return;
+    }
+    let nop5_entry = fixtures::c_fixture("nop5_entry");
+    let instructions = objdump_instructions(&nop5_entry, "nop5_first");
+    let (start, first) = &instructions[0];
+    let (second, _) = instructions[1];
+    assert!(first.starts_with("nopl"), "{instructions:?}");
+    assert_eq!(second - start, 5, "{instructions:?}");
+    let command = format!("{} 1000", quoted(&nop5_entry));
+    let calls = "parent 1000 child exited 0\n";
+
+    for kind in ["uprobe", "uretprobe"] {
+        let probe = format!("{kind}:{}:nop5_first", nop5_entry.display());
+        let run = trace("nop5-entry", &[&probe], &command, &["--no-svg"]);
+        assert_eq!(run.status.code(), Some(0), "{probe}: {}", run.stderr);
+        assert_eq!(run.stdout, calls, "{probe}: {}", run.stderr);
+        let folded = run.folded();
+        assert_eq!(
+            folded.count_with("in_parent"),
+            1000,
+            "{probe}: {}",
+            run.stderr
+        );
+        assert_eq!(
+            folded.count_with("in_child"),
+            1000,
+            "{probe}: {}",
+            run.stderr
+        );
+        assert_eq!(folded.total(), 2000, "{probe}: {}", run.stderr);
+        let notes: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|line| line.starts_with("cargo-trace: note: nop5_first in "))
+            .collect();
+        assert_eq!(notes.len(), 1, "{probe}: {}", run.stderr);
+        assert!(
+            notes[0].contains("starts with nop (0f 1f 44 00 00), a 5-byte nop")
+                && notes[0].contains("probing its next instruction, nop5_first+0x5"),
+            "{}",
+            notes[0]
+        );
+    }
+
+    // Forks not followed: the child is not counted, and is not harmed either.
+    let probe = format!("uprobe:{}:nop5_first", nop5_entry.display());
+    let run = trace(
+        "nop5-entry",
+        &[&probe],
+        &command,
+        &["--no-svg", "--no-follow-forks"],
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, calls, "{}", run.stderr);
+    assert_eq!(run.folded().count_with("in_parent"), 1000, "{}", run.stderr);
+
+    // The nop itself, by address: refused in one line naming the next instruction.
+    let (status, stderr) = run_args(&[
+        &format!("uprobe:{}:{start:#x}", nop5_entry.display()),
+        "-c",
+        &command,
+    ]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("cargo-trace: error: ")
+            && stderr.contains(&format!("address {start:#x} (nop5_first) in "))
+            && stderr.contains("is nop (0f 1f 44 00 00), a 5-byte nop")
+            && stderr.contains("a child it forks does not inherit")
+            && stderr.ends_with(&format!("probe the next instruction, at {second:#x}\n")),
+        "{stderr}"
+    );
+}
+
 /// The plugin `dlopen_plugin` loads: `plug_work(i)` returns `i`.
 const PLUGIN_SOURCE: &str = "__attribute__((noipa)) unsigned long plug_work(unsigned long i) \
                              { return i; }\n";

@@ -52,19 +52,52 @@ pub(crate) fn placement(code: &[u8], start: u64, target: u64) -> Placement {
     }
 }
 
-/// An instruction Linux's x86 uprobes would not run: AVX-encoded (VEX, EVEX, XOP) with
-/// an opcode byte that, read as a one-byte legacy opcode, is a jump, a call or a nop.
-///
-/// The kernel analyzes a probed instruction by its first opcode byte, whatever map the
-/// VEX prefix selects, and emulates `jcc rel8` (0x70-0x7f), `call`/`jmp` (0xe8, 0xe9,
-/// 0xeb) and `nop` (0x90) instead of single-stepping them. So `vpbroadcastb %esi,%ymm17`
-/// (opcode 0x7a in map 0F38, glibc's `__strchr_evex` starts with it) becomes `jp`: the
-/// instruction never runs, and `strchr` returns NULL in every process that calls it
-/// (seen on Linux 6.18: cargo-trace itself then failed to attach its next probe).
+/// Why a uprobe must not sit on an instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HazardKind {
+    /// AVX-encoded (VEX, EVEX, XOP) with an opcode byte that, read as a one-byte legacy
+    /// opcode, is a jump, a call or a nop: Linux's x86 uprobes would not run it.
+    ///
+    /// The kernel analyzes a probed instruction by its first opcode byte, whatever map
+    /// the VEX prefix selects, and emulates `jcc rel8` (0x70-0x7f), `call`/`jmp` (0xe8,
+    /// 0xe9, 0xeb) and `nop` (0x90) instead of single-stepping them. So `vpbroadcastb
+    /// %esi,%ymm17` (opcode 0x7a in map 0F38, glibc's `__strchr_evex` starts with it)
+    /// becomes `jp`: the instruction never runs, and `strchr` returns NULL in every
+    /// process that calls it (seen on Linux 6.18: cargo-trace itself then failed to
+    /// attach its next probe).
+    Misread,
+    /// A 5-byte nop, which Linux 6.18's uprobes optimize after the first hit in a
+    /// process: the nop becomes a `call` to a page the kernel maps into that process
+    /// (`[uprobes-trampoline]`). A child the process forks afterwards inherits the
+    /// patched code but not the page, and dies of SIGSEGV at its first call there,
+    /// whether it is traced or not.
+    OptimizedNop,
+}
+
+impl HazardKind {
+    /// What such an instruction is and what a uprobe on it does, as a sentence goes on
+    /// after the instruction's name: "starts with vpcmpeqb, {why}".
+    pub fn why(self) -> &'static str {
+        match self {
+            HazardKind::Misread => {
+                "an AVX instruction Linux's uprobes take for a jump or a nop and would skip \
+                 instead of running, corrupting every process running the file"
+            }
+            HazardKind::OptimizedNop => {
+                "a 5-byte nop Linux 6.18's uprobes turn into a call to a page of the probed \
+                 process, which a child it forks does not inherit (the child would crash at \
+                 its first call there)"
+            }
+        }
+    }
+}
+
+/// An instruction no uprobe may sit on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Misread {
-    /// `vpbroadcastb`
-    pub mnemonic: String,
+pub(crate) struct Hazard {
+    pub kind: HazardKind,
+    /// How messages name it: `vpbroadcastb`, `nop (0f 1f 44 00 00)`.
+    pub instruction: String,
     pub length: u64,
 }
 
@@ -198,33 +231,81 @@ fn effect(instruction: &Instruction) -> Effect {
     }
 }
 
-/// Whether the instruction at the start of `code` (at address `ip`) is one the kernel
-/// misreads (see [`Misread`]).
-pub(crate) fn misread_by_uprobes(code: &[u8], ip: u64) -> Option<Misread> {
+/// The instruction at the start of `code` (at address `ip`), if no uprobe may sit on
+/// it (see [`HazardKind`]).
+pub(crate) fn hazard_for_uprobes(code: &[u8], ip: u64) -> Option<Hazard> {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let instruction = decoder.decode();
     if instruction.is_invalid() {
         return None;
     }
+    let bytes = &code[..instruction.len()];
+    let mnemonic = format!("{:?}", instruction.mnemonic()).to_lowercase();
+    let (kind, instruction) = if misread_by_uprobes(bytes) {
+        (HazardKind::Misread, mnemonic)
+    } else if optimized_by_uprobes(bytes) {
+        let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let named = format!("{mnemonic} ({})", hex.join(" "));
+        (HazardKind::OptimizedNop, named)
+    } else {
+        return None;
+    };
+    Some(Hazard {
+        kind,
+        instruction,
+        length: bytes.len() as u64,
+    })
+}
+
+/// Whether `instruction` (its bytes, all of them) is AVX-encoded with an opcode byte the
+/// kernel emulates (see [`HazardKind::Misread`]).
+fn misread_by_uprobes(instruction: &[u8]) -> bool {
     // Segment and address-size prefixes may come before the VEX prefix; a VEX prefix
     // is 2 (0xc5) or 3 bytes (0xc4, XOP's 0x8f), EVEX's 4, and the opcode follows.
-    let start = code
+    let Some(start) = instruction
         .iter()
-        .position(|b| !matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67))?;
+        .position(|b| !matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67))
+    else {
+        return false;
+    };
     // In 64-bit mode 0xc4, 0xc5 and 0x62 are always VEX and EVEX; 0x8f is XOP when
     // its next byte selects a map of 8 or more (else it is `pop`).
-    let prefix = match code[start] {
+    let prefix = match instruction[start] {
         0xc5 => 2,
         0xc4 => 3,
-        0x8f if code.get(start + 1).is_some_and(|b| b & 0x1f >= 8) => 3,
+        0x8f if instruction.get(start + 1).is_some_and(|b| b & 0x1f >= 8) => 3,
         0x62 => 4,
-        _ => return None,
+        _ => return false,
     };
-    let opcode = *code.get(start + prefix)?;
-    kernel_emulates(opcode).then(|| Misread {
-        mnemonic: format!("{:?}", instruction.mnemonic()).to_lowercase(),
-        length: instruction.len() as u64,
-    })
+    instruction
+        .get(start + prefix)
+        .is_some_and(|&opcode| kernel_emulates(opcode))
+}
+
+/// Whether `instruction` (its bytes, all of them) is one Linux 6.18's uprobes optimize
+/// (see [`HazardKind::OptimizedNop`]), as its `can_optimize` takes it: 5 bytes long, and
+/// `nop` (0x90) or `nopl` (0x0f 0x1f with a ModRM whose reg field is 0) after any
+/// prefixes (`0f 1f 44 00 00`, what assemblers pad with; `66 0f 1f 40 00`;
+/// `66 66 66 66 90`). An instruction with a segment prefix other than fs and gs, or
+/// with `lock`, is refused by the kernel before that, so it is not one. Nor is one
+/// whose 5 bytes cross a page boundary, which the kernel leaves a breakpoint; that is
+/// not told apart here: such a nop is moved past or refused all the same, and a nop
+/// does nothing a probe past it would miss.
+fn optimized_by_uprobes(instruction: &[u8]) -> bool {
+    if instruction.len() != 5 {
+        return false;
+    }
+    let Some(start) = instruction
+        .iter()
+        .position(|b| !matches!(b, 0x66 | 0x67 | 0xf2 | 0xf3 | 0x64 | 0x65 | 0x40..=0x4f))
+    else {
+        return false;
+    };
+    match instruction[start..] {
+        [0x90] => true,
+        [0x0f, 0x1f, modrm, ..] => (modrm >> 3) & 7 == 0,
+        _ => false,
+    }
 }
 
 /// The near branch targets (jumps, calls, conditional jumps) of the instructions of
@@ -441,31 +522,77 @@ mod tests {
         assert_eq!(rip_relative_targets(CODE, 0x1000), Vec::<u64>::new());
     }
 
+    /// The hazard [`hazard_for_uprobes`] finds at the start of `code`: kind, name, length.
+    fn hazard(code: &[u8]) -> Option<(HazardKind, String, u64)> {
+        hazard_for_uprobes(code, 0x1000).map(|h| (h.kind, h.instruction, h.length))
+    }
+
     #[test]
     fn avx_instructions_whose_opcode_the_kernel_takes_for_a_branch_are_found() {
-        let misread = |code: &[u8]| misread_by_uprobes(code, 0x1000);
-        let found = |mnemonic: &str, length: u64| {
-            Some(Misread {
-                mnemonic: mnemonic.to_string(),
-                length,
-            })
-        };
+        let found =
+            |mnemonic: &str, length: u64| Some((HazardKind::Misread, mnemonic.to_string(), length));
         // EVEX, map 0F38, opcode 0x7a (jp): glibc's __strchr_evex starts with it.
         assert_eq!(
-            misread(&[0x62, 0xe2, 0x7d, 0x28, 0x7a, 0xce]),
+            hazard(&[0x62, 0xe2, 0x7d, 0x28, 0x7a, 0xce]),
             found("vpbroadcastb", 6)
         );
         // VEX (2 bytes): vpcmpeqb %xmm0,%xmm0,%xmm1 is 0x74 (je); vzeroupper 0x77 (ja).
-        assert_eq!(misread(&[0xc5, 0xf9, 0x74, 0xc8]), found("vpcmpeqb", 4));
-        assert_eq!(misread(&[0xc5, 0xf8, 0x77]), found("vzeroupper", 3));
+        assert_eq!(hazard(&[0xc5, 0xf9, 0x74, 0xc8]), found("vpcmpeqb", 4));
+        assert_eq!(hazard(&[0xc5, 0xf8, 0x77]), found("vzeroupper", 3));
         // VEX (3 bytes): vpbroadcastd %xmm0,%ymm1 (0F38 0x58) is no branch.
-        assert_eq!(misread(&[0xc4, 0xe2, 0x7d, 0x58, 0xc8]), None);
+        assert_eq!(hazard(&[0xc4, 0xe2, 0x7d, 0x58, 0xc8]), None);
         // EVEX vpxorq (0xef): the kernel refuses it, it does not misread it.
-        assert_eq!(misread(&[0x62, 0xa1, 0xfd, 0x00, 0xef, 0xc0]), None);
+        assert_eq!(hazard(&[0x62, 0xa1, 0xfd, 0x00, 0xef, 0xc0]), None);
         // Real branches and nops are what the kernel emulates correctly.
-        assert_eq!(misread(&[0x74, 0x05]), None);
-        assert_eq!(misread(&[0x90]), None);
-        assert_eq!(misread(&[0xe8, 0, 0, 0, 0]), None);
+        assert_eq!(hazard(&[0x74, 0x05]), None);
+        assert_eq!(hazard(&[0x90]), None);
+        assert_eq!(hazard(&[0xe8, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn five_byte_nops_the_kernel_turns_into_calls_are_found() {
+        let found = |name: &str| Some((HazardKind::OptimizedNop, name.to_string(), 5));
+        // nopl 0x0(%rax,%rax,1), what assemblers pad with, then a ret.
+        assert_eq!(
+            hazard(&[0x0f, 0x1f, 0x44, 0x00, 0x00, 0xc3]),
+            found("nop (0f 1f 44 00 00)")
+        );
+        // Other 5-byte forms the kernel takes: nopw 0x0(%rax); data16 x4 nop.
+        assert_eq!(
+            hazard(&[0x66, 0x0f, 0x1f, 0x40, 0x00]),
+            found("nop (66 0f 1f 40 00)")
+        );
+        assert_eq!(
+            hazard(&[0x66, 0x66, 0x66, 0x66, 0x90]),
+            found("nop (66 66 66 66 90)")
+        );
+        // Other lengths: nopl 0x0(%rax) (4), nopw 0x0(%rax,%rax,1) (6), xchg %ax,%ax (2).
+        assert_eq!(hazard(&[0x0f, 0x1f, 0x40, 0x00, 0xc3]), None);
+        assert_eq!(hazard(&[0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00]), None);
+        assert_eq!(hazard(&[0x66, 0x90, 0xc3, 0xc3, 0xc3]), None);
+        // A cs prefix: the kernel refuses the probe outright (cs nopl 0x0(%rax)).
+        assert_eq!(hazard(&[0x2e, 0x0f, 0x1f, 0x40, 0x00]), None);
+        // 0f 1f with a reg field other than 0 is a reserved hint, not nopl.
+        assert_eq!(hazard(&[0x0f, 0x1f, 0x4c, 0x00, 0x00]), None);
+        // 5 bytes, no nop: mov $0,%eax; call rel32.
+        assert_eq!(hazard(&[0xb8, 0, 0, 0, 0]), None);
+        assert_eq!(hazard(&[0xe8, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn a_five_byte_nop_is_neither_emulated_nor_looked_past() {
+        // A cheaper entry never sits on one: it is no instruction the kernel emulates,
+        // and a probe does not move past it to one that is.
+        let nop5_then_jump = [0x0f, 0x1f, 0x44, 0x00, 0x00, 0xeb, 0x00];
+        assert!(!emulated_without_prefix(&nop5_then_jump));
+        assert_eq!(moved(&nop5_then_jump, 1), None);
+        let compare_nop5_jump = [0x48, 0x85, 0xff, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x74, 0x00];
+        assert_eq!(moved(&compare_nop5_jump, 1), None);
+        // Nor is a one-byte nop a hazard: it is emulated, and probes may move onto it.
+        assert_eq!(
+            moved(&[0x48, 0x85, 0xff, 0x90], 1),
+            Some((0x1003, vec![Some(0)]))
+        );
     }
 
     #[test]

@@ -17,9 +17,12 @@
 //!   functions), and its file offset through the PT_LOAD segment that holds it.
 //!   A probe never hurts a process: an offset or address past a function's start must
 //!   start an instruction (decoded from the function's start with [`iced_x86`]), and no
-//!   probe goes on an AVX instruction Linux's uprobes would skip instead of running (a
-//!   function starting with one is probed at its next instruction). An IFUNC becomes
-//!   the implementation its resolver selected in the process (or all it can select).
+//!   probe goes on an instruction Linux's uprobes would mishandle ([`HazardKind`]: an
+//!   AVX instruction they would skip instead of running, a 5-byte nop they would turn
+//!   into a call that crashes forked children); a function starting with one is probed
+//!   at its next instruction, an offset, address or USDT site on one is refused. An
+//!   IFUNC becomes the implementation its resolver selected in the process (or all it
+//!   can select).
 //!   [`Notice`]s say what a user should know: the IFUNC's implementation, a moved entry,
 //!   a file the process does not map.
 //! - **Attaches** a loaded program of the right kind ([`ProbeSpec::program_kind`]) with a
@@ -80,6 +83,7 @@ pub use attach::{
 pub use bound::{BoundUprobe, UprobeGroup};
 pub use detach::detach;
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
+pub use instructions::HazardKind;
 pub use libbpf_log::libbpf_log;
 pub use notice::Notice;
 pub use resolve::{

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::instructions::HazardKind;
+
 /// Something a user should know about a probe that did attach.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notice {
@@ -33,35 +35,38 @@ pub enum Notice {
         path: PathBuf,
         ifuncs: Vec<Notice>,
     },
-    /// Functions whose first instruction Linux's uprobes would skip instead of running
-    /// (AVX-encoded with an opcode they take for a jump), probed at their second
-    /// instruction: (function, first instruction, offset of the second).
-    PastMisreadInstruction {
+    /// Functions whose first instruction no uprobe may sit on, all for one reason
+    /// (`kind`), probed at their second instruction: (function, first instruction,
+    /// offset of the second).
+    PastHazard {
         path: PathBuf,
+        kind: HazardKind,
         moved: Vec<(String, String, u64)>,
     },
-    /// Functions matching a pattern left unprobed: they start with an instruction
-    /// Linux's uprobes would misread, and their second instruction will not do either.
-    SkippedMisread {
+    /// Functions matching a pattern left unprobed: they start with an instruction no
+    /// uprobe may sit on (for `kind`'s reason), and their second instruction will not
+    /// do either.
+    SkippedHazard {
         pattern: String,
         path: PathBuf,
+        kind: HazardKind,
         functions: Vec<String>,
     },
 }
 
 /// How many IFUNCs or functions a [`Notice::Ifuncs`] or
-/// [`Notice::PastMisreadInstruction`] line names.
+/// [`Notice::PastHazard`] line names.
 const LISTED: usize = 5;
 
 impl Notice {
     /// `warning` for a probe that may count nothing, `note` otherwise.
     pub fn level(&self) -> &'static str {
         match self {
-            Notice::NotMapped { .. } | Notice::SkippedMisread { .. } => "warning",
+            Notice::NotMapped { .. } | Notice::SkippedHazard { .. } => "warning",
             Notice::Ifunc {
                 implementations, ..
             } if implementations.is_empty() => "warning",
-            Notice::Ifunc { .. } | Notice::PastMisreadInstruction { .. } => "note",
+            Notice::Ifunc { .. } | Notice::PastHazard { .. } => "note",
             Notice::Ifuncs { ifuncs, .. } => {
                 if ifuncs.iter().any(|n| n.level() == "warning") {
                     "warning"
@@ -158,15 +163,13 @@ impl fmt::Display for Notice {
                 }
                 Ok(())
             }
-            Notice::PastMisreadInstruction { path, moved } => {
-                let why = "Linux's uprobes would skip instead of running, corrupting every \
-                           process running the file";
+            Notice::PastHazard { path, kind, moved } => {
+                let why = kind.why();
                 match moved.as_slice() {
                     [(function, instruction, offset)] => write!(
                         f,
-                        "{function} in {} starts with {instruction}, an AVX instruction \
-                         {why}: probing its next instruction, {function}+{offset:#x}, \
-                         reached once per call",
+                        "{function} in {} starts with {instruction}, {why}: probing its \
+                         next instruction, {function}+{offset:#x}, reached once per call",
                         path.display()
                     ),
                     all => {
@@ -177,8 +180,8 @@ impl fmt::Display for Notice {
                             .collect();
                         write!(
                             f,
-                            "{} functions in {} start with an AVX instruction {why}: probing \
-                             each at its next instruction, reached once per call: {}{}",
+                            "{} functions in {} start with {why}: probing each at its next \
+                             instruction, reached once per call: {}{}",
                             all.len(),
                             path.display(),
                             shown.join(", "),
@@ -187,17 +190,18 @@ impl fmt::Display for Notice {
                     }
                 }
             }
-            Notice::SkippedMisread {
+            Notice::SkippedHazard {
                 pattern,
                 path,
+                kind,
                 functions,
             } => write!(
                 f,
-                "{} functions matching '{pattern}' in {} are not probed: they start with an \
-                 AVX instruction Linux's uprobes would skip instead of running, and their \
-                 next instruction cannot stand for their entry: {}{}",
+                "{} functions matching '{pattern}' in {} are not probed: they start with {}, \
+                 and their next instruction cannot stand for their entry: {}{}",
                 functions.len(),
                 path.display(),
+                kind.why(),
                 functions[..functions.len().min(LISTED)].join(", "),
                 if functions.len() > LISTED {
                     ", ..."

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use crate::elf::{ElfInfo, Function};
 use crate::instructions::{
-    branch_targets, first_emulated, has_computed_jumps, misread_by_uprobes, placement,
-    rip_relative_targets, Misread, Placement,
+    branch_targets, first_emulated, has_computed_jumps, hazard_for_uprobes, placement,
+    rip_relative_targets, Hazard, HazardKind, Placement,
 };
 use crate::notice::Notice;
 use crate::spec::{Lang, UprobeLocation, UprobeSpec, UsdtSpec};
@@ -149,26 +149,25 @@ pub enum ResolveError {
         at: u64,
     },
     #[error(
-        "{location} is {mnemonic}, an AVX instruction Linux's uprobes take for a jump or a \
-         nop and would skip instead of running, corrupting every process running {}; \
-         probe the next instruction, at {next}",
-        path.display()
+        "{location} in {} is {instruction}, {}; probe the next instruction, at {next}",
+        path.display(), kind.why()
     )]
-    Misread {
+    Hazard {
         location: String,
-        mnemonic: String,
+        kind: HazardKind,
+        instruction: String,
         path: PathBuf,
         next: String,
     },
     #[error(
-        "{function} starts with {mnemonic}, an AVX instruction Linux's uprobes would skip \
-         instead of running (corrupting every process running {}), and its next \
-         instruction {reason}; probe one further in with FUNCTION+OFFSET",
-        path.display()
+        "{function} in {} starts with {instruction}, {}; its next instruction {reason}: \
+         probe one further in with FUNCTION+OFFSET",
+        path.display(), kind.why()
     )]
-    MisreadEntry {
+    HazardEntry {
         function: String,
-        mnemonic: String,
+        kind: HazardKind,
+        instruction: String,
         path: PathBuf,
         reason: String,
     },
@@ -304,12 +303,13 @@ pub fn resolve_uprobe_with(
                     })
                 }
             };
-            if let Some(misread) = misread_at(&info, address) {
-                return Err(ResolveError::Misread {
+            if let Some(hazard) = hazard_at(&info, address) {
+                return Err(ResolveError::Hazard {
                     location: format!("address {address:#x} ({symbol})"),
-                    mnemonic: misread.mnemonic,
+                    kind: hazard.kind,
+                    instruction: hazard.instruction,
                     path: path.clone(),
-                    next: format!("{:#x}", address + misread.length),
+                    next: format!("{:#x}", address + hazard.length),
                 });
             }
             Ok(Resolution {
@@ -385,20 +385,21 @@ pub fn resolve_uprobe_with(
                     let shown =
                         |boundary: u64| format!("{display}+{:#x}", boundary - function.address);
                     check_boundary(&info, function, address, options, location, shown)?;
-                    if let Some(misread) = misread_at(&info, address) {
-                        return Err(ResolveError::Misread {
+                    if let Some(hazard) = hazard_at(&info, address) {
+                        return Err(ResolveError::Hazard {
                             location: format!("{display}+{offset:#x}"),
-                            mnemonic: misread.mnemonic,
+                            kind: hazard.kind,
+                            instruction: hazard.instruction,
                             path: path.clone(),
-                            next: format!("{display}+{:#x}", offset + misread.length),
+                            next: format!("{display}+{:#x}", offset + hazard.length),
                         });
                     }
                     (address, format!("{display}+{offset:#x}"))
                 } else {
                     match entry_site(&info, address, display, &mut moved) {
                         // One function of a pattern is not worth the others.
-                        Err(ResolveError::MisreadEntry { function, .. }) if all => {
-                            skipped.push(function);
+                        Err(ResolveError::HazardEntry { function, kind, .. }) if all => {
+                            skipped.push((kind, function));
                             continue;
                         }
                         site => site?,
@@ -428,17 +429,19 @@ pub fn resolve_uprobe_with(
                     ifuncs: notices,
                 }];
             }
-            if !moved.is_empty() {
-                notices.push(Notice::PastMisreadInstruction {
+            for (kind, moved) in by_kind(moved) {
+                notices.push(Notice::PastHazard {
                     path: path.clone(),
+                    kind,
                     moved,
                 });
             }
-            if !skipped.is_empty() {
-                notices.push(Notice::SkippedMisread {
+            for (kind, functions) in by_kind(skipped) {
+                notices.push(Notice::SkippedHazard {
                     pattern: name.clone(),
                     path: path.clone(),
-                    functions: skipped,
+                    kind,
+                    functions,
                 });
             }
             Ok(Resolution { targets, notices })
@@ -578,6 +581,9 @@ impl CheaperEntry {
 /// on, so every call reaches the probe; it must reach it once: not when a branch
 /// anywhere in the file lands past the entry and up to there, nor when the function
 /// (or the `.cold` part the compiler split off it) has a jump whose target is computed.
+/// A move never lands on an instruction no uprobe may sit on (see [`HazardKind`]):
+/// neither kind is emulated or looked past. An entry given is kept as it is, so entries
+/// come from [`resolve_uprobe`], which already moved them past such an instruction.
 pub fn cheaper_entries(path: &Path, entries: &[u64]) -> Result<Vec<CheaperEntry>, ResolveError> {
     let info = ElfInfo::load(path)?;
     let mut cheaper: Vec<CheaperEntry> = entries
@@ -640,30 +646,45 @@ fn cheaper_entry(info: &ElfInfo, address: u64) -> Option<CheaperEntry> {
     })
 }
 
-/// The instruction at `address` if Linux's uprobes would misread it (see [`Misread`]).
-fn misread_at(info: &ElfInfo, address: u64) -> Option<Misread> {
-    misread_by_uprobes(info.code_from(address)?, address)
+/// The instruction at `address` if no uprobe may sit on it (see [`HazardKind`]).
+fn hazard_at(info: &ElfInfo, address: u64) -> Option<Hazard> {
+    hazard_for_uprobes(info.code_from(address)?, address)
 }
 
-/// Where to probe the entry of function `symbol` at `address`: there, unless Linux's
-/// uprobes would misread its first instruction (an AVX instruction they would skip
-/// instead of running, corrupting every process that calls the function); then at the
-/// next instruction, which every call reaches once when nothing jumps to it, with the
-/// stack of the entry (AVX instructions leave rsp alone). What moved is added to
-/// `moved` (name, instruction, offset).
+/// What was said of each kind of hazard, in the order first said, for one line each.
+fn by_kind<T>(items: Vec<(HazardKind, T)>) -> Vec<(HazardKind, Vec<T>)> {
+    let mut grouped: Vec<(HazardKind, Vec<T>)> = Vec::new();
+    for (kind, item) in items {
+        match grouped.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, same)) => same.push(item),
+            None => grouped.push((kind, vec![item])),
+        }
+    }
+    grouped
+}
+
+/// Where to probe the entry of function `symbol` at `address`: there, unless no uprobe
+/// may sit on its first instruction (see [`HazardKind`]: an AVX instruction the kernel
+/// would skip instead of running, corrupting every process that calls the function; a
+/// 5-byte nop the kernel would turn into a call that crashes the process's forked
+/// children); then at the next instruction, which every call reaches once when nothing
+/// jumps to it, with the registers and stack of the entry (neither instruction touches
+/// rsp or what a probe's program reads, so a return probe hijacks the same return
+/// address). What moved is added to `moved` (kind, then name, instruction, offset).
 fn entry_site(
     info: &ElfInfo,
     address: u64,
     symbol: String,
-    moved: &mut Vec<(String, String, u64)>,
+    moved: &mut Vec<(HazardKind, (String, String, u64))>,
 ) -> Result<(u64, String), ResolveError> {
-    let Some(misread) = misread_at(info, address) else {
+    let Some(hazard) = hazard_at(info, address) else {
         return Ok((address, symbol));
     };
-    let next = address + misread.length;
-    let refuse = |reason: &str| ResolveError::MisreadEntry {
+    let next = address + hazard.length;
+    let refuse = |reason: &str| ResolveError::HazardEntry {
         function: symbol.clone(),
-        mnemonic: misread.mnemonic.clone(),
+        kind: hazard.kind,
+        instruction: hazard.instruction.clone(),
         path: info.path.clone(),
         reason: reason.to_string(),
     };
@@ -673,7 +694,7 @@ fn entry_site(
         .filter(|f| f.address == address && f.size > 0)
         .max_by_key(|f| f.size)
         .ok_or_else(|| refuse("cannot be checked (the function's size is unknown)"))?;
-    if misread.length >= function.size {
+    if hazard.length >= function.size {
         return Err(refuse("is past its end"));
     }
     let code = info.code_from(address).unwrap_or_default();
@@ -683,11 +704,12 @@ fn entry_site(
             "is a branch target, reached more than once per call",
         ));
     }
-    if misread_at(info, next).is_some() {
-        return Err(refuse("is another one"));
+    if hazard_at(info, next).is_some() {
+        return Err(refuse("is no place for a uprobe either"));
     }
-    moved.push((symbol.clone(), misread.mnemonic, misread.length));
-    Ok((next, format!("{symbol}+{:#x}", misread.length)))
+    let site = format!("{symbol}+{:#x}", hazard.length);
+    moved.push((hazard.kind, (symbol, hazard.instruction, hazard.length)));
+    Ok((next, site))
 }
 
 /// Refuses `address`, past the start of `function`, unless an instruction starts
@@ -766,6 +788,20 @@ pub fn resolve_usdt(spec: &UsdtSpec, pid: Option<u32>) -> Result<Vec<UprobeTarge
                     address: note.pc,
                     path: path.clone(),
                 })?;
+        // The site is the note's instruction, placed by the program's author: it is
+        // refused, not moved, as an address would be.
+        if let Some(hazard) = hazard_at(&info, note.pc) {
+            return Err(ResolveError::Hazard {
+                location: format!(
+                    "USDT probe {}:{} at {:#x}",
+                    note.provider, note.name, note.pc
+                ),
+                kind: hazard.kind,
+                instruction: hazard.instruction,
+                path: path.clone(),
+                next: format!("{:#x}", note.pc + hazard.length),
+            });
+        }
         let ref_ctr_offset = match note.semaphore {
             0 => None,
             semaphore => Some(info.file_offset(semaphore, false).ok_or_else(|| {

@@ -986,7 +986,12 @@ fn instructions_the_kernel_would_skip_are_never_probed() {
     assert_eq!(moved.targets.len(), 1);
     assert_eq!(moved.targets[0].address, entry + 4);
     assert_eq!(moved.targets[0].symbol, "avx_first+0x4");
-    let [Notice::PastMisreadInstruction { moved: list, .. }] = moved.notices.as_slice() else {
+    let [Notice::PastHazard {
+        kind: HazardKind::Misread,
+        moved: list,
+        ..
+    }] = moved.notices.as_slice()
+    else {
         panic!("{moved:?}");
     };
     assert_eq!(
@@ -997,8 +1002,8 @@ fn instructions_the_kernel_would_skip_are_never_probed() {
     // Asked for by offset or address: refused, naming the next instruction.
     let err = libc_free(&format!("uprobe:{path}:{entry:#x}")).unwrap_err();
     assert!(
-        matches!(&err, ResolveError::Misread { mnemonic, next, .. }
-            if mnemonic == "vpcmpeqb" && *next == format!("{:#x}", entry + 4)),
+        matches!(&err, ResolveError::Hazard { instruction, next, .. }
+            if instruction == "vpcmpeqb" && *next == format!("{:#x}", entry + 4)),
         "{err}"
     );
     let at_second = libc_free(&format!("uprobe:{path}:avx_first+4")).unwrap();
@@ -1012,9 +1017,171 @@ fn instructions_the_kernel_would_skip_are_never_probed() {
     assert_eq!(pattern.targets.len(), 1, "{pattern:?}");
     assert!(
         pattern.notices.iter().any(
-            |n| matches!(n, Notice::SkippedMisread { functions, .. } if functions == &["avx_loop"])
+            |n| matches!(n, Notice::SkippedHazard { functions, .. } if functions == &["avx_loop"])
         ),
         "{pattern:?}"
+    );
+}
+
+/// Functions starting with a 5-byte nop, which Linux 6.18's uprobes turn into a call
+/// that crashes forked children: one whose second instruction can stand for its entry,
+/// one whose second instruction is a loop's head, one with a 5-byte nop further in
+/// (`66 0f 1f 40 00`, after a 3-byte move), one starting with a misread AVX instruction
+/// (for a pattern over both kinds), and a USDT site on a 5-byte nop.
+const NOP5_FIXTURE: &str = r#"
+__asm__(".text\n"
+        ".globl nop5_first\n.type nop5_first, @function\nnop5_first:\n"
+        ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n"
+        "mov %rdi, %rax\n"
+        "ret\n.size nop5_first, .-nop5_first\n"
+        ".globl nop5_loop\n.type nop5_loop, @function\nnop5_loop:\n"
+        ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n"
+        "1: dec %edi\n"
+        "jnz 1b\n"
+        "ret\n.size nop5_loop, .-nop5_loop\n"
+        ".globl nop5_inside\n.type nop5_inside, @function\nnop5_inside:\n"
+        "mov %rdi, %rax\n"
+        ".byte 0x66, 0x0f, 0x1f, 0x40, 0x00\n"
+        "ret\n.size nop5_inside, .-nop5_inside\n"
+        ".globl avx_first\n.type avx_first, @function\navx_first:\n"
+        "vpcmpeqb %xmm0, %xmm0, %xmm1\n"
+        "xor %eax, %eax\n"
+        "ret\n.size avx_first, .-avx_first\n"
+        ".globl usdt_nop5\n.type usdt_nop5, @function\nusdt_nop5:\n"
+        "990: .byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n"
+        ".pushsection .note.stapsdt,\"?\",\"note\"\n"
+        ".balign 4\n"
+        ".4byte 992f-991f, 994f-993f, 3\n"
+        "991: .asciz \"stapsdt\"\n"
+        "992: .balign 4\n"
+        "993: .8byte 990b\n"
+        ".8byte _.stapsdt.base\n"
+        ".8byte 0\n"
+        ".asciz \"fixture\"\n"
+        ".asciz \"nop5\"\n"
+        ".asciz \"\"\n"
+        "994: .balign 4\n"
+        ".popsection\n"
+        ".pushsection .stapsdt.base,\"aG\",\"progbits\",.stapsdt.base,comdat\n"
+        ".weak _.stapsdt.base\n.hidden _.stapsdt.base\n"
+        "_.stapsdt.base: .space 1\n.size _.stapsdt.base, 1\n"
+        ".popsection\n"
+        "ret\n.size usdt_nop5, .-usdt_nop5\n");
+int main(void) { return 0; }
+"#;
+
+#[test]
+fn five_byte_nops_the_kernel_would_turn_into_calls_are_never_probed() {
+    let dir = TempDir::new("nop5");
+    let binary = compile("gcc", dir.path(), "nop5", "c", NOP5_FIXTURE, &["-O2"]);
+    let path = binary.display();
+    let resolve = |spec: &str| resolve_uprobe_with(&uprobe(spec), &ResolveOptions::default());
+    let info = ElfInfo::load(&binary).unwrap();
+    let address = |name: &str| {
+        info.functions
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .address
+    };
+    let entry = address("nop5_first");
+
+    // The entry moves past the nop, for a return probe too (its breakpoint is at the
+    // entry), and one line says so.
+    for probe in ["uprobe", "uretprobe"] {
+        let moved = resolve(&format!("{probe}:{path}:nop5_first")).unwrap();
+        assert_eq!(moved.targets.len(), 1);
+        assert_eq!(moved.targets[0].address, entry + 5, "{probe}");
+        assert_eq!(moved.targets[0].symbol, "nop5_first+0x5");
+        let [notice @ Notice::PastHazard {
+            kind: HazardKind::OptimizedNop,
+            moved: list,
+            ..
+        }] = moved.notices.as_slice()
+        else {
+            panic!("{moved:?}");
+        };
+        let nop = "nop (0f 1f 44 00 00)".to_string();
+        assert_eq!(list, &[("nop5_first".to_string(), nop, 5)]);
+        let line = notice.to_string();
+        assert!(
+            line.starts_with("nop5_first in ")
+                && line.contains("starts with nop (0f 1f 44 00 00), a 5-byte nop")
+                && line.contains("a child it forks does not inherit")
+                && line.ends_with(
+                    "probing its next instruction, nop5_first+0x5, reached once per call"
+                ),
+            "{line}"
+        );
+    }
+
+    // By address, or by offset further in: refused, naming the next instruction.
+    let err = resolve(&format!("uprobe:{path}:{entry:#x}")).unwrap_err();
+    assert!(
+        matches!(&err, ResolveError::Hazard { kind: HazardKind::OptimizedNop, next, .. }
+            if *next == format!("{:#x}", entry + 5)),
+        "{err}"
+    );
+    let line = err.to_string();
+    assert!(
+        line.starts_with(&format!(
+            "address {entry:#x} (nop5_first) in {path} is nop (0f 1f 44 00 00), a 5-byte nop"
+        )) && line.ends_with(&format!("probe the next instruction, at {:#x}", entry + 5)),
+        "{line}"
+    );
+    let err = resolve(&format!("uprobe:{path}:nop5_inside+3")).unwrap_err();
+    assert!(
+        matches!(&err, ResolveError::Hazard { instruction, next, .. }
+            if instruction == "nop (66 0f 1f 40 00)" && next == "nop5_inside+0x8"),
+        "{err}"
+    );
+    let past = resolve(&format!("uprobe:{path}:nop5_first+5")).unwrap();
+    assert_eq!(past.targets[0].address, entry + 5);
+    assert!(past.notices.is_empty());
+
+    // A loop's head is no entry: refused alone, left out of a pattern.
+    let err = resolve(&format!("uprobe:{path}:nop5_loop")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ResolveError::HazardEntry {
+                kind: HazardKind::OptimizedNop,
+                ..
+            }
+        ) && err.to_string().contains("is a branch target"),
+        "{err}"
+    );
+    let pattern = resolve(&format!("uprobe:{path}:nop5_*")).unwrap();
+    let probed: Vec<&str> = pattern.targets.iter().map(|t| t.symbol.as_str()).collect();
+    assert_eq!(probed, ["nop5_first+0x5", "nop5_inside"], "{pattern:?}");
+    assert!(
+        pattern.notices.iter().any(|n| matches!(n,
+            Notice::SkippedHazard { kind: HazardKind::OptimizedNop, functions, .. }
+                if functions == &["nop5_loop"])),
+        "{pattern:?}"
+    );
+
+    // Hazards of both kinds in one pattern: one line for each.
+    let both = resolve(&format!("uprobe:{path}:*_first")).unwrap();
+    let kinds: Vec<HazardKind> = both
+        .notices
+        .iter()
+        .filter_map(|n| match n {
+            Notice::PastHazard { kind, moved, .. } if moved.len() == 1 => Some(*kind),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds.len(), 2, "{both:?}");
+    assert!(kinds.contains(&HazardKind::Misread) && kinds.contains(&HazardKind::OptimizedNop));
+
+    // A USDT site on one: refused, naming the next instruction.
+    let site = address("usdt_nop5");
+    let err = resolve_usdt(&usdt(&format!("usdt:{path}:fixture:nop5")), None).unwrap_err();
+    assert!(
+        matches!(&err, ResolveError::Hazard { location, kind: HazardKind::OptimizedNop, next, .. }
+            if *location == format!("USDT probe fixture:nop5 at {site:#x}")
+                && *next == format!("{:#x}", site + 5)),
+        "{err}"
     );
 }
 
