@@ -212,8 +212,8 @@ pub fn resolve(
 /// kernel single-steps, which made a traced malloc/free pair 5 times as costly as
 /// glibc's; the mimalloc crate's `mi_malloc_aligned` moves its size to rsi on the way to
 /// its tail call, where [`AllocKind::SizeArg1`] reads it.
-/// The preloaded library's sites stay where they are: their nop is what the kernel
-/// optimizes.
+/// The preloaded library's sites stay where they are: their first instruction is a
+/// one-byte nop, which the kernel emulates.
 fn move_to_emulated_instructions(
     found: &mut [AllocFunction],
     preload: Option<&Path>,
