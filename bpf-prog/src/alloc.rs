@@ -124,7 +124,7 @@ impl AllocKind {
     /// The kind whose entry program reads what this kind's reads at a function's entry,
     /// at a place past it where the function's first instructions moved its arguments:
     /// `holds[r]` is the argument whose entry value argument register `r` holds there
-    /// (as [`AllocKind::registers_read`] numbers them). Itself when what it reads is
+    /// (as `AllocKind::registers_read` numbers them). Itself when what it reads is
     /// where it was; `mi_malloc_aligned(size, alignment)`, once past `mov %rdi,%rsi`,
     /// is read as [`AllocKind::SizeArg1`]; `None` when no kind reads the values where
     /// they are.

@@ -193,9 +193,9 @@ pub(crate) fn walk_end_from_raw(error: u16, reason: u16) -> WalkEnd {
     }
 }
 
-/// The id of a mapped object, chosen by whoever registers mappings ([`Mapping::object`]
-/// (crate::Mapping::object)): user frames in its mappings are stored as addresses in it
-/// ([`Frame::InObject`]).
+/// The id of a mapped object, chosen by whoever registers mappings
+/// ([`Mapping::object`](crate::Mapping::object)): user frames in its mappings are stored
+/// as addresses in it ([`Frame::InObject`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectId(u16);
 

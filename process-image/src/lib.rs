@@ -15,7 +15,7 @@
 //! # What it does not do
 //! It compiles no unwind table and finds no separate debug file (`unwind-tables` does
 //! both), and knows nothing of BPF or probes. The only `unsafe` is the `PROCMAP_QUERY`
-//! ioctl, in [`maps`].
+//! ioctl, in `maps.rs`.
 
 mod demangle;
 mod elf;

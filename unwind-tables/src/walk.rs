@@ -11,7 +11,7 @@
 //!   failed read ends the walk, and the reason travels with the frames found
 //!   so far ([`WalkEnd`]);
 //! - the only successful end is an explicit end-of-stack rule
-//!   ([`Rule::End`](crate::Rule::End)), never "the return address looked odd";
+//!   ([`Rule::End`]), never "the return address looked odd";
 //! - a return address is looked up at `pc - 1`, because a call that ends its
 //!   function (e.g. to a `noreturn` callee) returns past the function's last
 //!   byte, into the next function's rows.

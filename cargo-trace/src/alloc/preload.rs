@@ -11,14 +11,12 @@
 //! Where every call is counted ([`Preload::environment`]), the library logs each
 //! thread's frees of small blocks and the kernel takes the log with the thread's next
 //! allocation (`struct ct_free_log`): one event per malloc/free pair. The log's last
-//! frees are taken at the thread's exit and exec too ([`EventProgram::ThreadExit`],
-//! [`EventProgram::ThreadExec`]).
-//!
-//! [`EventProgram::ThreadExit`]: bpf_prog::EventProgram::ThreadExit
-//! [`EventProgram::ThreadExec`]: bpf_prog::EventProgram::ThreadExec Where the executable or a library it maps brings an allocator
-//! that replaces malloc (jemalloc, mimalloc), that one is probed, and libc's functions
-//! as without the library: the wrappers call that allocator's malloc, which would count
-//! each call twice.
+//! frees are taken at the thread's exit and exec too
+//! ([`EventProgram::ThreadExit`](bpf_prog::EventProgram::ThreadExit),
+//! [`EventProgram::ThreadExec`](bpf_prog::EventProgram::ThreadExec)). Where the
+//! executable or a library it maps brings an allocator that replaces malloc (jemalloc,
+//! mimalloc), that one is probed, and libc's functions as without the library: the
+//! wrappers call that allocator's malloc, which would count each call twice.
 //!
 //! A process runs with the library only if it keeps the variable and loads it: the
 //! launched target is checked when it stops at its entry (else libc is probed there as

@@ -1,4 +1,4 @@
-//! Writers: each turns a [`Profile`](crate::profile::Profile) into one output format.
+//! Writers: each turns a [`Profile`] into one output format.
 //!
 //! A writer knows its format and nothing of the session: it reads the profile and writes
 //! bytes to any [`std::io::Write`]. Where the bytes go (which file, created how) is the

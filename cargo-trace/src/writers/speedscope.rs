@@ -1,4 +1,4 @@
-//! speedscope's file format (https://www.speedscope.app/file-format-schema.json): one
+//! speedscope's file format (<https://www.speedscope.app/file-format-schema.json>): one
 //! "sampled" profile per probe, weighed by the chosen value, frames shared between them.
 //! Root frames that are not code appear as in the folded output (`[truncated: REASON]`,
 //! `[no stack]`); kernel frames carry inferno's `_[k]` suffix.
