@@ -96,7 +96,15 @@ impl Default for Options {
             record_ring_bytes: 16 << 20,
             max_filtered_pids: 4096,
             alloc: AllocOptions::default(),
-            programs: EventProgram::ALL.iter().copied().collect(),
+            // sched_prepare_exec's program only where the kernel has the tracepoint
+            programs: EventProgram::ALL
+                .iter()
+                .copied()
+                .filter(|&program| {
+                    program != EventProgram::ThreadExec
+                        || programs::kernel_has_btf_tracepoint("sched_prepare_exec")
+                })
+                .collect(),
             off_cpu_min_block_ns: 0,
             max_off_cpu_threads: 65536,
         }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use bpf_prog::{Error, EventProgram, Loss, Mapping, Options, TableMap, Tracer};
+use bpf_prog::{AllocOptions, Error, EventProgram, Loss, Mapping, Options, TableMap, Tracer};
 use common::tracer_or_skip;
 use unwind_tables::{Cfa, CompactRow, CompactTable, PageSpan, RbpRule, Rule};
 
@@ -73,6 +73,54 @@ fn every_program_passes_the_verifier() {
     assert!(tracer.counts().unwrap().is_empty());
     assert_eq!(tracer.stack(12345).unwrap(), None);
     assert!(tracer.kernel_stack(3).unwrap().is_empty());
+}
+
+/// The heap programs' load-time settings prune their paths differently: every program
+/// loads under each (with and without the pid filter, exact, sampled either way, and
+/// with a size range).
+#[test]
+fn every_heap_setting_passes_the_verifier() {
+    let settings = [
+        AllocOptions::default(),
+        AllocOptions {
+            sample_every: 1000,
+            ..AllocOptions::default()
+        },
+        AllocOptions {
+            sample_bytes: 4096,
+            ..AllocOptions::default()
+        },
+        AllocOptions {
+            min_size: 64,
+            max_size: 1 << 20,
+            ..AllocOptions::default()
+        },
+    ];
+    for filter_uprobes in [false, true] {
+        for alloc in &settings {
+            let options = Options {
+                filter_uprobes,
+                alloc: alloc.clone(),
+                ..Options::default()
+            };
+            let name = "every_heap_setting_passes_the_verifier";
+            let Some(tracer) = tracer_or_skip(name, &options) else {
+                return;
+            };
+            let stats = tracer.program_stats().expect("program info");
+            for name in [
+                "on_preload_alloc",
+                "on_preload_resize",
+                "on_alloc",
+                "on_free",
+            ] {
+                assert!(
+                    stats[name].verified_insns > 0,
+                    "{name} (filter {filter_uprobes}, {alloc:?})"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -518,9 +518,12 @@ static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_bl
  * handed out at the address meanwhile (to another thread: this one tells its
  * log before it allocates); the logged block was counted freed then
  * (alloc_reused). Returns 0, or -1 if the log could not be read.
- * Not inlined: verified once, and its entries take half the BPF stack.
+ * A global function: the verifier checks it once, on its own, rather than
+ * at each call with the caller's state (with the walk after it, the paths
+ * of on_preload_resize outgrew the verifier's budget); its entries take
+ * half the BPF stack.
  */
-static __noinline int tell_frees(__u64 log, __u32 n, __u32 tgid, __u32 probe_id)
+__noinline int tell_frees(__u64 log, __u32 n, __u32 tgid, __u32 probe_id)
 {
 	struct ct_free_entry entries[CT_FREE_LOG];
 
