@@ -151,9 +151,14 @@ fn check_sites(run: &Run, rows: &[Row]) -> Vec<HeapSite> {
 }
 
 fn alloc_run(name: &str, fixture: &std::path::Path, extra: &[&str]) -> Run {
+    alloc_command_run(name, &quoted(fixture), extra)
+}
+
+/// `alloc` on a command line, with the CSV and the text report.
+fn alloc_command_run(name: &str, command: &str, extra: &[&str]) -> Run {
     let mut args = vec!["--csv", "heap.csv", "--report-text", "report.txt"];
     args.extend(extra);
-    trace(name, &["alloc"], &quoted(fixture), &args)
+    trace(name, &["alloc"], command, &args)
 }
 
 /// Launched, the target runs with the preloaded library, whose sites take the place of
@@ -1416,11 +1421,10 @@ fn a_threads_last_frees_are_told_at_its_end() {
         ("crash", true),
         ("exec", false),
     ] {
-        let run = trace(
+        let run = alloc_command_run(
             &format!("free-log-{mode}"),
-            &["alloc"],
             &format!("{} {mode}", quoted(&path)),
-            &["--csv", "heap.csv", "--report-text", "report.txt"],
+            &[],
         );
         if crashes {
             assert_eq!(
@@ -1456,12 +1460,7 @@ fn a_free_told_after_its_address_was_reused() {
         return;
     }
     let path = fixtures::c_fixture("free_log");
-    let run = trace(
-        "free-log-cross",
-        &["alloc"],
-        &format!("{} cross", quoted(&path)),
-        &["--csv", "heap.csv", "--report-text", "report.txt"],
-    );
+    let run = alloc_command_run("free-log-cross", &format!("{} cross", quoted(&path)), &[]);
     let rows = read_csv(&run, "heap.csv");
     let sites = check_sites(&run, &rows);
     assert_eq!(sites.len(), 3, "{}", run.stdout);

@@ -492,18 +492,23 @@ static __always_inline void account_alloc(__u64 address, __u64 size, __u64 stack
 	change_live(stats, proc, size);
 }
 
-/* Removes the block at address from the live map into *block; 0 if it was there. */
-static __always_inline int take_live(__u64 address, __u32 pid, struct ct_live_block *block)
+/* Removes the block at address from the live map into *block, for a free
+ * made at freed_ns (~0: now). 0 if it was there; 1 if the address holds a
+ * block born after that free (see tell_frees), or another free of it took
+ * it first (a double free, racing); -1 if no block was there. */
+static __always_inline int take_live(__u64 address, __u32 pid, __u64 freed_ns,
+				     struct ct_live_block *block)
 {
 	struct ct_live_key key = { .address = address, .pid = pid };
 	struct ct_live_block *live = bpf_map_lookup_elem(&alloc_live, &key);
 
 	if (!live)
 		return -1;
+	if (live->born_ns > freed_ns)
+		return 1;
 	*block = *live;
-	/* a concurrent free of the same address (a double free) loses here */
 	if (bpf_map_delete_elem(&alloc_live, &key))
-		return -1;
+		return 1;
 	__u32 *count = live_filter_slot(address);
 	if (count)
 		__sync_fetch_and_sub(count, 1);
@@ -543,17 +548,13 @@ __noinline int tell_frees(__u64 log, __u32 n, __u32 tgid, __u32 probe_id)
 		__u32 *count = live_filter_slot(address);
 		if (count && *count == 0)
 			continue; /* a block left out */
-		struct ct_live_key key = { .address = address, .pid = tgid };
-		struct ct_live_block *live = bpf_map_lookup_elem(&alloc_live, &key);
-		if (live && live->born_ns <= ns) {
-			struct ct_live_block block = *live;
-			if (bpf_map_delete_elem(&alloc_live, &key))
-				continue; /* a double free, racing */
-			if (count)
-				__sync_fetch_and_sub(count, 1);
+		struct ct_live_block block;
+		int taken = take_live(address, tgid, ns, &block);
+		if (taken == 0) {
 			account_free(&block, tgid, ns);
 			continue;
 		}
+		struct ct_live_key key = { .address = address, .pid = tgid };
 		__u64 *reused = bpf_map_lookup_elem(&alloc_reused, &key);
 		if (reused && *reused >= ns) {
 			/* counted freed at the reuse: not a reuse without a free
@@ -565,7 +566,7 @@ __noinline int tell_frees(__u64 log, __u32 n, __u32 tgid, __u32 probe_id)
 				*reuses -= 1;
 			continue;
 		}
-		if (!live)
+		if (taken < 0)
 			count_unknown_free(tgid, probe_id);
 	}
 	return 0;
@@ -696,7 +697,7 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, struct task_struct *
 	call->out = out;
 	call->old = old;
 	call->flags = 0;
-	if (old && take_live(old, tgid, &call->old_block) == 0)
+	if (old && take_live(old, tgid, ~0ULL, &call->old_block) == 0)
 		call->flags = CT_CALL_OLD_KNOWN;
 	/* mmap of a file is no heap: its return is not counted */
 	bool file = kind == CT_ALLOC_MMAP && !(ctx->cx & CT_MAP_ANONYMOUS);
@@ -833,7 +834,7 @@ static __always_inline int free_entry(struct pt_regs *ctx, __u64 address)
 	 * two and three helper calls spared on the way every tracked block goes. */
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct ct_live_block block;
-	if (take_live(address, tgid, &block) == 0) {
+	if (take_live(address, tgid, ~0ULL, &block) == 0) {
 		account_free(&block, tgid, bpf_ktime_get_ns());
 		return 0;
 	}
