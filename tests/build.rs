@@ -1,11 +1,11 @@
 //! Generates pprof's message types for [`pprof`](src/pprof.rs) from the published schema
-//! (the copy in cargo-trace/proto), with prost; protox parses it, so no `protoc`.
+//! (the copy in profile/proto), with prost; protox parses it, so no `protoc`.
 
 fn main() {
-    const PROTO: &str = "../cargo-trace/proto/profile.proto";
+    const PROTO: &str = "../profile/proto/profile.proto";
     println!("cargo:rerun-if-changed={PROTO}");
     let descriptors =
-        protox::compile([PROTO], ["../cargo-trace/proto"]).expect("parsing profile.proto");
+        protox::compile([PROTO], ["../profile/proto"]).expect("parsing profile.proto");
     prost_build::Config::new()
         .compile_fds(descriptors)
         .expect("generating the pprof types");

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::writers::heaptrack::Compression;
-use crate::writers::Format;
+use profile::writers::heaptrack::Compression;
+use profile::writers::Format;
 
 /// Trace a program with eBPF probes, unwinding user stacks in the kernel, and write a flamegraph.
 #[derive(Debug, Parser)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use bpf_prog::{AllocCounter, Loss, TableMap};
 
-use crate::profile::Lost;
+use profile::Lost;
 
 /// One way a run loses information or meets a capacity, as counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

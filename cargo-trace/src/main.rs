@@ -5,7 +5,7 @@
 //! it at its entry point → [`session`] compiles and loads unwind tables for
 //! every executable mapping ([`tables`]), attaches the probes, follows
 //! the children ([`children`]), lets the target run and reads the kernel's
-//! aggregates → [`symbolize`] into a [`profile::Profile`] → [`writers`].
+//! aggregates → [`symbolize`] into a [`profile::Profile`] → [`profile::writers`].
 //! docs/architecture.md has the whole picture.
 
 mod alloc;
@@ -22,13 +22,11 @@ mod limits;
 mod open;
 mod output;
 mod process;
-mod profile;
 mod progress;
 mod session;
 mod signals;
 mod symbolize;
 mod tables;
-mod writers;
 
 use std::process::ExitCode;
 

@@ -27,15 +27,12 @@ use crate::launch::{self, Exit};
 use crate::limits::{self, Limit};
 use crate::output::{self, Destination};
 use crate::process;
-use crate::profile::{
-    HeapPoint, HeapTotals, Metadata, Profile, ProfileBuilder, RawSample, Summary, TimelinePoint,
-    ValueType,
-};
 use crate::progress::{self, Progress};
 use crate::signals;
-use crate::symbolize::{SymbolMapping, Symbolizer};
+use crate::symbolize::{ProfileBuilder, RawSample, SymbolMapping, Symbolizer};
 use crate::tables::{Coverage, ProcessTables};
-use crate::writers::{self, Format, Weighting};
+use profile::writers::{self, Format, Weighting};
+use profile::{HeapPoint, HeapTotals, Metadata, Profile, Summary, TimelinePoint, ValueType};
 
 /// Events that had no user stack to walk, by what they are: not walks, and not losses.
 const NO_USER_STACK: [Loss; 3] = [Loss::Exiting, Loss::KernelThread, Loss::TargetElsewhere];

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use bpf_prog::Tracer;
 
-use crate::profile::HeapPoint;
 use crate::tables::ProcessTables;
+use profile::HeapPoint;
 
 /// How often the timeline takes a point.
 pub const TIMELINE_STEP: Duration = Duration::from_millis(100);

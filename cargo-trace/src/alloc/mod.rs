@@ -20,14 +20,14 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use bpf_prog::{
-    alloc_cookie, AllocCounter, AllocKind, AllocOptions, EventProgram, Tracer, ALLOC_BUCKETS,
-};
+use bpf_prog::{alloc_cookie, AllocCounter, AllocKind, AllocOptions, EventProgram, Tracer};
 use probes::{Attachment, Fire, UprobeTarget};
 
 use crate::limits::{self, Limit};
-use crate::profile::{HeapProcess, HeapTotals, RawSample, SamplingMode, ValueType};
+use crate::symbolize::RawSample;
 use allocators::Allocator;
+use profile::heap::{Metric, OrderBy};
+use profile::{HeapProcess, HeapTotals, SamplingMode, ValueType};
 
 /// The programs an `alloc` probe attaches.
 pub const PROGRAMS: [EventProgram; 5] = [
@@ -161,71 +161,6 @@ impl AllocArgs {
     }
 }
 
-/// What the flamegraph of a heap profile weighs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Metric {
-    /// Allocations.
-    Allocs,
-    /// Bytes allocated.
-    Bytes,
-    /// Blocks still live at the end.
-    LeakedBlocks,
-    /// Bytes still live at the end.
-    LeakedBytes,
-    /// Bytes live when the process's live bytes peaked.
-    PeakBytes,
-    /// Blocks freed soon after their allocation (--temporary-ms).
-    Temporaries,
-}
-
-impl Metric {
-    /// The value type it weighs by.
-    pub fn value_kind(self) -> &'static str {
-        match self {
-            Metric::Allocs => ALLOCS,
-            Metric::Bytes => ALLOC_SPACE,
-            Metric::LeakedBlocks => LEAKED_BLOCKS,
-            Metric::LeakedBytes => LEAKED_BYTES,
-            Metric::PeakBytes => PEAK_BYTES,
-            Metric::Temporaries => TEMPORARIES,
-        }
-    }
-
-    /// How titles name it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Metric::Allocs => "allocations",
-            Metric::Bytes => "bytes allocated",
-            Metric::LeakedBlocks => "blocks leaked",
-            Metric::LeakedBytes => "bytes leaked",
-            Metric::PeakBytes => "bytes live at the peak",
-            Metric::Temporaries => "temporary allocations",
-        }
-    }
-}
-
-/// How the text report orders its stacks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum OrderBy {
-    /// Allocations.
-    Count,
-    /// Bytes allocated.
-    #[default]
-    Bytes,
-    /// Bytes leaked.
-    Leaked,
-}
-
-impl OrderBy {
-    pub fn value_kind(self) -> &'static str {
-        match self {
-            OrderBy::Count => ALLOCS,
-            OrderBy::Bytes => ALLOC_SPACE,
-            OrderBy::Leaked => LEAKED_BYTES,
-        }
-    }
-}
-
 /// `512K`, `1M`, `64` (bytes); K, M and G are powers of 1024. At most 4 GiB.
 fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = match text.char_indices().last() {
@@ -246,55 +181,6 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .and_then(|n| n.checked_mul(unit))
         .filter(|size| (1..=1 << 32).contains(size))
         .ok_or_else(|| format!("'{text}' is not a size from 1 byte to 4G (e.g. 512K)"))
-}
-
-/// The heap's value types, by kind.
-pub const ALLOCS: &str = "allocs";
-pub const ALLOC_SPACE: &str = "alloc_space";
-pub const FREES: &str = "frees";
-pub const FREED_SPACE: &str = "freed_space";
-pub const LEAKED_BLOCKS: &str = "leaked_blocks";
-pub const LEAKED_BYTES: &str = "leaked_bytes";
-pub const TEMPORARIES: &str = "temporaries";
-pub const PEAK_BYTES: &str = "peak_bytes";
-/// The sum of the ages of the blocks leaked, at the end: their mean age is this over
-/// their count.
-pub const LEAKED_AGE: &str = "leaked_age";
-pub const UNTRACKED: &str = "untracked";
-/// `size_bucket_K`: allocations of sizes of bit length K.
-pub const SIZE_BUCKET: &str = "size_bucket_";
-/// `lifetime_bucket_K`: frees of blocks whose lifetime in nanoseconds has bit length K.
-pub const LIFETIME_BUCKET: &str = "lifetime_bucket_";
-
-/// Whether a value type is one bucket of a heap histogram: a value for tables and
-/// reports, not one to draw a flamegraph of.
-pub fn is_bucket(kind: &str) -> bool {
-    kind.starts_with(SIZE_BUCKET) || kind.starts_with(LIFETIME_BUCKET)
-}
-
-/// The value types of a heap sample, in order: counters, then the size histogram's
-/// buckets, then the lifetime histogram's.
-pub fn value_types() -> Vec<ValueType> {
-    let mut types: Vec<ValueType> = [
-        (ALLOCS, "count"),
-        (ALLOC_SPACE, "bytes"),
-        (FREES, "count"),
-        (FREED_SPACE, "bytes"),
-        (LEAKED_BLOCKS, "count"),
-        (LEAKED_BYTES, "bytes"),
-        (TEMPORARIES, "count"),
-        (PEAK_BYTES, "bytes"),
-        (LEAKED_AGE, "microseconds"),
-        (UNTRACKED, "count"),
-    ]
-    .iter()
-    .map(|(kind, unit)| ValueType::new(kind, unit))
-    .collect();
-    types.extend((0..ALLOC_BUCKETS).map(|k| ValueType::new(&format!("{SIZE_BUCKET}{k}"), "count")));
-    types.extend(
-        (0..ALLOC_BUCKETS).map(|k| ValueType::new(&format!("{LIFETIME_BUCKET}{k}"), "count")),
-    );
-    types
 }
 
 /// An `alloc[:ALLOCATOR]` probe.
@@ -394,7 +280,7 @@ pub fn add_samples(
     stopped: SystemTime,
 ) -> Result<HeapTotals> {
     let before = value_types.len();
-    let heap_types = self::value_types();
+    let heap_types = profile::heap::value_types();
     for sample in samples.iter_mut() {
         sample.values.resize(before + heap_types.len(), 0);
     }
@@ -580,21 +466,5 @@ mod tests {
         assert!(AllocProbe::parse("allocate").is_none());
         assert!(AllocProbe::parse("uprobe:libc:malloc").is_none());
         assert!(AllocProbe::parse("alloc:nonsense").unwrap().is_err());
-    }
-
-    #[test]
-    fn every_metric_has_a_value_type() {
-        let kinds: Vec<String> = value_types().into_iter().map(|t| t.kind).collect();
-        for metric in [
-            Metric::Allocs,
-            Metric::Bytes,
-            Metric::LeakedBlocks,
-            Metric::LeakedBytes,
-            Metric::PeakBytes,
-            Metric::Temporaries,
-        ] {
-            assert!(kinds.iter().any(|k| k == metric.value_kind()), "{metric:?}");
-        }
-        assert_eq!(kinds.len(), 10 + 2 * ALLOC_BUCKETS);
     }
 }

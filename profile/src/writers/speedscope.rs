@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use serde_json::json;
 
 use super::Weighting;
-use crate::profile::Profile;
+use crate::Profile;
 
 pub fn write(profile: &Profile, weighting: Weighting, out: &mut dyn Write) -> io::Result<()> {
     let mut frames: Vec<serde_json::Value> = Vec::new();

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use super::{folded, Weighting};
-use crate::profile::Profile;
+use crate::Profile;
 
 /// Writes the flamegraph of `profile` weighed as `weighting` says, titled `title`; the
 /// count name is the weighing value's kind (`samples`, `events`, `bytes`, ...), or `ns`
@@ -44,7 +44,7 @@ pub fn write(
 
 /// What a box's weight is called: `ns` for nanoseconds (CPU or off-CPU time: which one
 /// is the title's and the root's to say), else the value's kind.
-fn count_name(value_type: &crate::profile::ValueType) -> String {
+fn count_name(value_type: &crate::ValueType) -> String {
     if value_type.unit == "nanoseconds" {
         "ns".to_string()
     } else {

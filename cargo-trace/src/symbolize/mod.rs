@@ -11,25 +11,19 @@ use process_image::demangle;
 use bpf_prog::{Frame as StoredFrame, ObjectId};
 
 use crate::elf_symbols::{ElfSymbols, SymbolHit};
-use crate::profile::{Mapping, MappingSource};
 use process_image::{MappedObject, MapsEntry};
+use profile::{Frame, Mapping};
 
-/// One frame of a symbolized stack (an address may expand into several, inlined ones).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Frame {
-    pub function: String,
-    pub file: Option<String>,
-    pub line: Option<u32>,
-}
+mod build;
 
-impl Frame {
-    fn named(function: String) -> Self {
-        Frame {
-            function,
-            file: None,
-            line: None,
-        }
-    }
+pub use build::{ProfileBuilder, RawSample};
+
+/// What the symbolizer knows of a user mapping, for [`profile::Profile::mappings`].
+#[derive(Clone, Debug)]
+pub struct MappingSource {
+    pub mapping: Mapping,
+    /// The file to read its build id from, if any.
+    pub object: Option<PathBuf>,
 }
 
 /// A mapping as it was when the process ran, with the object it came from.
@@ -469,7 +463,11 @@ mod tests {
                 .ends_with("symbolize::tests::a_known_function"),
             "{frames:?}"
         );
-        assert!(last.file.as_deref().unwrap_or("").ends_with("symbolize.rs"));
+        assert!(last
+            .file
+            .as_deref()
+            .unwrap_or("")
+            .ends_with("symbolize/mod.rs"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::UNIX_EPOCH;
 
 use prost::Message;
 
-use crate::profile::{self, Profile};
+use crate::{self as profile, Profile};
 
 /// The generated pprof types.
 pub mod proto {
@@ -228,7 +228,7 @@ impl Encoder {
         }
     }
 
-    fn function(&mut self, frame: &crate::symbolize::Frame) -> u64 {
+    fn function(&mut self, frame: &crate::Frame) -> u64 {
         let key = (frame.function.clone(), frame.file.clone());
         if let Some(&id) = self.function_ids.get(&key) {
             return id;
@@ -252,7 +252,7 @@ impl Encoder {
             return id;
         }
         let id = first_id + self.extra_locations.len() as u64;
-        let function_id = self.function(&crate::symbolize::Frame {
+        let function_id = self.function(&crate::Frame {
             function: name.to_string(),
             file: None,
             line: None,

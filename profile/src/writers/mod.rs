@@ -17,7 +17,7 @@ pub mod svg;
 
 use std::io::{self, Write};
 
-use crate::profile::Profile;
+use crate::Profile;
 
 /// Every output format, each with its writer: the one list the command line and the
 /// session ask.
@@ -90,7 +90,7 @@ pub struct Options {
     /// The flamegraph's title.
     pub title: String,
     /// The order of the heap report's stacks.
-    pub order_by: crate::alloc::OrderBy,
+    pub order_by: crate::heap::OrderBy,
 }
 
 /// Which of a sample's values a writer weighs stacks by, and how frames are named.
@@ -112,9 +112,17 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limits::Limit;
-    use crate::profile::{Location, Mapping, Metadata, Profile, Sample, Summary, ValueType};
-    use crate::symbolize::Frame;
+    use crate::Frame;
+    use crate::{Location, Lost, Mapping, Metadata, Profile, Sample, Summary, ValueType};
+
+    /// A count the collector reports, with the options that raise its limit.
+    pub(crate) fn lost(what: &str, count: u64, raised_by: &'static [&'static str]) -> Lost {
+        Lost {
+            what: what.to_string(),
+            count,
+            raised_by,
+        }
+    }
 
     fn frame(function: &str, file: Option<&str>, line: Option<u32>) -> Frame {
         Frame {
@@ -210,8 +218,8 @@ pub(crate) mod tests {
             summary: Summary {
                 failures: vec![("read fault".to_string(), 2)],
                 losses: vec![
-                    Limit::Loss(bpf_prog::Loss::KnownStacksFull).lost(3),
-                    Limit::Loss(bpf_prog::Loss::HashCollision).lost(1),
+                    lost("known stacks full", 3, &["--max-stacks"]),
+                    lost("hash collision", 1, &[]),
                 ],
                 in_exec: 0,
                 no_user_stack: vec![],
@@ -226,15 +234,15 @@ pub(crate) mod tests {
                 started: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
                 duration: Duration::from_millis(1500),
                 timeline: vec![
-                    crate::profile::TimelinePoint {
+                    crate::TimelinePoint {
                         at: Duration::from_millis(200),
                         walks: 4,
                     },
-                    crate::profile::TimelinePoint {
+                    crate::TimelinePoint {
                         at: Duration::from_millis(400),
                         walks: 9,
                     },
-                    crate::profile::TimelinePoint {
+                    crate::TimelinePoint {
                         at: Duration::from_millis(1500),
                         walks: 11,
                     },
@@ -316,9 +324,9 @@ pub(crate) mod tests {
         let mut complete = profile;
         complete.summary.failures.clear();
         complete.summary.losses = vec![
-            Limit::Loss(bpf_prog::Loss::StackRingFull).lost(4),
-            Limit::Loss(bpf_prog::Loss::CountLost).lost(2),
-            Limit::FileMap.lost(5),
+            lost("stack ring full", 4, &["--ring-buffer-mib"]),
+            lost("count lost", 2, &["--max-counts", "--ring-buffer-mib"]),
+            lost("file map full", 5, &["--max-files"]),
         ];
         complete.summary.in_exec = 3;
         complete.summary.not_the_targets = 1;

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::profile::Profile;
+use crate::Profile;
 
 /// `cargo-trace: N events, M distinct stacks[ from P processes] in T s; ...`: the total
 /// of the count values (events, samples, blocks), the distinct stacks (probe, process and frames), and either

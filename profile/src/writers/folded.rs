@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 
 use super::Weighting;
-use crate::profile::{Profile, Sample};
-use crate::symbolize::Frame;
+use crate::Frame;
+use crate::{Profile, Sample};
 
 /// The profile's stacks folded: `root;...;leaf` → weight, merged over identical lines
 /// (processes are not told apart), sorted by line. With more than one probe, each stack
@@ -193,7 +193,7 @@ fn frame_name(frame: &Frame, line_numbers: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Location;
+    use crate::Location;
 
     #[test]
     fn lines_cut_into_locations_differently_are_one_line() {

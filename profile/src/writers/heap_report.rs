@@ -1,15 +1,15 @@
 //! The heap profile's text report: totals, the top stacks with their size histograms
 //! drawn as bars (as jeprofl draws them), and the top leaks with their mean age.
 //!
-//! It reads the heap value types of the samples (see `crate::alloc::value_types`) and
-//! the profile's [`HeapTotals`](crate::profile::HeapTotals); a profile without them says
+//! It reads the heap value types of the samples (see `crate::heap::value_types`) and
+//! the profile's [`HeapTotals`](crate::HeapTotals); a profile without them says
 //! so in one line.
 
 use std::io::{self, Write};
 
-use crate::alloc::{self, OrderBy};
-use crate::profile::{Profile, Sample};
-use bpf_prog::ALLOC_BUCKETS;
+use crate::heap::BUCKETS as ALLOC_BUCKETS;
+use crate::heap::{self as alloc, OrderBy};
+use crate::{Profile, Sample};
 
 /// Stacks listed in each top list.
 const TOP: usize = 10;
@@ -62,8 +62,8 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
     if heap.processes.len() > 1 {
         let merged = profile.summary.merged_processes;
         for p in &heap.processes {
-            // Their peak is the highest of theirs (see bpf_prog::AllocProcess::peak_bytes).
-            let pid = if p.pid == crate::exited::MERGED_PID && merged > 0 {
+            // Their peak is the highest of theirs (each process's peak, taken when it exited).
+            let pid = if p.pid == crate::MERGED_PID && merged > 0 {
                 format!("0 ({merged} exited processes together)")
             } else {
                 p.pid.to_string()
@@ -91,11 +91,10 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
     for lost in &heap.lost {
         writeln!(out, "note: {}: {}", lost.what, lost.count_and_options())?;
     }
-    if heap
-        .lost
-        .iter()
-        .any(|lost| lost.what == bpf_prog::AllocCounter::LiveMapFull.name())
-    {
+    let untracked = profile
+        .value_index(alloc::UNTRACKED)
+        .is_some_and(|index| profile.total(index) > 0);
+    if untracked {
         writeln!(
             out,
             "note: untracked blocks are counted as allocated, never as freed or leaked"

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use base64::Engine;
 
 use super::{svg, Options, Weighting};
-use crate::profile::Profile;
+use crate::Profile;
 
 /// Rows of the functions table: enough to find anything that matters, few enough to
 /// keep the page quick with 100k stacks.
@@ -145,7 +145,7 @@ fn summary_section(profile: &Profile, html: &mut String) {
     };
     for (index, value_type) in profile.value_types.iter().enumerate() {
         // A heap histogram's buckets are in the CSV output, not here.
-        if crate::alloc::is_bucket(&value_type.kind) {
+        if crate::heap::is_bucket(&value_type.kind) {
             continue;
         }
         row(
@@ -274,7 +274,7 @@ fn heap_section(profile: &Profile, html: &mut String) {
         .max()
         .unwrap_or(0)
         .max(1) as f64;
-    let line = |value: &dyn Fn(&crate::profile::HeapPoint) -> f64| -> String {
+    let line = |value: &dyn Fn(&crate::HeapPoint) -> f64| -> String {
         points
             .iter()
             .map(|p| {
@@ -308,7 +308,7 @@ fn heap_section(profile: &Profile, html: &mut String) {
 
 fn flamegraph_sections(profile: &Profile, options: &Options, html: &mut String) -> io::Result<()> {
     for (index, value_type) in profile.value_types.iter().enumerate() {
-        if crate::alloc::is_bucket(&value_type.kind) {
+        if crate::heap::is_bucket(&value_type.kind) {
             continue;
         }
         let weighting = Weighting {
@@ -401,7 +401,7 @@ mod tests {
 
     #[test]
     fn a_heap_profile_draws_memory_over_time() {
-        use crate::profile::{HeapPoint, HeapTotals};
+        use crate::{HeapPoint, HeapTotals};
         let mut profile = example();
         profile.heap = Some(HeapTotals {
             timeline: (0..5)

@@ -40,8 +40,8 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::alloc;
-use crate::profile::{HeapProcess, Profile, Sample};
+use crate::heap as alloc;
+use crate::{HeapProcess, Profile, Sample};
 use stream::{plan, BlockKey, Event, StackFigures, Step};
 
 /// heaptrack's version (1.4.0) and file format (3: sized strings) the file claims.
@@ -333,7 +333,7 @@ mod tests {
 
     /// A heap profile of the writers' example: its first sample leaks, the others free.
     fn heap_example() -> Profile {
-        use crate::profile::{HeapProcess, HeapTotals};
+        use crate::{HeapProcess, HeapTotals};
         let mut profile = crate::writers::tests::example();
         profile.value_types = alloc::value_types();
         let index = |kind| profile.value_index(kind).unwrap();
@@ -350,10 +350,10 @@ mod tests {
         let width = profile.value_types.len();
         // Heap stacks start at the allocating function's entry.
         let entry = profile.locations.len();
-        profile.locations.push(crate::profile::Location {
+        profile.locations.push(crate::Location {
             address: 0x7fff_f7e0_0200,
             mapping: Some(1),
-            frames: vec![crate::symbolize::Frame {
+            frames: vec![crate::Frame {
                 function: "malloc".into(),
                 file: None,
                 line: None,

@@ -8,7 +8,7 @@ use std::time::UNIX_EPOCH;
 
 use serde_json::{json, Value};
 
-use crate::profile::{Lost, Profile, SamplingMode};
+use crate::{Lost, Profile, SamplingMode};
 
 /// The schema's version: bumped when a field changes meaning or goes away.
 pub const VERSION: u32 = 1;
@@ -198,16 +198,18 @@ mod tests {
 
     #[test]
     fn heap_totals_are_the_reports() {
-        use crate::profile::{HeapProcess, HeapTotals};
+        use crate::{HeapProcess, HeapTotals};
         let mut profile = example();
         // A heap profile of two processes: the totals sum them, the peak is the highest.
-        profile.value_types = crate::alloc::value_types();
+        profile.value_types = crate::heap::value_types();
         let width = profile.value_types.len();
         for (i, sample) in profile.samples.iter_mut().enumerate() {
             sample.values = vec![0; width];
-            sample.values[profile_index(crate::alloc::LEAKED_BLOCKS)] = i as i64;
-            sample.values[profile_index(crate::alloc::TEMPORARIES)] = 2;
+            sample.values[profile_index(crate::heap::LEAKED_BLOCKS)] = i as i64;
+            sample.values[profile_index(crate::heap::TEMPORARIES)] = 2;
         }
+        // The blocks the full live map left untracked.
+        profile.samples[0].values[profile_index(crate::heap::UNTRACKED)] = 4;
         let process = |pid, allocs, peak_bytes| HeapProcess {
             probe: 0,
             pid,
@@ -221,7 +223,11 @@ mod tests {
         };
         profile.heap = Some(HeapTotals {
             processes: vec![process(42, 10, 700), process(43, 5, 900)],
-            lost: vec![crate::limits::Limit::Heap(bpf_prog::AllocCounter::LiveMapFull).lost(4)],
+            lost: vec![crate::writers::tests::lost(
+                "blocks untracked (live map full)",
+                4,
+                &["--max-live-blocks"],
+            )],
             temporary_threshold: std::time::Duration::from_millis(1),
             sampling: Some("1 in 3".into()),
             sampling_mode: Some(SamplingMode::EveryNth(3)),
@@ -247,7 +253,7 @@ mod tests {
         );
         assert_eq!(heap["processes"][1]["peak_live_bytes"], 900);
         let mut report = Vec::new();
-        crate::writers::heap_report::write(&profile, crate::alloc::OrderBy::Bytes, &mut report)
+        crate::writers::heap_report::write(&profile, crate::heap::OrderBy::Bytes, &mut report)
             .unwrap();
         let report = String::from_utf8(report).unwrap();
         assert!(
@@ -265,7 +271,7 @@ mod tests {
     }
 
     fn profile_index(kind: &str) -> usize {
-        crate::alloc::value_types()
+        crate::heap::value_types()
             .iter()
             .position(|t| t.kind == kind)
             .unwrap()

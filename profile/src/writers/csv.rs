@@ -4,7 +4,7 @@
 use std::io::{self, Write};
 
 use super::{folded, Weighting};
-use crate::profile::Profile;
+use crate::Profile;
 
 /// Writes a header (`probe,pid,truncated,stack,` then each value type's kind) and a row
 /// per sample; the stack is folded (`root;...;leaf`).
@@ -39,7 +39,7 @@ pub fn write_timeline(profile: &Profile, out: &mut dyn Write) -> io::Result<()> 
     let Some(heap) = &profile.heap else {
         return Ok(());
     };
-    let mut before: Option<&crate::profile::HeapPoint> = None;
+    let mut before: Option<&crate::HeapPoint> = None;
     for point in &heap.timeline {
         let rate = |now: u64, then: Option<u64>| match before {
             Some(b) if point.at > b.at => {
@@ -89,7 +89,7 @@ mod tests {
 
     #[test]
     fn timeline_rates_are_per_second_since_the_point_before() {
-        use crate::profile::{HeapPoint, HeapTotals};
+        use crate::{HeapPoint, HeapTotals};
         use std::time::Duration;
         let point = |ms, live_bytes, allocs, frees| HeapPoint {
             at: Duration::from_millis(ms),
