@@ -7,12 +7,28 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use cargo_metadata::{Message, TargetKind};
 
-use crate::cli::CargoArgs;
 use crate::invoker;
+
+/// The target to build and how, as cargo-flamegraph's flags select it.
+#[derive(Clone, Debug, Default)]
+pub struct CargoBuild {
+    pub bin: Option<String>,
+    pub example: Option<String>,
+    pub test: Option<String>,
+    pub bench: Option<String>,
+    pub package: Option<String>,
+    /// The cargo profile (release unless `dev` or this).
+    pub profile: Option<String>,
+    pub dev: bool,
+    pub features: Vec<String>,
+    pub all_features: bool,
+    pub no_default_features: bool,
+    pub manifest_path: Option<PathBuf>,
+}
 
 /// Build the selected target (release by default, with debug info so stacks
 /// symbolize) and return the path of its executable.
-pub fn build(args: &CargoArgs) -> Result<PathBuf> {
+pub fn build(args: &CargoBuild) -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command

@@ -5,11 +5,16 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 
+use profile::heap::{Metric, OrderBy};
 use profile::writers::heaptrack::Compression;
 use profile::writers::Format;
+
+use crate::cargo::CargoBuild;
+use crate::settings::{Capacities, HeapSettings, OutputPlan, Settings, TargetSpec};
 
 /// Trace a program with eBPF probes, unwinding user stacks in the kernel, and write a flamegraph.
 #[derive(Debug, Parser)]
@@ -201,7 +206,7 @@ pub struct Cli {
     pub title: Option<String>,
 
     #[command(flatten)]
-    pub alloc: crate::alloc::AllocArgs,
+    pub alloc: AllocArgs,
 
     #[command(flatten)]
     pub cargo: CargoArgs,
@@ -218,6 +223,127 @@ fn parse_ring_mib(text: &str) -> Result<u32, String> {
     } else {
         Err("must be a power of 2 from 1 to 1024".to_string())
     }
+}
+
+/// Heap profiling's command-line options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AllocArgs {
+    /// With `alloc`: what the flamegraph and folded stacks weigh.
+    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
+    pub metric: Metric,
+
+    /// With `alloc`: how the text report orders its top stacks.
+    #[arg(long = "order-by", value_enum, default_value_t = OrderBy::Bytes)]
+    pub order_by: OrderBy,
+
+    /// With `alloc`: write the text report here instead of to stdout.
+    #[arg(long = "report-text", value_name = "PATH")]
+    pub report_text: Option<PathBuf>,
+
+    /// With `alloc`: write one CSV row per stack, with every counter and histogram bucket.
+    #[arg(long = "csv", value_name = "PATH")]
+    pub csv: Option<PathBuf>,
+
+    /// With `alloc`: write memory over time as CSV (every 100 ms: live bytes, allocation and
+    /// free rates, resident memory).
+    #[arg(long = "timeline", value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
+
+    /// With `alloc`: write a heaptrack data file for heaptrack_gui and heaptrack_print,
+    /// zstd-compressed if PATH ends in .zst, gzip if .gz, else plain text (as heaptrack
+    /// reads it). Its event order and timestamps are synthesized from the totals.
+    #[arg(long = "heaptrack", value_name = "PATH")]
+    pub heaptrack: Option<PathBuf>,
+
+    /// With `alloc`: the prefix of the allocator's functions (e.g. `je_`).
+    #[arg(long = "alloc-prefix", value_name = "PREFIX")]
+    pub alloc_prefix: Option<String>,
+
+    /// With `alloc`: live blocks tracked at once; beyond, blocks are counted but not
+    /// tracked (and said so).
+    #[arg(long = "max-live-blocks", value_name = "N", default_value_t = bpf_prog::AllocOptions::default().max_live_blocks)]
+    pub max_live_blocks: u32,
+
+    /// With `alloc`: distinct (stack, process) statistics the kernel keeps (about 950
+    /// bytes each, as they appear; those of processes that exited leave it). Past it, the
+    /// events of a new stack are not counted ("events uncounted (stats map full)" in the
+    /// report).
+    #[arg(long = "max-heap-stacks", value_name = "N", default_value_t = bpf_prog::AllocOptions::default().max_stacks)]
+    pub max_heap_stacks: u32,
+
+    /// With `alloc`: print the top outstanding stacks every interval while the target
+    /// runs (e.g. 5s, 500ms), on stderr.
+    #[arg(long = "interval", value_name = "DURATION", value_parser = parse_interval)]
+    pub interval: Option<Duration>,
+
+    /// With `alloc`: count 1 in N allocating calls, at random; counts and bytes are
+    /// scaled estimates.
+    #[arg(
+        long = "sample-every",
+        value_name = "N",
+        conflicts_with = "sample_bytes"
+    )]
+    pub sample_every: Option<u32>,
+
+    /// With `alloc`: count about one allocation per SIZE bytes allocated (an allocation of
+    /// s bytes with a chance of s/SIZE), e.g. 512K; bytes are unbiased estimates.
+    #[arg(long = "sample-bytes", value_name = "SIZE", value_parser = parse_size)]
+    pub sample_bytes: Option<u64>,
+
+    /// With `alloc`: count only allocations of at least SIZE bytes (e.g. 64, 4K).
+    #[arg(long = "min-size", value_name = "SIZE", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+
+    /// With `alloc`: count only allocations of at most SIZE bytes (e.g. 1M).
+    #[arg(long = "max-size", value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+
+    /// With `alloc`: a block freed within this many milliseconds is a temporary.
+    #[arg(long = "temporary-ms", value_name = "MS", default_value_t = 1.0)]
+    pub temporary_ms: f64,
+
+    /// With `alloc` on a launched target: probe libc's allocator functions themselves
+    /// rather than run the target with cargo-trace's preloaded library (whose probe sites
+    /// cost less per call, but which a process that drops LD_PRELOAD does not load).
+    #[arg(long = "no-preload")]
+    pub no_preload: bool,
+}
+
+/// `512K`, `1M`, `64` (bytes); K, M and G are powers of 1024. At most 4 GiB.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => {
+            let unit = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("'{text}': the unit is K, M or G")),
+            };
+            (&text[..at], unit)
+        }
+        _ => (text, 1),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|size| (1..=1 << 32).contains(size))
+        .ok_or_else(|| format!("'{text}' is not a size from 1 byte to 4G (e.g. 512K)"))
+}
+
+/// `5s`, `500ms`, `2.5` (seconds).
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let (number, unit) = match text.strip_suffix("ms") {
+        Some(number) => (number, 1e-3),
+        None => (text.strip_suffix('s').unwrap_or(text), 1.0),
+    };
+    number
+        .parse::<f64>()
+        .ok()
+        .map(|n| n * unit)
+        .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("'{text}' is not a positive interval (e.g. 5s, 500ms)"))
 }
 
 /// The cargo flags that select and build the target, as cargo-flamegraph takes them.
@@ -261,9 +387,93 @@ pub struct CargoArgs {
     pub manifest_path: Option<PathBuf>,
 }
 
+impl CargoArgs {
+    fn build(&self) -> CargoBuild {
+        CargoBuild {
+            bin: self.bin.clone(),
+            example: self.example.clone(),
+            test: self.test.clone(),
+            bench: self.bench.clone(),
+            package: self.package.clone(),
+            profile: self.profile.clone(),
+            dev: self.dev,
+            features: self.features.clone(),
+            all_features: self.all_features,
+            no_default_features: self.no_default_features,
+            manifest_path: self.manifest_path.clone(),
+        }
+    }
+}
+
 impl Cli {
+    /// The session's settings and what to write: the command line read once.
+    pub fn settings(self) -> Result<(Settings, OutputPlan), String> {
+        let files = self.outputs();
+        let target = match (self.pid, &self.command) {
+            (Some(pid), _) => TargetSpec::Pid(pid),
+            (None, Some(command)) => {
+                let mut argv = shell_words::split(command)
+                    .map_err(|error| format!("cannot split the command '{command}': {error}"))?;
+                argv.extend(self.trailing.iter().cloned());
+                if argv.is_empty() {
+                    return Err("the command given with -c is empty".to_string());
+                }
+                TargetSpec::Command(argv)
+            }
+            (None, None) => TargetSpec::Cargo {
+                build: self.cargo.build(),
+                args: self.trailing.clone(),
+            },
+        };
+        let alloc = &self.alloc;
+        let settings = Settings {
+            probes: self.probes.clone(),
+            target,
+            duration: self.duration,
+            follow_forks: !self.no_follow_forks,
+            unsafe_addresses: self.unsafe_addresses,
+            bpf_stats: self.bpf_stats,
+            quiet: self.quiet,
+            keep_exited: self.keep_exited,
+            min_block_ns: self.min_block_ns,
+            capacities: Capacities {
+                max_stacks: self.max_stacks,
+                max_counts: self.max_counts,
+                max_processes: self.max_processes,
+                max_files: self.max_files,
+                max_off_cpu_threads: self.max_off_cpu_threads,
+                max_table_rows: self.max_table_rows,
+                max_table_pages: self.max_table_pages,
+                max_table_rules: self.max_table_rules,
+                max_tables: self.max_tables,
+                ring_buffer_bytes: self.ring_buffer_mib << 20,
+            },
+            heap: HeapSettings {
+                alloc_prefix: alloc.alloc_prefix.clone(),
+                max_live_blocks: alloc.max_live_blocks,
+                max_stacks: alloc.max_heap_stacks,
+                temporary: Duration::from_secs_f64(alloc.temporary_ms.max(0.0) / 1e3),
+                sample_every: alloc.sample_every.unwrap_or(0),
+                sample_bytes: alloc.sample_bytes.unwrap_or(0),
+                min_size: alloc.min_size.unwrap_or(0),
+                max_size: alloc.max_size.unwrap_or(0),
+                interval: alloc.interval,
+                preload: !alloc.no_preload,
+            },
+        };
+        let plan = OutputPlan {
+            files,
+            metric: alloc.metric,
+            order_by: alloc.order_by,
+            title: self.title,
+            line_numbers: self.line_numbers,
+            open: self.open,
+        };
+        Ok((settings, plan))
+    }
+
     /// Every file to write, in the order they are written.
-    pub fn outputs(&self) -> Vec<(Format, PathBuf)> {
+    fn outputs(&self) -> Vec<(Format, PathBuf)> {
         let mut outputs = Vec::new();
         if !self.no_svg {
             outputs.push((Format::Svg, self.output.clone()));
@@ -406,6 +616,25 @@ pub fn normalize_args(mut args: Vec<OsString>) -> Vec<OsString> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("64"), Ok(64));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("5G").is_err());
+        assert!(parse_size("3X").is_err());
+    }
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_interval("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("2.5"), Ok(Duration::from_millis(2500)));
+        assert!(parse_interval("0").is_err());
+        assert!(parse_interval("soon").is_err());
+    }
+
     fn parse(words: &[&str]) -> Cli {
         let args = words.iter().map(OsString::from).collect();
         Cli::try_parse_from(normalize_args(args)).expect("parses")
@@ -448,7 +677,8 @@ mod tests {
             (5_000_000, 3_000_000, 256)
         );
         assert_eq!((cli.max_files, cli.alloc.max_heap_stacks), (1, 200_000));
-        assert_eq!(cli.alloc.options().max_stacks, 200_000);
+        let (settings, _) = cli.settings().unwrap();
+        assert_eq!(settings.heap.max_stacks, 200_000);
         for bad in ["3", "0", "2048", "x"] {
             let args = ["cargo-trace", "--ring-buffer-mib", bad].map(OsString::from);
             assert!(Cli::try_parse_from(args).is_err(), "{bad}");

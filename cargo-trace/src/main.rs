@@ -10,20 +10,21 @@
 
 mod alloc;
 mod cargo;
-mod children;
 mod cli;
+mod collect;
 mod diff;
 mod elf_symbols;
-mod exited;
 mod guard;
 mod invoker;
 mod launch;
 mod limits;
 mod open;
 mod output;
+mod probe;
 mod process;
 mod progress;
 mod session;
+mod settings;
 mod signals;
 mod symbolize;
 mod tables;
@@ -52,7 +53,10 @@ fn main() -> ExitCode {
         }
     };
     probes::libbpf_log(cli.verbose);
-    finish(session::run(&cli))
+    match cli.settings() {
+        Ok((settings, plan)) => finish(session::run(settings, plan)),
+        Err(error) => finish(Err(anyhow::anyhow!(error))),
+    }
 }
 
 /// The exit code of a run: the one it chose, or 2 after an error, said in one line.

@@ -1,7 +1,12 @@
-//! Keeps the BPF program's view of a process's code in step with the process:
-//! one unwind table per distinct object (compiled once, or read from the
-//! build-id cache), the pid's executable mappings with their load biases, and
-//! the same mappings for the symbolizer, which runs after the process is gone.
+//! Keeps a collector's view of a process's code in step with the process: one unwind
+//! table per distinct object (compiled once, or read from the build-id cache), the pid's
+//! executable mappings with their load biases, and the same mappings for the symbolizer,
+//! which runs after the process is gone.
+//!
+//! Where the tables go is a [`TableStore`]'s business (the BPF maps; the memory the
+//! preloaded library walks with): this module decides what is registered, and gives
+//! every object the id under which frames in it are kept ([`ObjectId`]), the same
+//! for every collector.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -12,13 +17,79 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bpf_prog::{FileMapping, Loss, Mapping, ObjectId, TableId, Tracer};
 use unwind_tables::cache::{Cache, Outcome};
 use unwind_tables::CompactTable;
 
 use crate::limits::{self, Limit};
 use crate::symbolize::{MappedNames, SymbolMapping, Symbolizer};
 use process_image::{MappedObject, MapsEntry};
+
+/// An object's id: frames in it are kept as its ELF addresses under this id, the same
+/// code in every process (1 up to [`ObjectId::MAX`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(u16);
+
+impl ObjectId {
+    /// The largest id: what a BPF frame word has room for.
+    pub const MAX: u32 = (1 << 15) - 1;
+
+    /// The id `index` (1 up to [`ObjectId::MAX`]), `None` outside that range.
+    pub fn new(index: u32) -> Option<ObjectId> {
+        (index > 0 && index <= Self::MAX).then_some(ObjectId(index as u16))
+    }
+
+    pub fn index(self) -> u32 {
+        u32::from(self.0)
+    }
+}
+
+/// A store's handle of a table it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TableRef(pub u32);
+
+/// A mapping as registered with a store: where it is, its load bias, the object's
+/// table and id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registered {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    /// `None`: executable with no table (a pc there ends a walk with "no row").
+    pub table: Option<TableRef>,
+    pub object: Option<ObjectId>,
+}
+
+/// A file mapped at an offset, as the kernel names it: (device as the kernel numbers
+/// it, inode, file offset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u64,
+    pub inode: u64,
+    pub offset: u64,
+}
+
+/// Why a store did not take something.
+#[derive(Debug)]
+pub enum StoreError {
+    /// No room: `limit` says which and what raises it; `message` explains.
+    Full {
+        limit: Limit,
+        message: String,
+    },
+    Other(anyhow::Error),
+}
+
+/// Where tables and mappings go: the BPF maps, or the memory the preloaded library
+/// walks with.
+pub trait TableStore {
+    /// Takes the table of a newly seen object.
+    fn add_table(&mut self, table: &CompactTable) -> Result<TableRef, StoreError>;
+    /// Registers `pid`'s mappings, replacing what was registered for it.
+    fn set_mappings(&mut self, pid: u32, mappings: &[Registered]) -> Result<(), StoreError>;
+    /// Says where a file is mapped, so code a process runs there before its own
+    /// mappings are registered can be walked; `Ok(false)`: no room (counted).
+    fn add_file_mapping(&mut self, file: FileKey, mapping: &Registered) -> Result<bool>;
+}
 
 /// What the process's objects are, as far as the unwinder is concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -39,7 +110,7 @@ pub struct Coverage {
 /// (`/proc/self/fd/N` of a descriptor the session holds, for files).
 #[derive(Clone, Debug)]
 struct LoadedObject {
-    table: Option<TableId>,
+    table: Option<TableRef>,
     symbols: Option<PathBuf>,
     /// Its id, under which the walker stores the frames in it (none past
     /// [`ObjectId::MAX`] objects: their frames are stored as runtime addresses).
@@ -114,8 +185,8 @@ impl ProcessTables {
     }
 
     /// Reads `pid`'s executable mappings and, if they changed since the last call,
-    /// loads tables for new objects and registers the mappings with the tracer.
-    pub fn sync(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
+    /// loads tables for new objects and registers the mappings with `store`.
+    pub fn sync(&mut self, store: &mut dyn TableStore, pid: u32) -> Result<()> {
         let mut mappings = process_image::executable_mappings(pid)
             .with_context(|| format!("reading the mappings of process {pid}"))?;
         if self.registered.get(&pid) == Some(&mappings) {
@@ -123,23 +194,23 @@ impl ProcessTables {
         }
         // The program holds a bounded number of mappings; anonymous code has no table
         // anyway, so it is the first to go when a process has too many.
-        if mappings.len() > bpf_prog::MAX_MAPPINGS {
+        if mappings.len() > MAX_MAPPINGS {
             mappings.retain(|m| !matches!(m.object(), MappedObject::Anonymous(_)));
-            mappings.truncate(bpf_prog::MAX_MAPPINGS);
+            mappings.truncate(MAX_MAPPINGS);
             self.count_once(Limit::MappingsPerProcess, pid);
         }
         let mut registered = Vec::with_capacity(mappings.len());
         for mapping in &mappings {
-            let (object, bias) = self.load(tracer, pid, mapping);
+            let (object, bias) = self.load(store, pid, mapping);
             let id = bias.and(object.id);
-            let registering = Mapping {
+            let registering = Registered {
                 start: mapping.start,
                 end: mapping.end,
                 bias: bias.unwrap_or(0),
                 table: bias.and(object.table),
                 object: id,
             };
-            self.announce_file(tracer, mapping, &registering);
+            self.announce_file(store, mapping, &registering);
             registered.push(registering);
             let names = self.intern(MappedNames::of(mapping, object.symbols));
             let symbol_mapping = SymbolMapping::with_names(mapping, bias.unwrap_or(0), names);
@@ -148,13 +219,17 @@ impl ProcessTables {
             }
             self.remember(pid, symbol_mapping);
         }
-        if let Err(error) = tracer.set_mappings(pid, &registered) {
+        match store.set_mappings(pid, &registered) {
+            Ok(()) => {}
             // Tried again at the next sync, once another process gave its entry back.
-            if error.is_map_full() {
-                self.count_once(Limit::Loss(Loss::ProcsFull), pid);
+            Err(StoreError::Full { limit, message }) => {
+                self.count_once(limit, pid);
+                anyhow::bail!("registering the mappings of process {pid}: {message}");
             }
-            return Err(error)
-                .with_context(|| format!("registering the mappings of process {pid}"));
+            Err(StoreError::Other(error)) => {
+                return Err(error)
+                    .with_context(|| format!("registering the mappings of process {pid}"))
+            }
         }
         self.registered.insert(pid, mappings);
         Ok(())
@@ -215,7 +290,12 @@ impl ProcessTables {
     /// offset: another process mapping it there is walked through it even before its
     /// own mappings are registered (ld.so runs a library's code before that). A map of
     /// files with no room leaves such code unwalked ("no mapping"), and is counted.
-    fn announce_file(&mut self, tracer: &Tracer, mapping: &MapsEntry, registering: &Mapping) {
+    fn announce_file(
+        &mut self,
+        store: &mut dyn TableStore,
+        mapping: &MapsEntry,
+        registering: &Registered,
+    ) {
         let (Some(id), MappedObject::File(path), Some(dev)) =
             (registering.object, mapping.object(), mapping.kernel_dev())
         else {
@@ -225,12 +305,12 @@ impl ProcessTables {
             .announced
             .insert((dev, mapping.inode, mapping.offset, id))
         {
-            let file = FileMapping {
+            let file = FileKey {
                 dev,
                 inode: mapping.inode,
                 offset: mapping.offset,
             };
-            match tracer.add_file_mapping(file, registering) {
+            match store.add_file_mapping(file, registering) {
                 Ok(true) => {}
                 Ok(false) => limits::count(&mut self.coverage.limits, Limit::FileMap),
                 Err(error) if !self.announce_failed => {
@@ -240,7 +320,7 @@ impl ProcessTables {
                          ({:#}): code a process runs there before its mappings are \
                          registered ends walks",
                         path.display(),
-                        anyhow::Error::new(error)
+                        error
                     );
                 }
                 Err(_) => {}
@@ -297,7 +377,7 @@ impl ProcessTables {
     /// mapping's load bias, if the object is an ELF file we could read.
     fn load(
         &mut self,
-        tracer: &mut Tracer,
+        store: &mut dyn TableStore,
         pid: u32,
         mapping: &MapsEntry,
     ) -> (LoadedObject, Option<u64>) {
@@ -312,7 +392,7 @@ impl ProcessTables {
                 self.note_without_table(label, "anonymous memory (JIT code has no .eh_frame)");
                 (none, None)
             }
-            MappedObject::Vdso => match self.load_vdso(tracer, pid, mapping) {
+            MappedObject::Vdso => match self.load_vdso(store, pid, mapping) {
                 Ok(loaded) => loaded,
                 Err(error) => {
                     self.note_without_table("[vdso]", &format!("{error:#}"));
@@ -351,7 +431,7 @@ impl ProcessTables {
                 if let Some(object) = self.objects.get(&key) {
                     return (object.clone(), bias);
                 }
-                let table = match self.compile_file(tracer, &readable) {
+                let table = match self.compile_file(store, &readable) {
                     Ok(table) => Some(table),
                     Err(error) => {
                         self.note_without_table(&path.display().to_string(), &format!("{error:#}"));
@@ -379,7 +459,7 @@ impl ProcessTables {
         }
     }
 
-    fn compile_file(&mut self, tracer: &mut Tracer, path: &Path) -> Result<TableId> {
+    fn compile_file(&mut self, store: &mut dyn TableStore, path: &Path) -> Result<TableRef> {
         let object = match &self.cache {
             Some(cache) => {
                 let loaded = cache.load_or_compile(path)?;
@@ -400,23 +480,18 @@ impl ProcessTables {
             }
             None => unwind_tables::compile_file(path)?,
         };
-        self.add_table(tracer, &object.table)
+        self.add_table(store, &object.table)
     }
 
-    /// Loads `table` into the table maps; one that does not fit is counted by map, and
-    /// the error names the option that raises the map.
-    fn add_table(&mut self, tracer: &mut Tracer, table: &CompactTable) -> Result<TableId> {
-        let id = tracer.add_table(table).map_err(|error| match error {
-            bpf_prog::Error::MapFull { map, needed, free } => {
-                let limit = Limit::Table(map);
+    /// Gives `table` to the store; one that does not fit is counted by limit, and the
+    /// error names the option that raises it.
+    fn add_table(&mut self, store: &mut dyn TableStore, table: &CompactTable) -> Result<TableRef> {
+        let id = store.add_table(table).map_err(|error| match error {
+            StoreError::Full { limit, message } => {
                 limits::count(&mut self.coverage.limits, limit);
-                anyhow::anyhow!(
-                    "the kernel's unwind-table {map} map is full: this table needs {needed} \
-                     entries, {free} are free (raise {})",
-                    limit.raised_by().join(" or ")
-                )
+                anyhow::anyhow!("{message}")
             }
-            other => other.into(),
+            StoreError::Other(error) => error,
         })?;
         self.coverage.objects += 1;
         Ok(id)
@@ -427,7 +502,7 @@ impl ProcessTables {
     /// so nothing anyone could plant a link for, and nothing left behind.
     fn load_vdso(
         &mut self,
-        tracer: &mut Tracer,
+        store: &mut dyn TableStore,
         pid: u32,
         mapping: &MapsEntry,
     ) -> Result<(LoadedObject, Option<u64>)> {
@@ -440,7 +515,7 @@ impl ProcessTables {
             return Ok((object.clone(), bias));
         }
         let compiled = unwind_tables::compile(&image)?;
-        let table = self.add_table(tracer, &compiled.table)?;
+        let table = self.add_table(store, &compiled.table)?;
         let symbols = match in_memory_file(&image) {
             Ok(file) => {
                 let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
@@ -466,6 +541,10 @@ impl ProcessTables {
         }
     }
 }
+
+/// Executable mappings a process can have registered (the BPF walker's `CT_MAX_MAPPINGS`):
+/// past it, anonymous code goes first, then the highest.
+pub const MAX_MAPPINGS: usize = 512;
 
 /// What tells a file apart from others that had its inode number before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -9,15 +9,16 @@ use profile::{
 };
 
 use super::{MappingSource, Symbolizer};
+use crate::collect::UserFrame;
 
-/// A stack as the kernel counted it, before symbolization.
+/// A stack as a collector counted it, with its values, before symbolization.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawSample {
     pub probe: usize,
     pub pid: u32,
-    /// User frames as the walker stored them ([`bpf_prog::Frame`]), innermost first;
-    /// `user[0]` is the pc of the event, the others return addresses.
-    pub user: Vec<u64>,
+    /// User frames, innermost first; `user[0]` is the pc of the event, the others
+    /// return addresses.
+    pub user: Vec<UserFrame>,
     pub truncated: Option<String>,
     /// Kernel addresses, innermost first.
     pub kernel: Vec<u64>,
@@ -28,9 +29,9 @@ pub struct RawSample {
 pub struct ProfileBuilder<'a> {
     symbolizer: &'a mut Symbolizer,
     profile: Profile,
-    /// (pid, frame as stored, is return address) → location; pid 0 for the frames
-    /// stored as objects' addresses, the same in every process.
-    user_locations: HashMap<(u32, u64, bool), LocationId>,
+    /// (pid, frame, is return address) → location; pid 0 for the frames that are
+    /// objects' addresses, the same in every process.
+    user_locations: HashMap<(u32, UserFrame, bool), LocationId>,
     kernel_locations: HashMap<u64, LocationId>,
     kernel_frames: HashMap<u64, Frame>,
     mappings: HashMap<Mapping, MappingId>,
@@ -130,7 +131,7 @@ impl<'a> ProfileBuilder<'a> {
         Some(id)
     }
 
-    fn user_location(&mut self, pid: u32, frame: u64, is_return_address: bool) -> LocationId {
+    fn user_location(&mut self, pid: u32, frame: UserFrame, is_return_address: bool) -> LocationId {
         // A frame stored as an object's address is one location for every process.
         let owner = if Symbolizer::is_process_independent(frame) {
             0
@@ -211,7 +212,7 @@ mod tests {
         let raw = RawSample {
             probe: 0,
             pid: 1,
-            user: vec![0x1000, 0x2000],
+            user: vec![UserFrame::Runtime(0x1000), UserFrame::Runtime(0x2000)],
             truncated: None,
             kernel: vec![],
             values: vec![2],

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use object::Object;
 use process_image::demangle;
 
-use bpf_prog::{Frame as StoredFrame, ObjectId};
-
+use crate::collect::UserFrame;
 use crate::elf_symbols::{ElfSymbols, SymbolHit};
+use crate::tables::ObjectId;
 use process_image::{MappedObject, MapsEntry};
 use profile::{Frame, Mapping};
 
@@ -97,11 +97,11 @@ enum Place {
 }
 
 impl Place {
-    /// The place and address of `frame` (as the walker stored it) of process `pid`.
-    fn of(pid: u32, frame: u64) -> (Place, u64) {
-        match StoredFrame::from_raw(frame) {
-            StoredFrame::InObject { object, address } => (Place::Object(object), address),
-            StoredFrame::Runtime(address) => (Place::Process(pid), address),
+    /// The place and address of `frame` of process `pid`.
+    fn of(pid: u32, frame: UserFrame) -> (Place, u64) {
+        match frame {
+            UserFrame::InObject { object, address } => (Place::Object(object), address),
+            UserFrame::Runtime(address) => (Place::Process(pid), address),
         }
     }
 }
@@ -155,10 +155,9 @@ impl Symbolizer {
         self.object_mappings.extend(objects);
     }
 
-    /// Frames for user frame `frame` of `pid` (as the walker stored it: see
-    /// [`bpf_prog::Frame`]), outermost inline frame first. `is_return_address`: the
+    /// Frames for user frame `frame` of `pid`, outermost inline frame first. `is_return_address`: the
     /// address was read from the stack, so the call is at the address - 1.
-    pub fn user(&mut self, pid: u32, frame: u64, is_return_address: bool) -> Vec<Frame> {
+    pub fn user(&mut self, pid: u32, frame: UserFrame, is_return_address: bool) -> Vec<Frame> {
         let (place, pc) = Place::of(pid, frame);
         let key = (place, pc, is_return_address);
         if let Some(frames) = self.cache.get(&key) {
@@ -169,15 +168,15 @@ impl Symbolizer {
         frames
     }
 
-    /// Whether user frame `frame` (as the walker stored it) names the same code in
+    /// Whether user frame `frame` names the same code in
     /// every process: a frame stored as an object's address does.
-    pub fn is_process_independent(frame: u64) -> bool {
-        matches!(StoredFrame::from_raw(frame), StoredFrame::InObject { .. })
+    pub fn is_process_independent(frame: UserFrame) -> bool {
+        matches!(frame, UserFrame::InObject { .. })
     }
 
     /// The runtime address of user frame `frame` of `pid`: a frame stored as an
     /// object's address is placed in the mappings that symbolize it.
-    pub fn runtime_address(&self, pid: u32, frame: u64) -> u64 {
+    pub fn runtime_address(&self, pid: u32, frame: UserFrame) -> u64 {
         let (place, address) = Place::of(pid, frame);
         match place {
             Place::Process(_) => address,
@@ -201,7 +200,7 @@ impl Symbolizer {
     }
 
     /// The mapping holding user frame `frame` of `pid`, for a profile's mappings.
-    pub fn mapping_source(&self, pid: u32, frame: u64) -> Option<MappingSource> {
+    pub fn mapping_source(&self, pid: u32, frame: UserFrame) -> Option<MappingSource> {
         let (place, address) = Place::of(pid, frame);
         let (mapping, _) = self.mapping_at(place, address)?;
         Some(MappingSource {
@@ -476,7 +475,11 @@ mod tests {
         let mut symbolizer = Symbolizer::new();
         symbolizer.add_process(pid, own_mappings());
         assert_eq!(a_known_function(), 7);
-        let frames = symbolizer.user(pid, a_known_function as *const () as u64, false);
+        let frames = symbolizer.user(
+            pid,
+            UserFrame::Runtime(a_known_function as *const () as u64),
+            false,
+        );
         assert_names_the_known_function(&frames);
     }
 
@@ -492,21 +495,20 @@ mod tests {
             .unwrap()
             .bias;
         let object = ObjectId::new(3).unwrap();
-        let frame = StoredFrame::InObject {
+        let frame = UserFrame::InObject {
             object,
             address: runtime - bias,
-        }
-        .to_raw();
+        };
         let mut symbolizer = Symbolizer::new();
         symbolizer.add_objects(HashMap::from([(object, mappings)]));
         assert_names_the_known_function(&symbolizer.user(12345, frame, false));
         assert_eq!(symbolizer.runtime_address(12345, frame), runtime);
-        let other = StoredFrame::InObject {
+        let other = UserFrame::InObject {
             object: ObjectId::new(4).unwrap(),
             address: 0x1234,
         };
         assert_eq!(
-            symbolizer.user(1, other.to_raw(), false)[0].function,
+            symbolizer.user(1, other, false)[0].function,
             "[unknown object 4+0x1234]"
         );
     }
@@ -514,7 +516,7 @@ mod tests {
     #[test]
     fn unknown_addresses_say_so() {
         let mut symbolizer = Symbolizer::new();
-        let frames = symbolizer.user(1, 0x1234, true);
+        let frames = symbolizer.user(1, UserFrame::Runtime(0x1234), true);
         assert_eq!(frames[0].function, "[unknown] 0x1234");
     }
 }

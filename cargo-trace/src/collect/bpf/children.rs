@@ -18,6 +18,7 @@ use bpf_prog::Tracer;
 use libbpf_rs::RingBuffer;
 use probes::{Attachment, Fire, ProbeSpec};
 
+use super::store::KernelTables;
 use crate::tables::ProcessTables;
 
 /// Where ld.so tells debuggers that its link map changed.
@@ -68,15 +69,15 @@ impl Children {
     /// continues it.
     pub fn register_started(
         &self,
-        tracer: &mut Tracer,
+        store: &mut KernelTables<'_>,
         tables: &mut ProcessTables,
-        mut registered: impl FnMut(&mut Tracer, u32),
+        mut registered: impl FnMut(&Tracer, u32),
     ) {
         for pid in self.started.borrow_mut().drain(..) {
             tables.forget(pid);
             // The process may be gone already: nothing to register then.
-            let _ = tables.sync(tracer, pid);
-            registered(tracer, pid);
+            let _ = tables.sync(store, pid);
+            registered(store.tracer, pid);
             resume(pid);
         }
     }

@@ -7,10 +7,11 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use bpf_prog::Tracer;
 
 use crate::tables::ProcessTables;
 use profile::HeapPoint;
+
+use crate::collect::{Collector, HeapNow};
 
 /// How often the timeline takes a point.
 pub const TIMELINE_STEP: Duration = Duration::from_millis(100);
@@ -35,15 +36,15 @@ impl HeapWatch {
     }
 
     /// Takes a timeline point and prints the live view when they are due.
-    pub fn tick(&mut self, tracer: &Tracer, tables: &ProcessTables) {
+    pub fn tick(&mut self, collectors: &[Box<dyn Collector>], tables: &ProcessTables) {
         if Instant::now() >= self.next_point {
             self.next_point += TIMELINE_STEP;
-            if let Ok(point) = self.point(tracer) {
+            if let Some(point) = self.point(collectors) {
                 self.timeline.push(point);
             }
         }
         if let Some(view) = &mut self.view {
-            view.tick(tracer, tables);
+            view.tick(collectors, tables);
         }
     }
 
@@ -53,24 +54,32 @@ impl HeapWatch {
     }
 
     /// The timeline so far, with a last point as of now.
-    pub fn finish(mut self, tracer: &Tracer) -> Vec<HeapPoint> {
-        if let Ok(point) = self.point(tracer) {
+    pub fn finish(mut self, collectors: &[Box<dyn Collector>]) -> Vec<HeapPoint> {
+        if let Some(point) = self.point(collectors) {
             self.timeline.push(point);
         }
         self.timeline
     }
 
     /// Every traced process's live bytes and calls so far, and their resident memory.
-    fn point(&self, tracer: &Tracer) -> Result<HeapPoint> {
-        let processes = tracer.alloc_processes()?;
-        let mut pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
-        pids.dedup();
-        Ok(HeapPoint {
+    fn point(&self, collectors: &[Box<dyn Collector>]) -> Option<HeapPoint> {
+        let mut now = HeapNow::default();
+        let mut any = false;
+        for heap in collectors.iter().filter_map(|c| c.heap_now()) {
+            any = true;
+            now.live_bytes += heap.live_bytes;
+            now.allocs += heap.allocs;
+            now.frees += heap.frees;
+            now.pids.extend(heap.pids);
+        }
+        now.pids.sort_unstable();
+        now.pids.dedup();
+        any.then(|| HeapPoint {
             at: self.started.elapsed(),
-            live_bytes: processes.iter().map(|p| p.live_bytes).sum(),
-            allocs: processes.iter().map(|p| p.allocs).sum(),
-            frees: processes.iter().map(|p| p.frees).sum(),
-            rss_bytes: pids.iter().filter_map(|&pid| rss_bytes(pid)).sum(),
+            live_bytes: now.live_bytes,
+            allocs: now.allocs,
+            frees: now.frees,
+            rss_bytes: now.pids.iter().filter_map(|&pid| rss_bytes(pid)).sum(),
         })
     }
 }
@@ -107,23 +116,31 @@ impl LiveView {
 
     /// Prints the view if an interval passed since the last one. A failure to read the
     /// maps is said and tracing goes on.
-    pub fn tick(&mut self, tracer: &Tracer, tables: &ProcessTables) {
+    pub fn tick(&mut self, collectors: &[Box<dyn Collector>], tables: &ProcessTables) {
         if self.last.elapsed() < self.interval {
             return;
         }
         self.last = Instant::now();
         let mut err = std::io::stderr().lock();
-        if let Err(error) = self.print(tracer, tables, &mut err) {
+        if let Err(error) = self.print(collectors, tables, &mut err) {
             let _ = writeln!(err, "cargo-trace: live view: {error:#}");
         }
     }
 
-    fn print(&self, tracer: &Tracer, tables: &ProcessTables, out: &mut dyn Write) -> Result<()> {
-        let mut stats = tracer.alloc_stats()?;
-        stats.retain(|(_, s)| s.live_bytes > 0);
-        stats.sort_by_key(|(_, s)| std::cmp::Reverse(s.live_bytes));
-        let blocks: u64 = stats.iter().map(|(_, s)| s.live_blocks()).sum();
-        let bytes: i64 = stats.iter().map(|(_, s)| s.live_bytes).sum();
+    fn print(
+        &self,
+        collectors: &[Box<dyn Collector>],
+        tables: &ProcessTables,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        let mut stats = Vec::new();
+        for collector in collectors {
+            stats.extend(collector.heap_live()?);
+        }
+        stats.retain(|count| count.stats.live_bytes > 0);
+        stats.sort_by_key(|count| std::cmp::Reverse(count.stats.live_bytes));
+        let blocks: u64 = stats.iter().map(|count| count.stats.live_blocks).sum();
+        let bytes: i64 = stats.iter().map(|count| count.stats.live_bytes).sum();
         writeln!(
             out,
             "cargo-trace: live at {:.1} s: {blocks} blocks, {bytes} B outstanding (allocated \
@@ -131,11 +148,14 @@ impl LiveView {
             self.started.elapsed().as_secs_f64()
         )?;
         let mut symbolizer = tables.symbolizer();
-        for (rank, (key, stats)) in stats.iter().take(TOP).enumerate() {
-            let (pcs, _) = crate::session::user_stack(tracer, key.stack)?;
+        for (rank, count) in stats.iter().take(TOP).enumerate() {
             let mut names: Vec<String> = Vec::new();
-            for (depth, &pc) in pcs.iter().enumerate() {
-                for frame in symbolizer.user(key.pid, pc, depth > 0).into_iter().rev() {
+            for (depth, &frame) in count.user.frames.iter().enumerate() {
+                for frame in symbolizer
+                    .user(count.pid, frame, depth > 0)
+                    .into_iter()
+                    .rev()
+                {
                     if names.last() != Some(&frame.function) {
                         names.push(frame.function);
                     }
@@ -149,41 +169,12 @@ impl LiveView {
                 out,
                 "  #{:<2} {:>8} blocks {:>12} B  pid {}  {}",
                 rank + 1,
-                stats.live_blocks(),
-                stats.live_bytes,
-                key.pid,
+                count.stats.live_blocks,
+                count.stats.live_bytes,
+                count.pid,
                 names.join(" <- ")
             )?;
         }
         Ok(())
-    }
-}
-
-/// `5s`, `500ms`, `2.5` (seconds).
-pub fn parse_interval(text: &str) -> Result<Duration, String> {
-    let (number, unit) = match text.strip_suffix("ms") {
-        Some(number) => (number, 1e-3),
-        None => (text.strip_suffix('s').unwrap_or(text), 1.0),
-    };
-    number
-        .parse::<f64>()
-        .ok()
-        .map(|n| n * unit)
-        .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("'{text}' is not a positive interval (e.g. 5s, 500ms)"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn intervals() {
-        assert_eq!(parse_interval("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_interval("2.5"), Ok(Duration::from_millis(2500)));
-        assert!(parse_interval("0").is_err());
-        assert!(parse_interval("soon").is_err());
     }
 }

@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bpf_prog::Tracer;
-
-/// The pid the counters of the exited processes past `--keep-exited` are counted under.
-pub const MERGED_PID: u32 = 0;
+use profile::MERGED_PID;
 
 /// A pass over the kernel's counters costs a read of the whole map: at most one in
 /// this long, and at most one in ten times the last pass's own time.

@@ -1,0 +1,422 @@
+//! The BPF collector: the programs of `bpf-prog` walk stacks in the kernel at every
+//! event of the session's probes (and the heap probes' calls), count them there, and
+//! hand their counts and stacks to the session through [`Collector`].
+//!
+//! It owns what only it needs: the loaded programs ([`Tracer`]), the links of the
+//! attached probes and those waiting for a library ([`attach`]), the following of the
+//! target's children ([`children`]), the processes that exited ([`exited`]), the guard
+//! that resumes held processes should cargo-trace die, and, for a launched heap target,
+//! the preloaded library whose sites its heap programs probe.
+
+mod attach;
+mod children;
+mod exited;
+mod read;
+mod store;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bpf_prog::{AllocOptions, EventProgram, Options, TableId, Tracer};
+use probes::Attachment;
+
+use crate::alloc::preload::{self, Preload};
+use crate::collect::{Collected, Collector, HeapCount, HeapNow, Target, When};
+use crate::guard::Guard;
+use crate::probe::{event_program, Probe, ProbeKind};
+use crate::process;
+use crate::settings::{HeapSettings, Settings};
+use crate::tables::ProcessTables;
+use attach::{AttachPlan, Pending, UprobeScope};
+use children::Children;
+use exited::ExitedProcesses;
+use store::KernelTables;
+
+/// How often the traced processes' mappings are re-read (libraries opened with dlopen).
+const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The BPF programs, what they are attached to and what they count.
+pub struct BpfCollector {
+    probes: Vec<Probe>,
+    heap: HeapSettings,
+    follow: bool,
+    /// The launched target's or the attached process's pid, once attached.
+    target: Option<u32>,
+    /// Links and children before the tracer: they reference its programs.
+    links: Vec<Attachment>,
+    /// Probes on a library no traced process maps yet (one to be dlopened).
+    pending: Option<Pending>,
+    children: Option<Children>,
+    exited: ExitedProcesses,
+    keep_exited: usize,
+    /// The tables the kernel holds, by the session's handles.
+    kernel_tables: Vec<TableId>,
+    tracer: Tracer,
+    plan: AttachPlan,
+    /// Resumes the processes held stopped, should cargo-trace die without doing so.
+    guard: Option<Guard>,
+    /// The heap profiler's preloaded library, when the target is launched with it, and
+    /// the processes that ran without it.
+    preload: Option<(Preload, preload::Missing)>,
+    /// BPF run-time statistics, enabled for the session (`--bpf-stats`).
+    stats: Option<std::os::fd::OwnedFd>,
+    bpf_stats: bool,
+    /// Processes traced at the last refresh.
+    processes: usize,
+    last_refresh: Instant,
+}
+
+impl BpfCollector {
+    /// Loads the programs the probes need (the verifier runs now) and forks the guard.
+    /// `launching`: the target will be launched (not attached with `-p`).
+    pub fn load(settings: &Settings, probes: Vec<Probe>, launching: bool) -> Result<BpfCollector> {
+        let follow = settings.follow_forks;
+        let preload = match launching && wants_preload(&probes, &settings.heap) {
+            true => Some(Preload::write()?),
+            false => None,
+        };
+        let heap_probes = probes.iter().filter(|p| p.is_heap()).count();
+        let heap_probes = u32::try_from(heap_probes.max(1)).unwrap_or(u32::MAX);
+        let capacities = &settings.capacities;
+        let options = Options {
+            // The kernel fires bound uprobes in the traced processes only; the program
+            // still keeps the processes it follows (those past a full pid filter are
+            // not).
+            filter_uprobes: follow,
+            programs: programs_for(&probes, preload.is_some()),
+            // The heap's totals are per process and alloc probe.
+            alloc: AllocOptions {
+                max_processes: capacities.max_processes.saturating_mul(heap_probes),
+                ..alloc_options(&settings.heap)
+            },
+            max_stacks: capacities.max_stacks,
+            max_counts: capacities.max_counts,
+            max_rows: capacities.max_table_rows,
+            max_pages: capacities.max_table_pages,
+            max_rules: capacities.max_table_rules,
+            max_tables: capacities.max_tables,
+            record_ring_bytes: capacities.ring_buffer_bytes,
+            max_procs: capacities.max_processes,
+            max_filtered_pids: capacities.max_processes,
+            max_files: capacities.max_files,
+            off_cpu_min_block_ns: settings.min_block_ns,
+            max_off_cpu_threads: capacities.max_off_cpu_threads,
+            ..Options::default()
+        };
+        let tracer = Tracer::load(&options).map_err(|error| {
+            let needs_root = error.is_permission_denied();
+            let error = anyhow::Error::new(error);
+            if needs_root {
+                error.context("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON)")
+            } else {
+                error
+            }
+        })?;
+        // After the load, which says first when there are no privileges for any of it.
+        let scope = UprobeScope::new(follow);
+        // Before anything can be stopped: resumes what is, should cargo-trace die.
+        let guard = Guard::spawn(tracer.pid_filter_fd(), scope.removal())
+            .context("starting the guard process")?;
+        Ok(BpfCollector {
+            probes,
+            heap: settings.heap.clone(),
+            follow,
+            target: None,
+            links: Vec::new(),
+            pending: None,
+            children: None,
+            exited: ExitedProcesses::new(settings.keep_exited, 0),
+            keep_exited: settings.keep_exited,
+            kernel_tables: Vec::new(),
+            tracer,
+            plan: AttachPlan {
+                scope,
+                unsafe_addresses: settings.unsafe_addresses,
+            },
+            guard: Some(guard),
+            preload: preload.map(|preload| (preload, preload::Missing::default())),
+            stats: None,
+            bpf_stats: settings.bpf_stats,
+            processes: 1,
+            last_refresh: Instant::now(),
+        })
+    }
+
+    /// The kernel's maps as a store of tables.
+    fn store<'a>(tracer: &'a mut Tracer, kernel_tables: &'a mut Vec<TableId>) -> KernelTables<'a> {
+        KernelTables {
+            tracer,
+            tables: kernel_tables,
+        }
+    }
+
+    /// Registers the mappings of processes that joined the filter (children the
+    /// program followed) or exec'd since, re-reads every traced process's mappings
+    /// (dlopen) and forgets those that exited.
+    fn track_processes(&mut self, tables: &mut ProcessTables) {
+        let mut traced = 0;
+        let mut exited = Vec::new();
+        for pid in self.tracer.filtered_pids() {
+            let known = tables.knows(pid);
+            if !process::alive(pid) {
+                exited.push(pid);
+                continue;
+            }
+            traced += 1;
+            if known && !self.tracer.has_mappings(pid) {
+                // It exec'd: the program dropped the old image's mappings.
+                tables.forget(pid);
+            }
+            // The process may be exiting: a failed read is not an error.
+            let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
+            let _ = tables.sync(&mut store, pid);
+        }
+        for pid in exited {
+            // Its filter and mappings entries are freed; its counts leave the kernel.
+            let _ = self.tracer.unfilter_pid(pid);
+            let _ = self.tracer.remove_process(pid);
+            let apart = self.exited.exited(pid);
+            tables.release(pid, apart);
+        }
+        self.exited.retire(&self.tracer, false);
+        self.processes = traced;
+    }
+}
+
+impl Collector for BpfCollector {
+    fn environment(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        match &self.preload {
+            Some((preload, _)) => {
+                preload.environment(std::env::var_os("LD_PRELOAD"), !self.heap.sampling())
+            }
+            None => Vec::new(),
+        }
+    }
+
+    fn attach(&mut self, target: Target, tables: &mut ProcessTables) -> Result<()> {
+        let pid = target.pid;
+        self.target = Some(pid);
+        self.exited = ExitedProcesses::new(self.keep_exited, pid);
+        let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
+        tables.sync(&mut store, pid)?;
+        self.tracer
+            .filter_pid(pid)
+            .context("adding the target to the event filter")?;
+        let preload = self.preload.as_ref().map(|(preload, _)| preload);
+        let (links, pending) = attach::attach_all(
+            &self.tracer,
+            &self.probes,
+            &self.heap,
+            pid,
+            &self.plan,
+            preload,
+        )?;
+        self.links = links;
+        self.pending = Some(pending);
+        if self.follow {
+            let targets = [pid];
+            let fire = self.plan.scope.fire(pid, &targets);
+            self.children = Some(Children::follow(&self.tracer, pid, !target.launched, fire)?);
+        }
+        Ok(())
+    }
+
+    fn start(&mut self) -> Result<()> {
+        if self.bpf_stats {
+            self.stats = Some(
+                bpf_prog::enable_run_time_stats().context("enabling BPF run-time statistics")?,
+            );
+        }
+        self.tracer.set_interval_target(self.target);
+        self.tracer.start_free_logs();
+        Ok(())
+    }
+
+    fn poll(&mut self, tables: &mut ProcessTables, timeout: Duration) {
+        // New stacks reach userspace through a ring buffer: drained at every wake-up so
+        // that a burst of them finds it empty. A failure here loses nothing: the records
+        // stay for the next drain.
+        let _ = self.tracer.drain_records();
+        match &self.children {
+            // Wakes up as soon as a child stops at its start.
+            Some(children) => {
+                children.poll(timeout);
+                let (links, pending, probes, preload) = (
+                    &mut self.links,
+                    &mut self.pending,
+                    &self.probes,
+                    &mut self.preload,
+                );
+                let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
+                children.register_started(&mut store, tables, |tracer, pid| {
+                    if let Some(pending) = pending {
+                        pending.attach_in(tracer, probes, pid, links);
+                    }
+                    if let Some((preload, missing)) = preload {
+                        missing.check(preload, pid);
+                    }
+                });
+            }
+            None => std::thread::sleep(timeout),
+        }
+        // Not at every wake-up: a child that execs reports itself (above), and one that
+        // only forked walks with its parent's mappings meanwhile; reading the whole
+        // filter map is a system call per process.
+        if self.last_refresh.elapsed() >= REFRESH_INTERVAL {
+            self.last_refresh = Instant::now();
+            self.track_processes(tables);
+            if let Some(pending) = self.pending.as_mut().filter(|p| !p.is_empty()) {
+                for pid in self.tracer.filtered_pids() {
+                    pending.attach_in(&self.tracer, &self.probes, pid, &mut self.links);
+                }
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        // An interval counts no more, though its timer runs until the links are
+        // detached (which can take seconds with many probes).
+        self.tracer.set_interval_target(None);
+    }
+
+    fn stop(&mut self) {
+        if let Some(warning) = self.preload.as_ref().and_then(|(_, m)| m.warning()) {
+            eprintln!("cargo-trace: warning: {warning}");
+        }
+        // Teardown in order: no probe fires and no child stops any more, every child
+        // held stopped is resumed; only then is the guard told it has nothing to do.
+        probes::detach(std::mem::take(&mut self.links), |count| {
+            eprintln!("cargo-trace: detaching {count} probes...")
+        });
+        self.children = None;
+        if let Some(guard) = self.guard.take() {
+            guard.dismiss();
+        }
+    }
+
+    fn collected(&mut self, tables: &mut ProcessTables, when: When) -> Result<Collected> {
+        let _ = tables;
+        // Every exited process under the pid it is counted under.
+        self.exited.retire(&self.tracer, true);
+        let mut collected = read::collected(&self.tracer, &self.probes, &self.heap)?;
+        collected.merged_processes = self.exited.merged();
+        if when == When::Final {
+            if let Some((lost, error)) = self.tracer.storage_failure() {
+                collected.warnings.push(format!(
+                    "{lost} stacks or counters of exited processes could not be written to \
+                     the stack storage's file ({error}): their stacks show as lost, their \
+                     counts are missing"
+                ));
+            }
+        }
+        Ok(collected)
+    }
+
+    fn walks_so_far(&self) -> Option<(u64, u64)> {
+        let walks = self.tracer.walk_ends().ok()?;
+        Some((
+            walks.total(),
+            walks.failures().map(|(_, count)| count).sum(),
+        ))
+    }
+
+    fn processes(&self) -> usize {
+        self.processes
+    }
+
+    fn still_running(&self, target: u32) -> Vec<u32> {
+        process::still_running(self.tracer.filtered_pids(), target)
+    }
+
+    fn heap_now(&self) -> Option<HeapNow> {
+        if !self.probes.iter().any(Probe::is_heap) {
+            return None;
+        }
+        let processes = self.tracer.alloc_processes().ok()?;
+        let mut pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+        pids.dedup();
+        Some(HeapNow {
+            live_bytes: processes.iter().map(|p| p.live_bytes).sum(),
+            allocs: processes.iter().map(|p| p.allocs).sum(),
+            frees: processes.iter().map(|p| p.frees).sum(),
+            pids,
+        })
+    }
+
+    fn heap_live(&self) -> Result<Vec<HeapCount>> {
+        read::heap_stacks(&self.tracer)
+    }
+
+    fn cost_report(&self) -> Result<Vec<String>> {
+        if self.stats.is_none() {
+            return Ok(Vec::new());
+        }
+        let stats = self
+            .tracer
+            .program_stats()
+            .context("reading BPF statistics")?;
+        let mut programs: Vec<_> = stats.iter().filter(|(_, s)| s.run_count > 0).collect();
+        programs.sort_by_key(|(name, _)| *name);
+        let mut lines: Vec<String> = programs
+            .into_iter()
+            .map(|(name, s)| {
+                format!(
+                    "bpf {name}: {} runs, {} ns per run",
+                    s.run_count,
+                    s.run_time_ns / s.run_count
+                )
+            })
+            .collect();
+        let walks = self
+            .tracer
+            .walk_ends()
+            .context("reading the walk counters")?
+            .total();
+        let answered = self
+            .tracer
+            .memo_hits()
+            .context("reading the walk memo's counter")?;
+        lines.push(format!("walk memo: {answered} of {walks} walks answered"));
+        Ok(lines)
+    }
+}
+
+/// The heap programs' settings.
+fn alloc_options(heap: &HeapSettings) -> AllocOptions {
+    AllocOptions {
+        max_live_blocks: heap.max_live_blocks,
+        max_stacks: heap.max_stacks,
+        temporary_ns: u64::try_from(heap.temporary.as_nanos()).unwrap_or(u64::MAX),
+        sample_every: heap.sample_every,
+        sample_bytes: heap.sample_bytes,
+        min_size: heap.min_size,
+        max_size: heap.max_size,
+        ..AllocOptions::default()
+    }
+}
+
+/// The event programs the probes attach (the others are not loaded: the verifier's time
+/// is most of a session's start). `preload`: with the preloaded library's programs.
+fn programs_for(probes: &[Probe], preload: bool) -> std::collections::BTreeSet<EventProgram> {
+    probes
+        .iter()
+        .flat_map(|probe| match &probe.kind {
+            ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
+            ProbeKind::Heap(_) if preload => [
+                &crate::alloc::PROGRAMS[..],
+                &crate::alloc::preload_programs()[..],
+            ]
+            .concat(),
+            ProbeKind::Heap(_) => crate::alloc::PROGRAMS.to_vec(),
+        })
+        .collect()
+}
+
+/// Whether a launched target runs with the preloaded library: a heap probe would take
+/// its sites for libc's functions.
+fn wants_preload(probes: &[Probe], heap: &HeapSettings) -> bool {
+    probes.iter().any(|probe| match &probe.kind {
+        ProbeKind::Heap(alloc) => alloc.wants_preload(heap),
+        ProbeKind::Event(_) => false,
+    })
+}

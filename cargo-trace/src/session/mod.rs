@@ -1,0 +1,115 @@
+//! One tracing session, from settings to files.
+//!
+//! [`run`] parses the probes, checks the outputs, and walks the three phases
+//! ([`phases`]): `Prepared` (collectors loaded, target launched and held at its entry
+//! point or found with `-p`, collectors attached), `Running` (the target runs; the
+//! collectors are polled; SIGUSR1 writes every output as of then), `Finished`
+//! (collectors stopped). What they collected is symbolized into one [`Profile`]
+//! ([`profile_of`]), which the writers turn into files ([`outputs`]).
+//!
+//! Which collector counts what ([`crate::collect`]) is decided here, once: the BPF
+//! collector takes every probe.
+
+mod heap_watch;
+mod outputs;
+mod phases;
+mod profile_of;
+pub mod values;
+
+use anyhow::{bail, Context, Result};
+use profile::writers::{self, Format};
+
+use crate::collect::bpf::BpfCollector;
+use crate::collect::Collector;
+use crate::probe::{self, Probe};
+use crate::settings::{OutputPlan, Settings, TargetSpec};
+use phases::Prepared;
+
+/// Runs the whole session and returns the exit code to leave with.
+pub fn run(settings: Settings, plan: OutputPlan) -> Result<i32> {
+    let probes = probe::parse_all(&settings.probes)?;
+    if plan.wants_heaptrack() && !probes.iter().any(Probe::is_heap) {
+        bail!(
+            "--heaptrack writes a heap profile: trace with the alloc probe (cargo trace alloc ...)"
+        );
+    }
+    // Checked before anything runs: a bad path must not cost the run.
+    let destinations = outputs::open(&plan)?;
+    if let TargetSpec::Pid(pid) = settings.target {
+        crate::process::check_attachable(pid)?;
+    }
+    let argv = command_line(&settings.target)?;
+    let collectors = collectors(&settings, &probes, argv.is_some())?;
+    let running = Prepared::new(&settings, probes, collectors, argv)?.start(settings.quiet)?;
+    let mut finished = running.wait(settings.duration, &settings.heap, &mut |profile| {
+        // SIGUSR1: every output as of now; the session carries on.
+        let argv = profile.metadata.command.as_deref();
+        let written = outputs::write(&plan, &destinations, profile, argv);
+        if let Some(line) = written.summary() {
+            eprintln!(
+                "{line} (as of {:.1} s, on SIGUSR1)",
+                profile.metadata.duration.as_secs_f64()
+            );
+        }
+    })?;
+    let profile = finished.profile(&settings.heap)?;
+    let written = outputs::write(&plan, &destinations, &profile, finished.argv());
+    if profile.heap.is_some() && plan.heap_report_to_stdout() {
+        let mut stdout = std::io::stdout().lock();
+        writers::heap_report::write(&profile, plan.order_by, &mut stdout)
+            .context("writing the heap report")?;
+    }
+    eprintln!("{}", writers::summary::line(&profile));
+    for note in writers::summary::notes(&profile) {
+        eprintln!("{note}");
+    }
+    for line in finished.cost_report()? {
+        eprintln!("cargo-trace: {line}");
+    }
+    if let Some(line) = written.summary() {
+        eprintln!("{line}");
+    }
+    for pid in finished.untraced() {
+        eprintln!("cargo-trace: process {pid} still running, untraced");
+    }
+    if plan.open {
+        // The report if there is one, else the flamegraph, if it was written.
+        let viewable = [Format::Html, Format::Svg]
+            .into_iter()
+            .filter_map(|wanted| destinations.iter().find(|(format, _)| *format == wanted))
+            .map(|(_, destination)| destination.path())
+            .find(|path| written.contains(path));
+        if let Some(path) = viewable {
+            if let Err(reason) = crate::open::open(path) {
+                eprintln!("cargo-trace: {reason}");
+            }
+        }
+    }
+    let (code, fate) = finished.announce_exit();
+    written.check(&fate)?;
+    Ok(code)
+}
+
+/// The collectors of the session's probes.
+fn collectors(
+    settings: &Settings,
+    probes: &[Probe],
+    launching: bool,
+) -> Result<Vec<Box<dyn Collector>>> {
+    let bpf = BpfCollector::load(settings, probes.to_vec(), launching)?;
+    Ok(vec![Box::new(bpf)])
+}
+
+/// The command to launch: `-c` as split, or the binary cargo builds; `None` with `-p`.
+fn command_line(target: &TargetSpec) -> Result<Option<Vec<String>>> {
+    Ok(match target {
+        TargetSpec::Command(argv) => Some(argv.clone()),
+        TargetSpec::Cargo { build, args } => {
+            let executable = crate::cargo::build(build)?;
+            let mut argv = vec![executable.display().to_string()];
+            argv.extend(args.iter().cloned());
+            Some(argv)
+        }
+        TargetSpec::Pid(_) => None,
+    })
+}
