@@ -14,6 +14,7 @@ mod cli;
 mod collect;
 mod diff;
 mod elf_symbols;
+mod frame;
 mod guard;
 mod invoker;
 mod launch;

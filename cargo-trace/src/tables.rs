@@ -20,28 +20,10 @@ use anyhow::{Context, Result};
 use unwind_tables::cache::{Cache, Outcome};
 use unwind_tables::CompactTable;
 
+use crate::frame::ObjectId;
 use crate::limits::{self, Limit};
 use crate::symbolize::{MappedNames, SymbolMapping, Symbolizer};
 use process_image::{MappedObject, MapsEntry};
-
-/// An object's id: frames in it are kept as its ELF addresses under this id, the same
-/// code in every process (1 up to [`ObjectId::MAX`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectId(u16);
-
-impl ObjectId {
-    /// The largest id: what a BPF frame word has room for.
-    pub const MAX: u32 = (1 << 15) - 1;
-
-    /// The id `index` (1 up to [`ObjectId::MAX`]), `None` outside that range.
-    pub fn new(index: u32) -> Option<ObjectId> {
-        (index > 0 && index <= Self::MAX).then_some(ObjectId(index as u16))
-    }
-
-    pub fn index(self) -> u32 {
-        u32::from(self.0)
-    }
-}
 
 /// A store's handle of a table it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -3,151 +3,23 @@
 //!
 //! Every function returns libbpf links: dropping a link detaches the program.
 
-use std::fs;
-use std::io;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
-use std::path::PathBuf;
-
 use libbpf_rs::{
-    KprobeOpts, Link, PerfEventOpts, ProgramMut, ProgramType, RawTracepointOpts,
-    TracepointCategory, TracepointOpts, UprobeOpts,
+    KprobeOpts, Link, ProgramMut, ProgramType, RawTracepointOpts, TracepointCategory,
+    TracepointOpts, UprobeOpts,
 };
 
 use crate::bound::{attach_bound_uprobe, BoundUprobe, UprobeGroup};
+use crate::error::{AttachError, Error};
 use crate::features::kprobe_support;
 use crate::notice::Notice;
+use crate::perf::{
+    attach_perf_fd, online_cpus, open_perf_events_per_cpu, perf_open_error, PerfEventKind,
+};
 use crate::resolve::{resolve_uprobe_with, resolve_usdt, ResolveOptions, UprobeTarget};
-use crate::spec::{HardwareEvent, KprobeSpec, ProbeSpec, Rate, Sampling, SoftwareEvent};
+use crate::spec::{KprobeSpec, ProbeSpec, Rate, Sampling, SoftwareEvent};
 use crate::sys;
 use crate::tracefs::{check_tracepoint, ensure_tracefs, expand_tracepoints};
 use crate::wildcard::has_wildcard;
-
-/// Why attaching failed. One line each, saying what to do where something can be done.
-#[derive(Debug, thiserror::Error)]
-pub enum AttachError {
-    #[error(
-        "kprobes are not available on this kernel (CONFIG_KPROBES is not set); try a tracepoint"
-    )]
-    KprobesUnavailable,
-    #[error(
-        "kprobe events are not available on this kernel (CONFIG_KPROBE_EVENTS is not set); \
-         try a tracepoint"
-    )]
-    KprobeEventsUnavailable,
-    #[error(
-        "hardware perf events are not available on this machine (no PMU, e.g. in a VM); \
-         try software:cpu-clock or profile:hz"
-    )]
-    HardwareUnavailable { event: HardwareEvent },
-    #[error(
-        "no tracepoint {category}:{name}{}; see {}/available_events",
-        suggestion.as_ref().map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(),
-        root.display()
-    )]
-    NoTracepoint {
-        category: String,
-        name: String,
-        root: PathBuf,
-        suggestion: Option<String>,
-    },
-    #[error(
-        "no raw tracepoint {name}; raw tracepoints are named as tracepoints without their \
-         category (e.g. sched_switch)"
-    )]
-    NoRawTracepoint { name: String },
-    #[error("tracefs is not available: {reason}; mount it with: mount -t tracefs nodev /sys/kernel/tracing")]
-    Tracefs { reason: String },
-    #[error("cannot open a {event} perf event on CPU {cpu}{hint}")]
-    PerfEventOpen {
-        event: String,
-        cpu: i32,
-        #[source]
-        source: io::Error,
-        hint: String,
-    },
-    #[error("cannot read the online CPUs from /sys/devices/system/cpu/online: {reason}")]
-    OnlineCpus { reason: String },
-    #[error(
-        "the kernel refuses {probe}: its uprobes cannot run the instruction there (ENOTSUPP; \
-         many AVX instructions are refused); probe another instruction"
-    )]
-    InstructionRefused { probe: String },
-    #[error("attaching {probe} failed{}", libbpf_hint(source))]
-    Libbpf {
-        probe: String,
-        #[source]
-        source: libbpf_rs::Error,
-    },
-    #[error("program '{program}' is of type {found}, but {probe} needs {expected}")]
-    WrongProgramType {
-        program: String,
-        found: String,
-        probe: String,
-        expected: &'static str,
-    },
-    #[error("{what} are not supported yet")]
-    Unsupported { what: String },
-    #[error("cannot define the uprobe event '{command}' in tracefs: {source}")]
-    UprobeEvent {
-        command: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error(
-        "cannot attach {probe}: the processes it is for ({}) are gone",
-        list_pids(processes)
-    )]
-    ProcessesGone { probe: String, processes: Vec<u32> },
-}
-
-fn list_pids(pids: &[u32]) -> String {
-    pids.iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn libbpf_hint(error: &libbpf_rs::Error) -> &'static str {
-    match error.kind() {
-        libbpf_rs::ErrorKind::PermissionDenied => "; this needs root, or CAP_BPF and CAP_PERFMON",
-        _ => "",
-    }
-}
-
-/// Any error of the crate, for callers that go from a spec string to links.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Parse(#[from] crate::ParseError),
-    #[error(transparent)]
-    Resolve(#[from] crate::ResolveError),
-    #[error(transparent)]
-    Attach(#[from] AttachError),
-}
-
-/// A perf event to sample on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PerfEventKind {
-    Software(SoftwareEvent),
-    Hardware(HardwareEvent),
-}
-
-impl PerfEventKind {
-    fn type_and_config(self) -> (u32, u64) {
-        use perf_event_open_sys::bindings::{PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE};
-        match self {
-            PerfEventKind::Software(e) => (PERF_TYPE_SOFTWARE, e.config()),
-            PerfEventKind::Hardware(e) => (PERF_TYPE_HARDWARE, e.config()),
-        }
-    }
-
-    fn name(self) -> String {
-        match self {
-            PerfEventKind::Software(e) => format!("software:{e}"),
-            PerfEventKind::Hardware(e) => format!("hardware:{e}"),
-        }
-    }
-}
 
 fn check_program(
     prog: &ProgramMut<'_>,
@@ -314,119 +186,6 @@ pub fn attach_uprobe(
             }
         }
     })
-}
-
-/// The online CPUs, from `/sys/devices/system/cpu/online`.
-pub fn online_cpus() -> Result<Vec<u32>, AttachError> {
-    let text = fs::read_to_string("/sys/devices/system/cpu/online").map_err(|e| {
-        AttachError::OnlineCpus {
-            reason: e.to_string(),
-        }
-    })?;
-    parse_cpu_list(&text).ok_or_else(|| AttachError::OnlineCpus {
-        reason: format!("cannot parse '{}'", text.trim()),
-    })
-}
-
-/// Parses a kernel CPU list such as `0-3,5,7-8`.
-pub(crate) fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((first, last)) => {
-                let (first, last): (u32, u32) = (first.parse().ok()?, last.parse().ok()?);
-                if first > last {
-                    return None;
-                }
-                cpus.extend(first..=last);
-            }
-            None => cpus.push(part.parse().ok()?),
-        }
-    }
-    (!cpus.is_empty()).then_some(cpus)
-}
-
-fn perf_open_error(
-    event: PerfEventKind,
-    sampling: Sampling,
-    cpu: i32,
-    source: io::Error,
-) -> AttachError {
-    let errno = source.raw_os_error().unwrap_or(0);
-    if let PerfEventKind::Hardware(event) = event {
-        if errno == libc::ENOENT || errno == libc::EOPNOTSUPP {
-            return AttachError::HardwareUnavailable { event };
-        }
-    }
-    let hint = match (errno, sampling) {
-        (libc::EACCES | libc::EPERM, _) => {
-            let paranoid = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "unknown".into());
-            format!(
-                "; system-wide perf events need root or CAP_PERFMON \
-                 (kernel.perf_event_paranoid is {paranoid})"
-            )
-        }
-        (libc::EINVAL, Sampling::Frequency(hz)) => {
-            match fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-            {
-                Some(max) if hz > max => {
-                    format!("; {hz} Hz is above kernel.perf_event_max_sample_rate ({max})")
-                }
-                _ => String::new(),
-            }
-        }
-        _ => String::new(),
-    };
-    AttachError::PerfEventOpen {
-        event: event.name(),
-        cpu,
-        source,
-        hint,
-    }
-}
-
-/// Opens `event` on each online CPU, system-wide (pid -1): the BPF program sees every
-/// sample on the machine and filters by process itself. Events start disabled; they are
-/// enabled when a program is attached.
-pub fn open_perf_events_per_cpu(
-    event: PerfEventKind,
-    sampling: Sampling,
-) -> Result<Vec<(u32, OwnedFd)>, AttachError> {
-    let (type_, config) = event.type_and_config();
-    online_cpus()?
-        .into_iter()
-        .map(|cpu| {
-            sys::perf_event_open(type_, config, sampling, -1, cpu as i32)
-                .map(|fd| (cpu, fd))
-                .map_err(|e| perf_open_error(event, sampling, cpu as i32, e))
-        })
-        .collect()
-}
-
-pub(crate) fn attach_perf_fd(
-    prog: &ProgramMut<'_>,
-    fd: OwnedFd,
-    cookie: u64,
-    probe: impl FnOnce() -> String,
-) -> Result<Link, AttachError> {
-    let opts = PerfEventOpts {
-        cookie,
-        ..Default::default()
-    };
-    let link = prog
-        .attach_perf_event_with_opts(fd.as_raw_fd(), opts)
-        .map_err(|source| AttachError::Libbpf {
-            probe: probe(),
-            source,
-        })?;
-    // The link owns the descriptor now: libbpf closes it on detach. (On failure it
-    // does not, and `fd` closes it above.)
-    let _ = fd.into_raw_fd();
-    Ok(link)
 }
 
 /// Samples `event` on every online CPU and runs a perf_event program on each sample:
@@ -723,25 +482,4 @@ fn not_mapped(spec: &ProbeSpec, targets: &[UprobeTarget], pid: Option<u32>) -> V
         }
     }
     notices
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
-        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
-        assert_eq!(parse_cpu_list("0-2,4,6-7"), Some(vec![0, 1, 2, 4, 6, 7]));
-        assert_eq!(parse_cpu_list(""), None);
-        assert_eq!(parse_cpu_list("3-1"), None);
-        assert_eq!(parse_cpu_list("x"), None);
-    }
-
-    #[test]
-    fn online_cpus_are_listed() {
-        let cpus = online_cpus().unwrap();
-        assert!(!cpus.is_empty());
-    }
 }

@@ -37,7 +37,8 @@ use std::time::Duration;
 
 use libbpf_rs::{Link, ProgramMut};
 
-use crate::attach::{attach_perf_fd, AttachError};
+use crate::error::AttachError;
+use crate::perf::attach_perf_fd;
 use crate::resolve::UprobeTarget;
 use crate::sys;
 use crate::tracefs::ensure_tracefs;

@@ -9,7 +9,7 @@ use object::elf::{self, FileHeader64};
 use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
 use object::Endianness;
 
-use crate::resolve::ResolveError;
+use crate::error::ResolveError;
 
 /// A function symbol (STT_FUNC, STT_GNU_IFUNC, or an untyped symbol in code).
 #[derive(Clone, Debug)]

@@ -8,7 +8,8 @@ use std::path::Path;
 
 use libbpf_rs::ProgramType;
 
-use crate::attach::{online_cpus, AttachError};
+use crate::error::AttachError;
+use crate::perf::online_cpus;
 use crate::spec::Sampling;
 use crate::sys;
 use crate::tracefs::tracefs_root;
@@ -224,7 +225,7 @@ fn perf_cpu_clock_support() -> Result<(), String> {
 /// Whether hardware perf events can be opened: fails with
 /// [`AttachError::HardwareUnavailable`] where there is no PMU.
 pub fn hardware_support() -> Result<(), AttachError> {
-    use crate::attach::{open_perf_events_per_cpu, PerfEventKind};
+    use crate::perf::{open_perf_events_per_cpu, PerfEventKind};
     use crate::spec::HardwareEvent;
     let event = HardwareEvent::CpuCycles;
     open_perf_events_per_cpu(

@@ -60,11 +60,13 @@ mod attach;
 pub mod bound;
 mod detach;
 mod elf;
+mod error;
 mod features;
 mod instructions;
 mod libbpf_log;
 mod maps;
 mod notice;
+mod perf;
 mod resolve;
 mod spec;
 mod suggest;
@@ -77,18 +79,19 @@ mod wildcard;
 pub use attach::{
     attach_interval, attach_kprobe, attach_perf_event_per_cpu, attach_probe, attach_probe_for,
     attach_probe_with, attach_profile, attach_raw_tracepoint, attach_tracepoint, attach_uprobe,
-    attach_uprobe_in, attach_uprobes_in, online_cpus, open_perf_events_per_cpu, AttachError,
-    AttachOptions, Attached, Attachment, Error, Fire, PerfEventKind,
+    attach_uprobe_in, attach_uprobes_in, AttachOptions, Attached, Attachment, Fire,
 };
 pub use bound::{BoundUprobe, UprobeGroup};
 pub use detach::detach;
+pub use error::{AttachError, Error, ResolveError};
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
 pub use instructions::HazardKind;
 pub use libbpf_log::libbpf_log;
 pub use notice::Notice;
+pub use perf::{online_cpus, open_perf_events_per_cpu, PerfEventKind};
 pub use resolve::{
     cheaper_entries, resolve_binary, resolve_uprobe, resolve_uprobe_with, resolve_usdt,
-    CheaperEntry, ResolveError, ResolveOptions, UprobeTarget,
+    CheaperEntry, ResolveOptions, UprobeTarget,
 };
 pub use spec::{
     parse, split_list, HardwareEvent, KprobeSpec, Lang, ParseError, ProbeSpec, ProgramKind, Rate,

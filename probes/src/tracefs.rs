@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::attach::AttachError;
+use crate::error::AttachError;
 use crate::suggest::closest;
 use crate::sys;
 use crate::wildcard::matches;

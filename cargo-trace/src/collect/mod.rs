@@ -29,17 +29,9 @@ use std::time::Duration;
 
 use profile::{HeapProcess, Lost};
 
-use crate::tables::{ObjectId, ProcessTables};
+use crate::tables::ProcessTables;
 
-/// A user frame as a collector found it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UserFrame {
-    /// An ELF address in an object the session's tables gave an id: the same code in
-    /// every process that maps it, wherever it was placed.
-    InObject { object: ObjectId, address: u64 },
-    /// A runtime address of the process (in no object with an id).
-    Runtime(u64),
-}
+pub use crate::frame::UserFrame;
 
 /// A user stack, innermost first: `frames[0]` is where the event happened, the others
 /// are return addresses.

@@ -8,11 +8,12 @@ use profile::{HeapPoint, HeapTotals, Metadata, Profile, Summary, TimelinePoint};
 
 use super::values;
 use crate::collect::Collected;
+use crate::frame::ObjectId;
 use crate::limits;
 use crate::probe::Probe;
 use crate::settings::HeapSettings;
 use crate::symbolize::{ProfileBuilder, RawSample, SymbolMapping, Symbolizer};
-use crate::tables::{Coverage, ObjectId};
+use crate::tables::Coverage;
 
 /// What a profile is made of: the collectors' counts and what the session knows of the
 /// processes.

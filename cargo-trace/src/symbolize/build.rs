@@ -9,7 +9,7 @@ use profile::{
 };
 
 use super::{MappingSource, Symbolizer};
-use crate::collect::UserFrame;
+use crate::frame::UserFrame;
 
 /// A stack as a collector counted it, with its values, before symbolization.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use object::Object;
 use process_image::demangle;
 
-use crate::collect::UserFrame;
 use crate::elf_symbols::{ElfSymbols, SymbolHit};
-use crate::tables::ObjectId;
+use crate::frame::ObjectId;
+use crate::frame::UserFrame;
 use process_image::{MappedObject, MapsEntry};
 use profile::{Frame, Mapping};
 

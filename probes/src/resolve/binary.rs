@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::ResolveError;
+use crate::error::ResolveError;
 
 /// Finds the binary a spec names.
 ///

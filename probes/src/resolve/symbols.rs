@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use process_image::Demangled;
 
-use super::{ResolveError, MAX_LISTED};
+use super::MAX_LISTED;
 use crate::elf::{ElfInfo, Function};
+use crate::error::ResolveError;
 use crate::suggest::{edit_distance, typo_limit};
 use crate::wildcard::{has_wildcard, matches};
 

@@ -8,10 +8,10 @@ use crate::collect::{
     Collected, Estimated, EventCount, HeapCollected, HeapCount, HeapStats, UserFrame, UserStack,
     Walks,
 };
+use crate::frame::ObjectId;
 use crate::limits::{self, Limit};
 use crate::probe::Probe;
 use crate::settings::HeapSettings;
-use crate::tables::ObjectId;
 
 /// Events that had no user stack to walk, by what they are: not walks, and not losses.
 const NO_USER_STACK: [Loss; 3] = [Loss::Exiting, Loss::KernelThread, Loss::TargetElsewhere];

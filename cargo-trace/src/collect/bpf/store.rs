@@ -4,8 +4,9 @@
 use bpf_prog::{FileMapping, Loss, Mapping, TableId, Tracer};
 use unwind_tables::CompactTable;
 
+use crate::frame::ObjectId;
 use crate::limits::Limit;
-use crate::tables::{FileKey, ObjectId, Registered, StoreError, TableRef, TableStore};
+use crate::tables::{FileKey, Registered, StoreError, TableRef, TableStore};
 
 // The session keeps no more mappings per process than the walker holds.
 const _: () = assert!(bpf_prog::MAX_MAPPINGS == crate::tables::MAX_MAPPINGS);
