@@ -2,7 +2,7 @@
 
 use std::io;
 
-use crate::TableId;
+use crate::mappings::TableId;
 
 /// Which fixed-size map an operation ran out of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

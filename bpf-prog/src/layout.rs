@@ -138,6 +138,7 @@ pub mod record_kind {
     pub const COUNT: u32 = 2;
 }
 
+/// Asserts at compile time that each Rust constant (or enum value) equals its C one.
 macro_rules! check_constants {
     ($($rust:expr => $c:expr),* $(,)?) => {
         const _: () = {
@@ -145,6 +146,7 @@ macro_rules! check_constants {
         };
     };
 }
+pub(crate) use check_constants;
 
 check_constants! {
     MAX_FRAMES => c::ct_limits::CT_MAX_FRAMES,
@@ -197,22 +199,6 @@ check_constants! {
     walk_end::BAD_RA => c::ct_walk_end::CT_WALK_BAD_RA,
     walk_end::COUNT => c::ct_walk_end::CT_WALK_END_COUNT,
     LOSS_COUNT => c::ct_loss::CT_LOSS_COUNT,
-    crate::Loss::StackNotStored => c::ct_loss::CT_LOSS_STACK_NOT_STORED,
-    crate::Loss::CountMapFull => c::ct_loss::CT_LOSS_COUNT_MAP_FULL,
-    crate::Loss::HashCollision => c::ct_loss::CT_LOSS_HASH_COLLISION,
-    crate::Loss::KernelStackLost => c::ct_loss::CT_LOSS_KSTACK_LOST,
-    crate::Loss::TooNested => c::ct_loss::CT_LOSS_TOO_NESTED,
-    crate::Loss::InExec => c::ct_loss::CT_LOSS_IN_EXEC,
-    crate::Loss::StackRingFull => c::ct_loss::CT_LOSS_STACK_RING_FULL,
-    crate::Loss::KnownStacksFull => c::ct_loss::CT_LOSS_KNOWN_STACKS_FULL,
-    crate::Loss::CountLost => c::ct_loss::CT_LOSS_COUNT_LOST,
-    crate::Loss::PidFilterFull => c::ct_loss::CT_LOSS_PID_FILTER_FULL,
-    crate::Loss::ProcsFull => c::ct_loss::CT_LOSS_PROCS_FULL,
-    crate::Loss::NewImagesFull => c::ct_loss::CT_LOSS_NEW_IMAGES_FULL,
-    crate::Loss::Exiting => c::ct_loss::CT_LOSS_EXITING,
-    crate::Loss::KernelThread => c::ct_loss::CT_LOSS_KERNEL_THREAD,
-    crate::Loss::TargetElsewhere => c::ct_loss::CT_LOSS_TARGET_ELSEWHERE,
-    crate::Loss::OffCpuFull => c::ct_loss::CT_LOSS_OFF_CPU_FULL,
     record_kind::STACK => c::ct_record_kind::CT_RECORD_STACK,
     record_kind::COUNT => c::ct_record_kind::CT_RECORD_COUNT,
 }
@@ -747,13 +733,6 @@ pub mod alloc {
         kind::XALLOCX => c::ct_alloc_kind::CT_ALLOC_XALLOCX,
         kind::COUNT => c::ct_alloc_kind::CT_ALLOC_KIND_COUNT,
         COUNTER_COUNT => c::ct_alloc_counter::CT_ALLOC_COUNTER_COUNT,
-        crate::AllocCounter::UnknownFrees => c::ct_alloc_counter::CT_ALLOC_UNKNOWN_FREES,
-        crate::AllocCounter::Failed => c::ct_alloc_counter::CT_ALLOC_FAILED,
-        crate::AllocCounter::LiveMapFull => c::ct_alloc_counter::CT_ALLOC_LIVE_FULL,
-        crate::AllocCounter::StatsMapFull => c::ct_alloc_counter::CT_ALLOC_STATS_FULL,
-        crate::AllocCounter::NoEntry => c::ct_alloc_counter::CT_ALLOC_NO_ENTRY,
-        crate::AllocCounter::Reused => c::ct_alloc_counter::CT_ALLOC_REUSED,
-        crate::AllocCounter::LogsUnread => c::ct_alloc_counter::CT_ALLOC_LOGS_UNREAD,
     }
 
     /// `struct ct_alloc_key`.

@@ -187,7 +187,9 @@
 
 mod alloc;
 mod error;
+mod heap;
 pub mod layout;
+mod mappings;
 mod programs;
 mod records;
 mod retired_heap;
@@ -200,18 +202,17 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/trace.skel.rs"));
 }
 
-pub use alloc::{
+pub use error::{Error, Result, TableMap};
+pub use heap::{
     alloc_cookie, AllocCounter, AllocKey, AllocKind, AllocOptions, AllocProcess, AllocStats,
     Estimated, ALLOC_BUCKETS,
 };
-pub use error::{Error, Result, TableMap};
 pub use layout::{KSTACK_DEPTH, MAX_FRAMES, MAX_MAPPINGS, START_MAIN_COOKIE};
+pub use mappings::{FileMapping, Mapping, TableId};
 pub use programs::{kernel_has_btf_tracepoint, EventProgram};
 pub use records::{Count, CountKey, Frame, Loss, ObjectId, Stack, StackRef, WalkCounters};
 pub use sys::{enable_run_time_stats, ProgramStats};
-pub use tracer::{
-    monotonic_ns, FileMapping, Mapping, Options, StackStorage, TableId, TableUsage, Tracer,
-};
+pub use tracer::{monotonic_ns, Options, StackStorage, TableUsage, Tracer};
 /// How a walk ended: the one type both walkers use.
 pub use unwind_tables::walk::WalkEnd;
 

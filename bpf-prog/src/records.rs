@@ -194,7 +194,7 @@ pub(crate) fn walk_end_from_raw(error: u16, reason: u16) -> WalkEnd {
 }
 
 /// The id of a mapped object, chosen by whoever registers mappings
-/// ([`Mapping::object`](crate::Mapping::object)): user frames in its mappings are stored
+/// ([`Mapping::object`](crate::mappings::Mapping::object)): user frames in its mappings are stored
 /// as addresses in it ([`Frame::InObject`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectId(u16);
@@ -254,7 +254,7 @@ impl Frame {
 
     /// The frame's runtime address in a process with these mappings: for a frame in an
     /// object, in the first of the object's mappings that holds it.
-    pub fn runtime_address(self, mappings: &[crate::Mapping]) -> Option<u64> {
+    pub fn runtime_address(self, mappings: &[crate::mappings::Mapping]) -> Option<u64> {
         match self {
             Frame::Runtime(address) => Some(address),
             Frame::InObject { object, address } => mappings
@@ -291,7 +291,7 @@ impl Stack {
 
     /// The frames as runtime addresses of a process with these mappings (a frame of an
     /// object it does not map as 0).
-    pub fn runtime_pcs(&self, mappings: &[crate::Mapping]) -> Vec<u64> {
+    pub fn runtime_pcs(&self, mappings: &[crate::mappings::Mapping]) -> Vec<u64> {
         self.frames()
             .map(|frame| frame.runtime_address(mappings).unwrap_or(0))
             .collect()
@@ -457,6 +457,26 @@ impl From<CtCount> for Count {
     }
 }
 
+// Each loss is the header's `enum ct_loss` value.
+crate::layout::check_constants! {
+    Loss::StackNotStored => crate::skel::types::ct_loss::CT_LOSS_STACK_NOT_STORED,
+    Loss::CountMapFull => crate::skel::types::ct_loss::CT_LOSS_COUNT_MAP_FULL,
+    Loss::HashCollision => crate::skel::types::ct_loss::CT_LOSS_HASH_COLLISION,
+    Loss::KernelStackLost => crate::skel::types::ct_loss::CT_LOSS_KSTACK_LOST,
+    Loss::TooNested => crate::skel::types::ct_loss::CT_LOSS_TOO_NESTED,
+    Loss::InExec => crate::skel::types::ct_loss::CT_LOSS_IN_EXEC,
+    Loss::StackRingFull => crate::skel::types::ct_loss::CT_LOSS_STACK_RING_FULL,
+    Loss::KnownStacksFull => crate::skel::types::ct_loss::CT_LOSS_KNOWN_STACKS_FULL,
+    Loss::CountLost => crate::skel::types::ct_loss::CT_LOSS_COUNT_LOST,
+    Loss::PidFilterFull => crate::skel::types::ct_loss::CT_LOSS_PID_FILTER_FULL,
+    Loss::ProcsFull => crate::skel::types::ct_loss::CT_LOSS_PROCS_FULL,
+    Loss::NewImagesFull => crate::skel::types::ct_loss::CT_LOSS_NEW_IMAGES_FULL,
+    Loss::Exiting => crate::skel::types::ct_loss::CT_LOSS_EXITING,
+    Loss::KernelThread => crate::skel::types::ct_loss::CT_LOSS_KERNEL_THREAD,
+    Loss::TargetElsewhere => crate::skel::types::ct_loss::CT_LOSS_TARGET_ELSEWHERE,
+    Loss::OffCpuFull => crate::skel::types::ct_loss::CT_LOSS_OFF_CPU_FULL,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,7 +493,7 @@ mod tests {
         let runtime = Frame::Runtime(0x7fff_ffff_f000);
         assert_eq!(Frame::from_raw(runtime.to_raw()), runtime);
         assert!(ObjectId::new(0).is_none() && ObjectId::new(ObjectId::MAX + 1).is_none());
-        let mapping = crate::Mapping {
+        let mapping = crate::mappings::Mapping {
             start: 0x5555_0000,
             end: 0x5556_0000,
             bias: 0x5554_0000,

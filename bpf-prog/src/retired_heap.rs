@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use crate::alloc::{AllocKey, AllocProcess, AllocStats};
+use crate::heap::{AllocKey, AllocProcess, AllocStats};
 use crate::records::StackRef;
 
 /// A process (pid, probe id), as the kernel keys its totals.
@@ -145,7 +145,7 @@ fn add_stats(total: &mut AllocStats, stats: &AllocStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::{Estimated, ALLOC_BUCKETS};
+    use crate::heap::{Estimated, ALLOC_BUCKETS};
 
     fn process(pid: u32, allocs: u64, live_bytes: i64, peak_bytes: i64) -> AllocProcess {
         AllocProcess {

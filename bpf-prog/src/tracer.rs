@@ -11,12 +11,13 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
 use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
 
-use crate::alloc::AllocOptions;
 use crate::error::{Error, Result, TableMap};
+use crate::heap::{self, AllocOptions};
 use crate::layout::{
     self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
     CtProc, CtRow, CtRule, CtTable, MAX_MAPPINGS, ROWS_PER_CHUNK,
 };
+use crate::mappings::{FileMapping, Mapping, TableId};
 use crate::programs::{self, EventProgram};
 use crate::records::{Count, CountKey, Loss, Record, Stack, WalkCounters};
 use crate::retired_heap::RetiredHeap;
@@ -109,64 +110,6 @@ impl Default for Options {
             max_off_cpu_threads: 65536,
         }
     }
-}
-
-/// The id of a table loaded with [`Tracer::add_table`], for [`Mapping::table`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TableId(u32);
-
-impl TableId {
-    /// The index in the tables map.
-    pub fn index(self) -> u32 {
-        self.0
-    }
-}
-
-/// One executable mapping of a process, as [`Tracer::set_mappings`] takes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mapping {
-    /// Runtime address range `[start, end)`.
-    pub start: u64,
-    pub end: u64,
-    /// Runtime address minus ELF virtual address.
-    pub bias: u64,
-    /// The unwind table of the mapped object; `None` for code without one
-    /// (a pc there ends the walk with [`WalkEnd::NoRow`](unwind_tables::walk::WalkEnd::NoRow)).
-    pub table: Option<TableId>,
-    /// The mapped object's id: frames in this mapping are stored as its ELF addresses
-    /// ([`Frame::InObject`](crate::Frame::InObject)); `None`, as runtime addresses.
-    pub object: Option<crate::ObjectId>,
-}
-
-impl Mapping {
-    /// The mapping as the walker reads it.
-    fn to_raw(self) -> CtMapping {
-        CtMapping {
-            start: self.start,
-            end: self.end,
-            bias: self.bias,
-            table_id: self.table.map_or(0, |table| table.0),
-            flags: if self.table.is_some() {
-                0
-            } else {
-                layout::MAPPING_NO_TABLE
-            },
-            object: self.object.map_or(0, crate::ObjectId::index),
-            pad: 0,
-        }
-    }
-}
-
-/// Where a mapping of a file starts, as the kernel names it, for
-/// [`Tracer::add_file_mapping`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileMapping {
-    /// The file's device as the kernel numbers it (`major << 20 | minor`; what
-    /// `/proc/PID/maps` prints as `major:minor`).
-    pub dev: u64,
-    pub inode: u64,
-    /// The file offset the mapping starts at.
-    pub offset: u64,
 }
 
 /// What a table occupies in the table maps.
@@ -298,7 +241,7 @@ impl Tracer {
         rodata.kernel_stacks = options.kernel_stacks.into();
         rodata.use_walk_memo = options.walk_memo.into();
         rodata.off_cpu_min_block_ns = options.off_cpu_min_block_ns;
-        crate::alloc::configure(
+        heap::configure(
             &mut open,
             &options.alloc,
             options.programs.contains(&EventProgram::AllocEntry)
@@ -461,7 +404,7 @@ impl Tracer {
             rules: base.rules + rules.len(),
             tables: base.tables + 1,
         };
-        Ok(TableId(id))
+        Ok(TableId::new(id))
     }
 
     /// The loaded object, for the readers of other modules.
@@ -498,7 +441,7 @@ impl Tracer {
                 });
             }
             if let Some(table) = m.table {
-                if table.0 as usize >= self.used.tables {
+                if table.index() as usize >= self.used.tables {
                     return Err(Error::UnknownTable(table));
                 }
             }
