@@ -253,6 +253,112 @@ pub(crate) mod tests {
         }
     }
 
+    /// A heap profile of the example's stacks, as a collector of the heap fills it: the
+    /// first stack leaks (one block, a day old), the others free theirs, some soon
+    /// enough to be temporaries; sizes and lifetimes in their histograms; two processes'
+    /// totals, a loss, memory over time.
+    pub(crate) fn heap_example() -> Profile {
+        use crate::heap;
+        use crate::{HeapPoint, HeapProcess, HeapTotals};
+        let mut profile = example();
+        profile.value_types = heap::value_types();
+        let index = |kind: &str| profile.value_index(kind).unwrap();
+        let [allocs, bytes, frees, freed, leaked, leaked_bytes, temporaries, peak, age] = [
+            heap::ALLOCS,
+            heap::ALLOC_SPACE,
+            heap::FREES,
+            heap::FREED_SPACE,
+            heap::LEAKED_BLOCKS,
+            heap::LEAKED_BYTES,
+            heap::TEMPORARIES,
+            heap::PEAK_BYTES,
+            heap::LEAKED_AGE,
+        ]
+        .map(index);
+        let sizes = index(&format!("{}0", heap::SIZE_BUCKET));
+        let lifetimes = index(&format!("{}0", heap::LIFETIME_BUCKET));
+        let width = profile.value_types.len();
+        // Heap stacks start at the allocating function's entry.
+        let entry = profile.locations.len();
+        profile.locations.push(Location {
+            address: 0x7fff_f7e0_0200,
+            mapping: Some(1),
+            frames: vec![frame("malloc", None, None)],
+            kernel: false,
+        });
+        let kernel: Vec<bool> = profile.locations.iter().map(|l| l.kernel).collect();
+        for (i, sample) in profile.samples.iter_mut().enumerate() {
+            // User stacks only: an allocation is the program's call.
+            sample.stack.retain(|&location| !kernel[location]);
+            sample.stack.insert(0, entry);
+            sample.probe = 0;
+            let n = i as i64 + 1;
+            sample.values = vec![0; width];
+            sample.values[allocs] = n;
+            sample.values[bytes] = 100 * n;
+            // 100-byte blocks: bit length 7.
+            sample.values[sizes + 7] = n;
+            if i == 0 {
+                sample.values[leaked] = 1;
+                sample.values[leaked_bytes] = 100;
+                sample.values[peak] = 100;
+                sample.values[age] = 86_400_000_000;
+            } else {
+                sample.values[frees] = n;
+                sample.values[freed] = 100 * n;
+                sample.values[temporaries] = n - 1;
+                // Freed after 500 µs (bit length 19) and 3 s (bit length 32).
+                sample.values[lifetimes + 19] = n - 1;
+                sample.values[lifetimes + 32] = 1;
+            }
+        }
+        profile.probes = vec!["alloc".into()];
+        profile.heap = Some(HeapTotals {
+            processes: vec![
+                HeapProcess {
+                    pid: 42,
+                    allocs: 15,
+                    bytes: 1500,
+                    frees: 14,
+                    freed_bytes: 1400,
+                    live_bytes: 100,
+                    peak_bytes: 300,
+                    ..HeapProcess::default()
+                },
+                HeapProcess {
+                    pid: 43,
+                    allocs: 2,
+                    bytes: 64,
+                    frees: 2,
+                    freed_bytes: 64,
+                    peak_bytes: 64,
+                    unknown_frees: 1,
+                    ..HeapProcess::default()
+                },
+            ],
+            lost: vec![lost("unknown frees", 1, &[])],
+            temporary_threshold: Duration::from_millis(1),
+            timeline: vec![
+                HeapPoint {
+                    at: Duration::from_millis(100),
+                    live_bytes: 300,
+                    allocs: 6,
+                    frees: 3,
+                    rss_bytes: 4 << 20,
+                },
+                HeapPoint {
+                    at: Duration::from_millis(200),
+                    live_bytes: 100,
+                    allocs: 17,
+                    frees: 16,
+                    rss_bytes: 5 << 20,
+                },
+            ],
+            ..HeapTotals::default()
+        });
+        profile
+    }
+
     /// Compares `actual` with the golden file `name`, or rewrites it with `UPDATE_GOLDEN=1`.
     pub(crate) fn golden(name: &str, actual: &[u8]) {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -311,6 +417,43 @@ pub(crate) mod tests {
         profile.samples.clear();
         let svg = written(|out| svg::write(&profile, Weighting::default(), "t", out));
         assert!(String::from_utf8(svg).unwrap().contains("no events"));
+    }
+
+    /// The heap example through every writer of text, weighed by the bytes allocated.
+    #[test]
+    fn heap_profile_goldens() {
+        let profile = heap_example();
+        let bytes = Weighting {
+            value: profile.value_index(crate::heap::ALLOC_SPACE).unwrap(),
+            line_numbers: false,
+        };
+        golden(
+            "heap.folded",
+            &written(|out| folded::write(&profile, bytes, out)),
+        );
+        golden(
+            "heap.svg",
+            &written(|out| svg::write(&profile, bytes, "heap example", out)),
+        );
+        golden("heap.json", &written(|out| json::write(&profile, out)));
+        golden("heap.csv", &written(|out| csv::write(&profile, bytes, out)));
+        golden(
+            "heap.timeline.csv",
+            &written(|out| csv::write_timeline(&profile, out)),
+        );
+        golden(
+            "heap.report.txt",
+            &written(|out| heap_report::write(&profile, crate::heap::OrderBy::Bytes, out)),
+        );
+        golden("heap.summary.txt", {
+            let mut text = summary::line(&profile);
+            for note in summary::notes(&profile) {
+                text.push('\n');
+                text.push_str(&note);
+            }
+            text.push('\n');
+            &text.into_bytes()
+        });
     }
 
     #[test]

@@ -330,67 +330,7 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A heap profile of the writers' example: its first sample leaks, the others free.
-    fn heap_example() -> Profile {
-        use crate::{HeapProcess, HeapTotals};
-        let mut profile = crate::writers::tests::example();
-        profile.value_types = alloc::value_types();
-        let index = |kind| profile.value_index(kind).unwrap();
-        let [allocs, bytes, frees, freed, leaked, leaked_bytes, peak] = [
-            alloc::ALLOCS,
-            alloc::ALLOC_SPACE,
-            alloc::FREES,
-            alloc::FREED_SPACE,
-            alloc::LEAKED_BLOCKS,
-            alloc::LEAKED_BYTES,
-            alloc::PEAK_BYTES,
-        ]
-        .map(index);
-        let width = profile.value_types.len();
-        // Heap stacks start at the allocating function's entry.
-        let entry = profile.locations.len();
-        profile.locations.push(crate::Location {
-            address: 0x7fff_f7e0_0200,
-            mapping: Some(1),
-            frames: vec![crate::Frame {
-                function: "malloc".into(),
-                file: None,
-                line: None,
-            }],
-            kernel: false,
-        });
-        for (i, sample) in profile.samples.iter_mut().enumerate() {
-            sample.stack.insert(0, entry);
-            sample.probe = 0;
-            let n = i as i64 + 1;
-            sample.values = vec![0; width];
-            sample.values[allocs] = n;
-            sample.values[bytes] = 100 * n;
-            if i == 0 {
-                sample.values[leaked] = 1;
-                sample.values[leaked_bytes] = 100;
-                sample.values[peak] = 100;
-            } else {
-                sample.values[frees] = n;
-                sample.values[freed] = 100 * n;
-            }
-        }
-        profile.heap = Some(HeapTotals {
-            processes: vec![HeapProcess {
-                pid: 42,
-                allocs: 15,
-                bytes: 1500,
-                frees: 14,
-                freed_bytes: 1400,
-                live_bytes: 100,
-                peak_bytes: 300,
-                ..HeapProcess::default()
-            }],
-            ..HeapTotals::default()
-        });
-        profile
-    }
+    use crate::writers::tests::{golden, heap_example};
 
     #[test]
     fn the_file_in_every_compression() {
@@ -483,5 +423,20 @@ mod tests {
             Compression::for_path(Path::new("h.txt")),
             Compression::Plain
         );
+    }
+
+    /// The heap example as heaptrack reads it; the machine's memory (the `I` line) is
+    /// the writing machine's, so it is left out of the comparison.
+    #[test]
+    fn golden_heaptrack() {
+        let mut plain = Vec::new();
+        write(&heap_example(), Compression::Plain, &mut plain).unwrap();
+        let text = String::from_utf8(plain).unwrap();
+        let portable: String = text
+            .lines()
+            .filter(|line| !line.starts_with("I "))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        golden("heap.heaptrack", portable.as_bytes());
     }
 }
