@@ -25,6 +25,15 @@ use crate::limits::{self, Limit};
 use crate::symbolize::{MappedNames, SymbolMapping, Symbolizer};
 use process_image::{MappedObject, MapsEntry};
 
+/// Which store: the session has one of each kind at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StoreId {
+    /// The BPF maps.
+    Kernel,
+    /// The memory the preloaded library walks with.
+    InProcess,
+}
+
 /// A store's handle of a table it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TableRef(pub u32);
@@ -62,10 +71,13 @@ pub enum StoreError {
 }
 
 /// Where tables and mappings go: the BPF maps, or the memory the preloaded library
-/// walks with.
+/// walks with. The session keeps, per store, which tables it holds and what it
+/// registered for each process.
 pub trait TableStore {
+    /// Tells this store apart from the session's others.
+    fn store_id(&self) -> StoreId;
     /// Takes the table of a newly seen object.
-    fn add_table(&mut self, table: &CompactTable) -> Result<TableRef, StoreError>;
+    fn add_table(&mut self, table: &Arc<CompactTable>) -> Result<TableRef, StoreError>;
     /// Registers `pid`'s mappings, replacing what was registered for it.
     fn set_mappings(&mut self, pid: u32, mappings: &[Registered]) -> Result<(), StoreError>;
     /// Says where a file is mapped, so code a process runs there before its own
@@ -92,7 +104,12 @@ pub struct Coverage {
 /// (`/proc/self/fd/N` of a descriptor the session holds, for files).
 #[derive(Clone, Debug)]
 struct LoadedObject {
-    table: Option<TableRef>,
+    /// Its index among the objects loaded, where the stores' handles of its table are
+    /// kept.
+    index: usize,
+    /// Its name in notes.
+    name: String,
+    table: Option<Arc<CompactTable>>,
     symbols: Option<PathBuf>,
     /// Its id, under which the walker stores the frames in it (none past
     /// [`ObjectId::MAX`] objects: their frames are stored as runtime addresses).
@@ -108,8 +125,12 @@ pub struct ProcessTables {
     /// offset: the same for every process that maps the file there, so a file is
     /// read once rather than at every registration (twice per exec).
     bias_offsets: HashMap<(ObjectKey, u64), Option<u64>>,
-    /// The last mappings registered per pid, to skip unchanged refreshes.
-    registered: HashMap<u32, Vec<MapsEntry>>,
+    /// The last mappings registered per store and pid, to skip unchanged refreshes.
+    registered: HashMap<(StoreId, u32), Vec<MapsEntry>>,
+    /// Each store's handle of each object's table (`None`: it had no room).
+    store_tables: HashMap<(StoreId, usize), Option<TableRef>>,
+    /// Objects loaded so far.
+    loaded: usize,
     /// Every mapping seen per pid, for symbolizing the frames stored as runtime
     /// addresses (those the walker found in no object with an id).
     symbol_mappings: HashMap<u32, Vec<SymbolMapping>>,
@@ -155,6 +176,8 @@ impl ProcessTables {
             bias_offsets: HashMap::new(),
             held_files: Vec::new(),
             registered: HashMap::new(),
+            store_tables: HashMap::new(),
+            loaded: 0,
             symbol_mappings: HashMap::new(),
             object_mappings: HashMap::new(),
             object_ids: 0,
@@ -171,7 +194,8 @@ impl ProcessTables {
     pub fn sync(&mut self, store: &mut dyn TableStore, pid: u32) -> Result<()> {
         let mut mappings = process_image::executable_mappings(pid)
             .with_context(|| format!("reading the mappings of process {pid}"))?;
-        if self.registered.get(&pid) == Some(&mappings) {
+        let store_id = store.store_id();
+        if self.registered.get(&(store_id, pid)) == Some(&mappings) {
             return Ok(());
         }
         // The program holds a bounded number of mappings; anonymous code has no table
@@ -183,13 +207,17 @@ impl ProcessTables {
         }
         let mut registered = Vec::with_capacity(mappings.len());
         for mapping in &mappings {
-            let (object, bias) = self.load(store, pid, mapping);
+            let (object, bias) = self.load(pid, mapping);
             let id = bias.and(object.id);
+            let table = match bias {
+                Some(_) => self.table_in(store, &object),
+                None => None,
+            };
             let registering = Registered {
                 start: mapping.start,
                 end: mapping.end,
                 bias: bias.unwrap_or(0),
-                table: bias.and(object.table),
+                table,
                 object: id,
             };
             self.announce_file(store, mapping, &registering);
@@ -213,8 +241,32 @@ impl ProcessTables {
                     .with_context(|| format!("registering the mappings of process {pid}"))
             }
         }
-        self.registered.insert(pid, mappings);
+        self.registered.insert((store_id, pid), mappings);
         Ok(())
+    }
+
+    /// `store`'s handle of `object`'s table, given to it on first sight; a table that
+    /// does not fit is counted by limit, and the object noted without one.
+    fn table_in(&mut self, store: &mut dyn TableStore, object: &LoadedObject) -> Option<TableRef> {
+        let table = object.table.as_ref()?;
+        let key = (store.store_id(), object.index);
+        if let Some(known) = self.store_tables.get(&key) {
+            return *known;
+        }
+        let given = match store.add_table(table) {
+            Ok(table) => Some(table),
+            Err(StoreError::Full { limit, message }) => {
+                limits::count(&mut self.coverage.limits, limit);
+                self.note_without_table(&object.name, &message);
+                None
+            }
+            Err(StoreError::Other(error)) => {
+                self.note_without_table(&object.name, &format!("{error:#}"));
+                None
+            }
+        };
+        self.store_tables.insert(key, given);
+        given
     }
 
     /// Counts `limit` for `pid`, unless it was counted for it already.
@@ -224,15 +276,15 @@ impl ProcessTables {
         }
     }
 
-    /// Whether `pid`'s mappings were registered.
-    pub fn knows(&self, pid: u32) -> bool {
-        self.registered.contains_key(&pid)
+    /// Whether `pid`'s mappings were registered with `store`.
+    pub fn knows(&self, store: StoreId, pid: u32) -> bool {
+        self.registered.contains_key(&(store, pid))
     }
 
     /// Forgets what was registered for `pid`, so the next [`ProcessTables::sync`]
     /// registers its mappings again (after an exec).
-    pub fn forget(&mut self, pid: u32) {
-        self.registered.remove(&pid);
+    pub fn forget(&mut self, store: StoreId, pid: u32) {
+        self.registered.remove(&(store, pid));
     }
 
     /// The mappings of every process seen so far, for a symbolizer while tracing.
@@ -247,7 +299,7 @@ impl ProcessTables {
     /// ancestors'). The objects, their tables and the mappings that symbolize their
     /// frames stay, shared by every process mapping them.
     pub fn release(&mut self, pid: u32, keep_mappings: bool) {
-        self.registered.remove(&pid);
+        self.registered.retain(|(_, registered), _| *registered != pid);
         if !keep_mappings {
             self.symbol_mappings.remove(&pid);
         }
@@ -357,13 +409,10 @@ impl ProcessTables {
 
     /// The object behind `mapping` (loading its table on first sight) and the
     /// mapping's load bias, if the object is an ELF file we could read.
-    fn load(
-        &mut self,
-        store: &mut dyn TableStore,
-        pid: u32,
-        mapping: &MapsEntry,
-    ) -> (LoadedObject, Option<u64>) {
+    fn load(&mut self, pid: u32, mapping: &MapsEntry) -> (LoadedObject, Option<u64>) {
         let none = LoadedObject {
+            index: usize::MAX,
+            name: String::new(),
             table: None,
             symbols: None,
             id: None,
@@ -374,7 +423,7 @@ impl ProcessTables {
                 self.note_without_table(label, "anonymous memory (JIT code has no .eh_frame)");
                 (none, None)
             }
-            MappedObject::Vdso => match self.load_vdso(store, pid, mapping) {
+            MappedObject::Vdso => match self.load_vdso(pid, mapping) {
                 Ok(loaded) => loaded,
                 Err(error) => {
                     self.note_without_table("[vdso]", &format!("{error:#}"));
@@ -413,7 +462,7 @@ impl ProcessTables {
                 if let Some(object) = self.objects.get(&key) {
                     return (object.clone(), bias);
                 }
-                let table = match self.compile_file(store, &readable) {
+                let table = match self.compile_file(&readable) {
                     Ok(table) => Some(table),
                     Err(error) => {
                         self.note_without_table(&path.display().to_string(), &format!("{error:#}"));
@@ -431,6 +480,8 @@ impl ProcessTables {
                     Err(_) => readable,
                 };
                 let object = LoadedObject {
+                    index: self.next_index(),
+                    name: path.display().to_string(),
                     table,
                     symbols: Some(symbols),
                     id: self.new_object_id(),
@@ -441,7 +492,7 @@ impl ProcessTables {
         }
     }
 
-    fn compile_file(&mut self, store: &mut dyn TableStore, path: &Path) -> Result<TableRef> {
+    fn compile_file(&mut self, path: &Path) -> Result<Arc<CompactTable>> {
         let object = match &self.cache {
             Some(cache) => {
                 let loaded = cache.load_or_compile(path)?;
@@ -462,32 +513,20 @@ impl ProcessTables {
             }
             None => unwind_tables::compile_file(path)?,
         };
-        self.add_table(store, &object.table)
+        self.coverage.objects += 1;
+        Ok(Arc::new(object.table))
     }
 
-    /// Gives `table` to the store; one that does not fit is counted by limit, and the
-    /// error names the option that raises it.
-    fn add_table(&mut self, store: &mut dyn TableStore, table: &CompactTable) -> Result<TableRef> {
-        let id = store.add_table(table).map_err(|error| match error {
-            StoreError::Full { limit, message } => {
-                limits::count(&mut self.coverage.limits, limit);
-                anyhow::anyhow!("{message}")
-            }
-            StoreError::Other(error) => error,
-        })?;
-        self.coverage.objects += 1;
-        Ok(id)
+    /// The next object's index.
+    fn next_index(&mut self) -> usize {
+        self.loaded += 1;
+        self.loaded - 1
     }
 
     /// The vDSO has no file: read its image from the process, compile it, and keep a
     /// copy in memory (a memfd) for the symbolizer, which reads files: nothing on disk,
     /// so nothing anyone could plant a link for, and nothing left behind.
-    fn load_vdso(
-        &mut self,
-        store: &mut dyn TableStore,
-        pid: u32,
-        mapping: &MapsEntry,
-    ) -> Result<(LoadedObject, Option<u64>)> {
+    fn load_vdso(&mut self, pid: u32, mapping: &MapsEntry) -> Result<(LoadedObject, Option<u64>)> {
         let image = read_process_memory(pid, mapping.start, mapping.end - mapping.start)
             .context("reading the vDSO image")?;
         let elf = object::File::parse(&*image).context("parsing the vDSO image")?;
@@ -497,7 +536,7 @@ impl ProcessTables {
             return Ok((object.clone(), bias));
         }
         let compiled = unwind_tables::compile(&image)?;
-        let table = self.add_table(store, &compiled.table)?;
+        self.coverage.objects += 1;
         let symbols = match in_memory_file(&image) {
             Ok(file) => {
                 let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
@@ -507,7 +546,9 @@ impl ProcessTables {
             Err(_) => None,
         };
         let object = LoadedObject {
-            table: Some(table),
+            index: self.next_index(),
+            name: "[vdso]".to_string(),
+            table: Some(Arc::new(compiled.table)),
             symbols,
             id: self.new_object_id(),
         };

@@ -19,7 +19,7 @@ use libbpf_rs::RingBuffer;
 use probes::{Attachment, Fire, ProbeSpec};
 
 use super::store::KernelTables;
-use crate::tables::ProcessTables;
+use crate::tables::{ProcessTables, StoreId};
 
 /// Where ld.so tells debuggers that its link map changed.
 const LD_SO_HOOK: &str = "uprobe:ld-linux-x86-64.so.2:_dl_debug_state";
@@ -74,7 +74,7 @@ impl Children {
         mut registered: impl FnMut(&Tracer, u32),
     ) {
         for pid in self.started.borrow_mut().drain(..) {
-            tables.forget(pid);
+            tables.forget(StoreId::Kernel, pid);
             // The process may be gone already: nothing to register then.
             let _ = tables.sync(store, pid);
             registered(store.tracer, pid);

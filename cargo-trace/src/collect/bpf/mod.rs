@@ -26,7 +26,7 @@ use crate::guard::Guard;
 use crate::probe::{event_program, Probe, ProbeKind};
 use crate::process;
 use crate::settings::{HeapSettings, Settings};
-use crate::tables::ProcessTables;
+use crate::tables::{ProcessTables, StoreId};
 use attach::{AttachPlan, Pending, UprobeScope};
 use children::Children;
 use exited::ExitedProcesses;
@@ -157,7 +157,7 @@ impl BpfCollector {
         let mut traced = 0;
         let mut exited = Vec::new();
         for pid in self.tracer.filtered_pids() {
-            let known = tables.knows(pid);
+            let known = tables.knows(StoreId::Kernel, pid);
             if !process::alive(pid) {
                 exited.push(pid);
                 continue;
@@ -165,7 +165,7 @@ impl BpfCollector {
             traced += 1;
             if known && !self.tracer.has_mappings(pid) {
                 // It exec'd: the program dropped the old image's mappings.
-                tables.forget(pid);
+                tables.forget(StoreId::Kernel, pid);
             }
             // The process may be exiting: a failed read is not an error.
             let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);

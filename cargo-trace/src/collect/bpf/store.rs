@@ -6,7 +6,7 @@ use unwind_tables::CompactTable;
 
 use crate::frame::ObjectId;
 use crate::limits::Limit;
-use crate::tables::{FileKey, Registered, StoreError, TableRef, TableStore};
+use crate::tables::{FileKey, Registered, StoreError, StoreId, TableRef, TableStore};
 
 // The session keeps no more mappings per process than the walker holds.
 const _: () = assert!(bpf_prog::MAX_MAPPINGS == crate::tables::MAX_MAPPINGS);
@@ -20,7 +20,11 @@ pub struct KernelTables<'a> {
 }
 
 impl TableStore for KernelTables<'_> {
-    fn add_table(&mut self, table: &CompactTable) -> Result<TableRef, StoreError> {
+    fn store_id(&self) -> StoreId {
+        StoreId::Kernel
+    }
+
+    fn add_table(&mut self, table: &std::sync::Arc<CompactTable>) -> Result<TableRef, StoreError> {
         match self.tracer.add_table(table) {
             Ok(id) => {
                 self.tables.push(id);
