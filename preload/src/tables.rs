@@ -46,6 +46,7 @@ pub trait TableSource {
 /// An object loaded once: its id and table.
 struct Loaded {
     id: u32,
+    path: PathBuf,
     table: Option<Arc<CompactTable>>,
     segments: Vec<process_image::LoadSegment>,
 }
@@ -71,6 +72,14 @@ impl PlainTables {
             objects: HashMap::new(),
             next_id: 1,
         }
+    }
+
+    /// The file of object `id` (`[vdso]` for the vDSO), to symbolize its frames.
+    pub fn object_path(&self, id: u32) -> Option<&std::path::Path> {
+        self.objects
+            .values()
+            .find(|loaded| loaded.id == id)
+            .map(|loaded| loaded.path.as_path())
     }
 
     fn load(&mut self, pid: u32, entry: &MapsEntry) -> Option<&Loaded> {
@@ -103,6 +112,7 @@ impl PlainTables {
                 key.clone(),
                 Loaded {
                     id,
+                    path: path.clone(),
                     table: compiled.map(|c| Arc::new(c.table)),
                     segments,
                 },
