@@ -20,6 +20,7 @@ const CRATES: &[&str] = &[
     "bpf-prog",
     "probes",
     "profile",
+    "preload",
     "cargo-trace",
     "tests",
 ];

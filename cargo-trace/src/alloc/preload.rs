@@ -3,7 +3,7 @@
 //! Probing libc's malloc and free costs three kernel events per pair: a breakpoint at
 //! malloc's entry, its return probe and a breakpoint at free's entry. A target that
 //! cargo-trace launches runs instead with `libcargo-trace-preload.so` in `LD_PRELOAD`
-//! (`preload/preload.c`, built into this binary): its malloc and the rest call the next
+//! (the `preload` crate's `c/preload.c`, built into this binary): its malloc and the rest call the next
 //! definition (libc's) and then a site, a function that starts with a nop, whose
 //! breakpoint the kernel emulates. The programs attached there (`on_preload_*` in
 //! `alloc.bpf.h`) count what the probes of libc's functions would, with no return probe;
@@ -32,20 +32,32 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use bpf_prog::AllocKind;
 
-/// The library, as built by `build.rs`.
-const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcargo-trace-preload.so"));
-const FILE_NAME: &str = "libcargo-trace-preload.so";
+use ::preload::{Site, LIBRARY};
+
+const FILE_NAME: &str = ::preload::FILE_NAME;
 
 /// The library's sites and the kinds they are attached as.
-pub const SITES: &[(&str, AllocKind)] = &[
-    ("cargo_trace_allocated", AllocKind::Allocated),
-    ("cargo_trace_freeing", AllocKind::Free),
-    ("cargo_trace_unmapping", AllocKind::Munmap),
-    ("cargo_trace_resizing", AllocKind::Resizing),
-    ("cargo_trace_resized", AllocKind::Resized),
-    ("cargo_trace_freed", AllocKind::Freed),
-    ("cargo_trace_log", AllocKind::Log),
-];
+pub const SITES: &[(&str, AllocKind)] = &{
+    let mut sites = [("", AllocKind::Allocated); ::preload::SITES.len()];
+    let mut i = 0;
+    while i < sites.len() {
+        let (name, site) = ::preload::SITES[i];
+        sites[i] = (
+            name,
+            match site {
+                Site::Allocated => AllocKind::Allocated,
+                Site::Freeing => AllocKind::Free,
+                Site::Unmapping => AllocKind::Munmap,
+                Site::Resizing => AllocKind::Resizing,
+                Site::Resized => AllocKind::Resized,
+                Site::Freed => AllocKind::Freed,
+                Site::Log => AllocKind::Log,
+            },
+        );
+        i += 1;
+    }
+    sites
+};
 
 /// The library written out for one session, in a directory of its own that goes with it.
 pub struct Preload {

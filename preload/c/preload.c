@@ -1,6 +1,8 @@
 /*
  * libcargo-trace-preload.so: the heap profiler's probe sites, preloaded into a
- * target cargo-trace launches (cargo-trace/src/alloc/preload.rs).
+ * target cargo-trace launches (cargo-trace/src/alloc/preload.rs), and, when
+ * CARGO_TRACE_HEAP names cargo-trace's socket, its in-process recorder
+ * (record.h: no kernel event at all, see the preload crate's lib.rs).
  *
  * Probing libc's allocator costs three kernel events per malloc/free pair: a
  * breakpoint at malloc's entry, its return probe, a breakpoint at free's
@@ -152,6 +154,8 @@ static void *bootstrap_alloc(size_t size)
 	return bootstrap + at;
 }
 
+#include "record.h"
+
 #define RESOLVE(name) (next.name = (__typeof__(next.name))dlsym(RTLD_NEXT, #name))
 
 static void resolve(void)
@@ -170,6 +174,11 @@ static void resolve(void)
 	RESOLVE(munmap);
 	RESOLVE(malloc_usable_size);
 	resolving = 0;
+	static int decided;
+	if (!decided) {
+		decided = 1;
+		record_init();
+	}
 }
 
 /*
@@ -281,10 +290,25 @@ static int ready(void)
 	return next.free != NULL;
 }
 
+/* In-process recording of a wrapped call: the allocator's own calls to the
+ * wrappers (mmap inside malloc) are part of the call, not events. */
+#define RECORDED(call, kind, size, failed)                 \
+	do {                                              \
+		if (in_call)                              \
+			return call;                      \
+		in_call++;                                \
+		__typeof__(call) r_ = call;               \
+		in_call--;                                \
+		RECORD(kind, (failed) ? NULL : r_, size); \
+		return r_;                                \
+	} while (0)
+
 EXPORT void *malloc(size_t size)
 {
 	if (!ready())
 		return bootstrap_alloc(size);
+	if (recording())
+		RECORDED(next.malloc(size), CTP_EV_ALLOC, size, 0);
 	void *p = next.malloc(size);
 	ALLOCATED(p, size, 0);
 	return p;
@@ -298,6 +322,8 @@ EXPORT void *calloc(size_t n, size_t size)
 			return NULL;
 		return bootstrap_alloc(bytes); /* static storage: zeroed */
 	}
+	if (recording())
+		RECORDED(next.calloc(n, size), CTP_EV_ALLOC, n * size, 0);
 	void *p = next.calloc(n, size);
 	ALLOCATED(p, n * size, 0);
 	return p;
@@ -307,6 +333,12 @@ EXPORT void free(void *p)
 {
 	if (!p || in_bootstrap(p))
 		return;
+	if (recording()) {
+		if (!in_call)
+			RECORD(CTP_EV_FREE, p, 0);
+		next.free(p);
+		return;
+	}
 	if (logging && next.malloc_usable_size && next.malloc_usable_size(p) < LOGGED_BELOW)
 		log_free(p);
 	else
@@ -315,7 +347,9 @@ EXPORT void free(void *p)
 		next.free(p);
 }
 
-static void *resize(void *old, size_t size)
+/* Not inlined: the stacks of realloc and reallocarray start here, as they
+ * always have on the BPF path. */
+static __attribute__((noinline)) void *resize(void *old, size_t size)
 {
 	if (in_bootstrap(old)) {
 		/* moved out of the arena: a new block, its size unknown here, so
@@ -325,6 +359,16 @@ static void *resize(void *old, size_t size)
 			size_t left = (size_t)(bootstrap + sizeof(bootstrap) - (unsigned char *)old);
 			__builtin_memcpy(p, old, size < left ? size : left);
 		}
+		return p;
+	}
+	if (recording()) {
+		if (in_call)
+			return next.realloc(old, size);
+		RECORD(CTP_EV_RESIZING, old, size);
+		in_call++;
+		void *p = next.realloc(old, size);
+		in_call--;
+		RECORD(CTP_EV_RESIZED, p, size);
 		return p;
 	}
 	unsigned logged = free_log.n;
@@ -360,6 +404,15 @@ EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 {
 	if (!ready())
 		return ENOMEM;
+	if (recording()) {
+		if (in_call)
+			return next.posix_memalign(out, alignment, size);
+		in_call++;
+		int failed = next.posix_memalign(out, alignment, size);
+		in_call--;
+		RECORD(CTP_EV_ALLOC, failed ? NULL : *out, size);
+		return failed;
+	}
 	int error = next.posix_memalign(out, alignment, size);
 	ALLOCATED(error ? NULL : *out, size, 0);
 	return error;
@@ -369,6 +422,8 @@ EXPORT void *aligned_alloc(size_t alignment, size_t size)
 {
 	if (!ready())
 		return NULL;
+	if (recording())
+		RECORDED(next.aligned_alloc(alignment, size), CTP_EV_ALLOC, size, 0);
 	void *p = next.aligned_alloc(alignment, size);
 	ALLOCATED(p, size, 0);
 	return p;
@@ -378,6 +433,8 @@ EXPORT void *memalign(size_t alignment, size_t size)
 {
 	if (!ready())
 		return NULL;
+	if (recording())
+		RECORDED(next.memalign(alignment, size), CTP_EV_ALLOC, size, 0);
 	void *p = next.memalign(alignment, size);
 	ALLOCATED(p, size, 0);
 	return p;
@@ -387,6 +444,8 @@ EXPORT void *valloc(size_t size)
 {
 	if (!ready())
 		return NULL;
+	if (recording())
+		RECORDED(next.valloc(size), CTP_EV_ALLOC, size, 0);
 	void *p = next.valloc(size);
 	ALLOCATED(p, size, 0);
 	return p;
@@ -396,6 +455,8 @@ EXPORT void *pvalloc(size_t size)
 {
 	if (!ready())
 		return NULL;
+	if (recording())
+		RECORDED(next.pvalloc(size), CTP_EV_ALLOC, size, 0);
 	void *p = next.pvalloc(size);
 	ALLOCATED(p, size, 0);
 	return p;
@@ -406,6 +467,15 @@ EXPORT void *mmap(void *address, size_t length, int prot, int flags, int fd, off
 	if (!ready()) {
 		errno = ENOMEM;
 		return MAP_FAILED;
+	}
+	if (recording() && (flags & MAP_ANONYMOUS)) {
+		if (in_call)
+			return next.mmap(address, length, prot, flags, fd, offset);
+		in_call++;
+		void *p = next.mmap(address, length, prot, flags, fd, offset);
+		in_call--;
+		RECORD(CTP_EV_MMAP, p == MAP_FAILED ? NULL : p, length);
+		return p;
 	}
 	void *p = next.mmap(address, length, prot, flags, fd, offset);
 	if (flags & MAP_ANONYMOUS)
@@ -421,6 +491,11 @@ EXPORT int munmap(void *address, size_t length)
 	if (!ready()) {
 		errno = ENOMEM;
 		return -1;
+	}
+	if (recording()) {
+		if (!in_call)
+			RECORD(CTP_EV_MUNMAP, address, length);
+		return next.munmap(address, length);
 	}
 	cargo_trace_unmapping(address);
 	return next.munmap(address, length);

@@ -1,0 +1,940 @@
+/*
+ * In-process recording, included by preload.c once `next` (the wrapped
+ * functions) is declared. Enabled when CARGO_TRACE_HEAP names cargo-trace's
+ * socket; the library then calls no site and the kernel sees nothing.
+ *
+ * Per event, on the thread that allocates, with no lock and no cache line
+ * shared with another producer:
+ *   the wrapper calls ctp_capture (an assembly stub: the wrapper's return
+ *   address, rsp and rbp, as the BPF path takes them at a site's entry with
+ *   the site's frame popped) -> ctp_record -> the walk memo (memo_find) or
+ *   the walk (walk.h) and the stack interned in the region (intern) -> one
+ *   event in the thread's ring (publish).
+ * Frees publish their event before the block goes back to the allocator and
+ * allocations after the allocator returned and before the pointer is handed
+ * out, so the consumer can order events of different threads exactly
+ * (preload/src/recorder.rs).
+ *
+ * Rare paths take locks: the connection (once per process image), a new
+ * thread taking a ring, a new stack stored, a mapping asked of cargo-trace.
+ * Every one of them checks that cargo-trace is still there (its end of the
+ * socket); when it is gone, the library passes every call through.
+ *
+ * Memory besides the region, all from mmap, bounded: one struct thread per
+ * ring (CTP_RINGS of them, see THREAD_BYTES), the mapping sets cargo-trace
+ * sent (at most MAX_MAPSETS), the tables memfd's mapping (read-only, shared).
+ * region->private_bytes says how much of it is in use.
+ */
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shared.h"
+
+struct walk_env;
+static const struct ctp_mapping *walk_mapping(struct walk_env *env, uint64_t addr);
+static int walk_read(struct walk_env *env, uint64_t addr, uint64_t *value);
+static const unsigned char *walk_tables(struct walk_env *env);
+
+#include "walk.h"
+
+enum record_limits {
+	NEST_LEVELS = 2,	 /* a signal handler inside the recorder, and no deeper */
+	PENDING = 8,		 /* events of a nested level waiting for the outer one */
+	MEMO_SETS = 8,		 /* per thread: sets of the walk memo ... */
+	MEMO_WAYS = 2,		 /* ... of this many walks each */
+	MEMO_WORDS = 256,	 /* words a remembered walk read, at most */
+	MAX_MAPSETS = 4096,	 /* mapping sets received (each a lookup) */
+	NEGATIVES = 64,		 /* pcs cargo-trace knew no mapping for */
+	STACK_PROBES = 64,	 /* slots tried for a stack */
+	WAIT_NS = 20000,	 /* a full ring's wait between looks */
+};
+
+#define TABLES_RESERVE (1ULL << 36) /* the tables memfd's mapping: address space only */
+
+/* What a wrapper hands the recorder; rip, rsp and rbp filled by ctp_capture. */
+struct ctp_call {
+	uint64_t rip;
+	uint64_t rsp;
+	uint64_t rbp;
+	uint64_t address;
+	uint64_t size;
+	uint32_t kind; /* enum ctp_event_kind */
+	uint32_t flags;
+};
+
+/* A walk remembered: its start, and every word it read (offset above rsp,
+ * value). A walk from the same start that finds the same words would take
+ * the same steps and give the same stack (memo.bpf.h says why). */
+struct memo_entry {
+	uint64_t rip;
+	uint64_t rsp;
+	uint64_t rbp;
+	uint32_t generation; /* of the mapping set walked; 0: empty */
+	uint32_t stack;
+	uint32_t nwords;
+	uint32_t uses_rbp;
+	uint32_t offset[MEMO_WORDS];
+	uint64_t value[MEMO_WORDS];
+};
+
+struct memo_set {
+	uint32_t next;
+	struct memo_entry ways[MEMO_WAYS];
+};
+
+/* The mappings cargo-trace sent last, and the pcs it knew no mapping for. */
+struct mapset {
+	uint32_t n;
+	uint32_t generation;
+	struct ctp_mapping m[];
+};
+
+/* A thread's recorder state: one per ring, reused with it. */
+struct thread {
+	struct ctp_ring *ring;
+	uint32_t index;
+	uint32_t level; /* recorder calls in progress on the thread */
+	uint64_t head;	/* = ring->head, the producer's copy */
+	uint64_t tail;	/* ring->tail as last read */
+	uint64_t stack_lo, stack_hi; /* the thread's stack, read directly */
+	uint64_t random;
+	uint32_t npending;
+	uint32_t pad;
+	struct ctp_event pending[PENDING];
+	struct ctp_walk scratch[NEST_LEVELS];
+	struct memo_set memo[MEMO_SETS];
+};
+
+#define THREAD_BYTES ((sizeof(struct thread) + 4095) & ~4095UL)
+
+/* The process's connection and region (reset in a forked child). */
+static struct {
+	int state; /* enum conn_state */
+	int lock;
+	int fd;
+	uint32_t pid;
+	struct ctp_region *region;
+	struct ctp_ring *rings;
+	struct ctp_stack_slot *slots;
+	uint64_t *words;
+	const unsigned char *tables;
+	struct mapset *maps;
+	uint32_t mapsets;
+	int lookup_lock;
+	uint64_t negatives[NEGATIVES];
+	uint32_t negatives_generation;
+	uint32_t nnegatives;
+	struct ctp_options options;
+	struct thread *threads[CTP_RINGS];
+} conn;
+
+enum conn_state {
+	CONN_NONE = 0,
+	CONN_UP = 1,
+	CONN_FAILED = 2, /* no cargo-trace, or it went away: pass through */
+};
+
+/* Whether the library records (CARGO_TRACE_HEAP set), decided at the first call. */
+static int recording_mode;
+
+static __thread struct thread *self __attribute__((tls_model("initial-exec")));
+/* The library's own calls into libc that may allocate: never counted. */
+static __thread int internal __attribute__((tls_model("initial-exec")));
+/* A wrapped allocator's call in progress: what it calls (mmap) is part of it. */
+static __thread int in_call __attribute__((tls_model("initial-exec")));
+
+static pthread_key_t thread_key;
+
+static inline int recording(void)
+{
+	return __builtin_expect(recording_mode, 0) && conn.state != CONN_FAILED;
+}
+
+static void spin_lock(int *lock)
+{
+	while (__atomic_exchange_n(lock, 1, __ATOMIC_ACQUIRE))
+		while (__atomic_load_n(lock, __ATOMIC_RELAXED))
+			__builtin_ia32_pause();
+}
+
+static int try_lock(int *lock)
+{
+	return !__atomic_exchange_n(lock, 1, __ATOMIC_ACQUIRE);
+}
+
+static void spin_unlock(int *lock)
+{
+	__atomic_store_n(lock, 0, __ATOMIC_RELEASE);
+}
+
+static uint64_t monotonic_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
+}
+
+static void *map_private(size_t bytes)
+{
+	void *p = next.mmap ? next.mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+					MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+			    : MAP_FAILED;
+	if (p == MAP_FAILED)
+		return NULL;
+	if (conn.region)
+		__atomic_fetch_add(&conn.region->private_bytes, bytes, __ATOMIC_RELAXED);
+	return p;
+}
+
+/* cargo-trace went away (or never answered): every call passes through from
+ * now on. */
+static void detach(void)
+{
+	if (conn.region)
+		__atomic_store_n(&conn.region->detached, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&conn.state, CONN_FAILED, __ATOMIC_RELEASE);
+}
+
+/* Whether cargo-trace's end of the socket is still open. */
+static int consumer_alive(void)
+{
+	struct pollfd p = { .fd = conn.fd, .events = POLLIN };
+
+	if (poll(&p, 1, 0) < 0)
+		return 1;
+	if (p.revents & (POLLHUP | POLLERR | POLLNVAL))
+		return 0;
+	if (p.revents & POLLIN) {
+		char byte;
+		/* nothing is ever sent unasked: readable means closed */
+		return recv(conn.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != 0;
+	}
+	return 1;
+}
+
+/* Receives a mappings message (and the tables' fd with the first) into a new
+ * mapping set; 0 on success. */
+static int receive_mappings(int *tables_fd)
+{
+	size_t most = sizeof(struct ctp_msg_mappings) + CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping);
+	size_t set_bytes = (sizeof(struct mapset) + CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) +
+			    4095) & ~4095UL;
+	if (conn.mapsets >= MAX_MAPSETS)
+		return -1;
+	struct mapset *set = map_private(set_bytes);
+	unsigned char *buf = map_private((most + 4095) & ~4095UL);
+	if (!set || !buf)
+		return -1;
+	char control[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = buf, .iov_len = most };
+	struct msghdr msg = {
+		.msg_iov = &iov,
+		.msg_iovlen = 1,
+		.msg_control = control,
+		.msg_controllen = sizeof(control),
+	};
+	ssize_t got;
+	do
+		got = recvmsg(conn.fd, &msg, MSG_CMSG_CLOEXEC);
+	while (got < 0 && errno == EINTR);
+	const struct ctp_msg_mappings *head = (const void *)buf;
+	int ok = got >= (ssize_t)sizeof(*head) && head->kind == CTP_MSG_MAPPINGS &&
+		 head->nmappings <= CTP_MAX_MAPPINGS &&
+		 (size_t)got == sizeof(*head) + head->nmappings * sizeof(struct ctp_mapping);
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+			if (tables_fd && *tables_fd < 0)
+				*tables_fd = fd;
+			else
+				close(fd);
+		}
+	}
+	if (ok) {
+		conn.options = head->options;
+		set->n = head->nmappings;
+		set->generation = conn.mapsets + 1;
+		memcpy(set->m, buf + sizeof(*head), set->n * sizeof(struct ctp_mapping));
+		conn.mapsets++;
+		__atomic_store_n(&conn.maps, set, __ATOMIC_RELEASE);
+	}
+	next.munmap(buf, (most + 4095) & ~4095UL);
+	return ok ? 0 : -1;
+}
+
+static uint64_t region_size(void)
+{
+	return CTP_REGION_HEADER + (uint64_t)CTP_RINGS * sizeof(struct ctp_ring) +
+	       (uint64_t)CTP_STACK_SLOTS * sizeof(struct ctp_stack_slot) +
+	       (uint64_t)CTP_STACK_WORDS * sizeof(uint64_t);
+}
+
+/* Connects to cargo-trace, makes the region and says hello; 0 on success. */
+static int connect_now(void)
+{
+	const char *path = getenv("CARGO_TRACE_HEAP");
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+
+	if (!path || strlen(path) >= sizeof(addr.sun_path))
+		return -1;
+	strcpy(addr.sun_path, path);
+	conn.pid = (uint32_t)getpid();
+	conn.fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (conn.fd < 0)
+		return -1;
+	if (connect(conn.fd, (struct sockaddr *)&addr, sizeof(addr)))
+		return -1;
+	uint64_t bytes = region_size();
+	int region_fd = memfd_create("cargo-trace-heap", MFD_CLOEXEC);
+	if (region_fd < 0 || ftruncate(region_fd, (off_t)bytes))
+		return -1;
+	void *region = next.mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, region_fd, 0);
+	if (region == MAP_FAILED) {
+		close(region_fd);
+		return -1;
+	}
+	struct ctp_region *r = region;
+	r->magic = CTP_MAGIC;
+	r->version = CTP_VERSION;
+	r->pid = conn.pid;
+	r->nrings = CTP_RINGS;
+	r->region_bytes = bytes;
+	r->rings_offset = CTP_REGION_HEADER;
+	r->ring_bytes = sizeof(struct ctp_ring);
+	r->slots_offset = r->rings_offset + (uint64_t)CTP_RINGS * sizeof(struct ctp_ring);
+	r->nslots = CTP_STACK_SLOTS;
+	r->words_offset = r->slots_offset + (uint64_t)CTP_STACK_SLOTS * sizeof(struct ctp_stack_slot);
+	r->nwords = CTP_STACK_WORDS;
+	r->private_bound = (uint64_t)CTP_RINGS * THREAD_BYTES +
+			   (uint64_t)MAX_MAPSETS * 2 *
+				   ((sizeof(struct mapset) +
+				     CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) + 8191) &
+				    ~4095UL);
+	conn.region = r;
+	conn.rings = (struct ctp_ring *)((unsigned char *)r + r->rings_offset);
+	conn.slots = (struct ctp_stack_slot *)((unsigned char *)r + r->slots_offset);
+	conn.words = (uint64_t *)((unsigned char *)r + r->words_offset);
+
+	struct ctp_msg_hello hello = {
+		.magic = CTP_MAGIC,
+		.kind = CTP_MSG_HELLO,
+		.version = CTP_VERSION,
+		.pid = conn.pid,
+		.region_bytes = bytes,
+	};
+	char control[CMSG_SPACE(sizeof(int))];
+	memset(control, 0, sizeof(control));
+	struct iovec iov = { .iov_base = &hello, .iov_len = sizeof(hello) };
+	struct msghdr msg = {
+		.msg_iov = &iov,
+		.msg_iovlen = 1,
+		.msg_control = control,
+		.msg_controllen = sizeof(control),
+	};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &region_fd, sizeof(int));
+	ssize_t sent = sendmsg(conn.fd, &msg, MSG_NOSIGNAL);
+	close(region_fd);
+	if (sent != (ssize_t)sizeof(hello))
+		return -1;
+
+	int tables_fd = -1;
+	if (receive_mappings(&tables_fd) || tables_fd < 0)
+		return -1;
+	void *tables = next.mmap(NULL, TABLES_RESERVE, PROT_READ, MAP_SHARED | MAP_NORESERVE,
+				 tables_fd, 0);
+	close(tables_fd);
+	if (tables == MAP_FAILED)
+		return -1;
+	conn.tables = tables;
+	return 0;
+}
+
+/* Connects once per process image (and once per forked child); 0 when up. */
+static int ensure_connected(void)
+{
+	int state = __atomic_load_n(&conn.state, __ATOMIC_ACQUIRE);
+
+	if (state == CONN_UP)
+		return 0;
+	if (state == CONN_FAILED)
+		return -1;
+	spin_lock(&conn.lock);
+	if (conn.state == CONN_NONE) {
+		internal++;
+		int ok = connect_now() == 0;
+		internal--;
+		if (ok)
+			__atomic_store_n(&conn.state, CONN_UP, __ATOMIC_RELEASE);
+		else
+			detach();
+	}
+	spin_unlock(&conn.lock);
+	return conn.state == CONN_UP ? 0 : -1;
+}
+
+/* Publishes e in t's ring; a full ring waits for the consumer (never drops)
+ * unless the consumer is gone. */
+static void publish(struct thread *t, const struct ctp_event *e)
+{
+	struct ctp_ring *r = t->ring;
+	uint64_t head = t->head;
+
+	if (__builtin_expect(head - t->tail >= CTP_RING_EVENTS, 0)) {
+		t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+		while (head - t->tail >= CTP_RING_EVENTS) {
+			r->waits++;
+			if (!consumer_alive()) {
+				detach();
+				return;
+			}
+			struct timespec pause = { 0, WAIT_NS };
+			nanosleep(&pause, NULL);
+			t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+		}
+	}
+	r->events[head & (CTP_RING_EVENTS - 1)] = *e;
+	__atomic_store_n(&r->head, head + 1, __ATOMIC_RELEASE);
+	t->head = head + 1;
+}
+
+/* Publishes the events a nested level left (a signal handler that allocated
+ * while this thread was in the recorder). */
+static void publish_pending(struct thread *t)
+{
+	uint32_t n = __atomic_load_n(&t->npending, __ATOMIC_RELAXED);
+
+	while (n) {
+		for (uint32_t i = 0; i < n; i++)
+			publish(t, &t->pending[i]);
+		/* a handler may add one meanwhile: then publish it too */
+		uint32_t seen = n;
+		if (__atomic_compare_exchange_n(&t->npending, &seen, 0, 0, __ATOMIC_RELAXED,
+						__ATOMIC_RELAXED))
+			break;
+		for (uint32_t i = n; i < seen; i++)
+			t->pending[i - n] = t->pending[i];
+		__atomic_store_n(&t->npending, seen - n, __ATOMIC_RELAXED);
+		n = seen - n;
+	}
+}
+
+static void thread_ended(void *value)
+{
+	struct thread *t = value;
+
+	if (!t || !t->ring || self != t)
+		return;
+	if (conn.state == CONN_UP)
+		publish_pending(t);
+	__atomic_store_n(&t->ring->state, CTP_RING_RELEASED, __ATOMIC_RELEASE);
+	self = NULL;
+}
+
+/* The thread's stack, where the walk reads directly. */
+static void find_stack(struct thread *t)
+{
+	pthread_attr_t attr;
+	void *addr;
+	size_t size;
+
+	t->stack_lo = t->stack_hi = 0;
+	if (pthread_getattr_np(pthread_self(), &attr))
+		return;
+	if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
+		t->stack_lo = (uint64_t)addr;
+		t->stack_hi = (uint64_t)addr + size;
+	}
+	pthread_attr_destroy(&attr);
+}
+
+/* A ring for the calling thread and its state; NULL when there is none. */
+static struct thread *thread_start(void)
+{
+	if (internal || ensure_connected())
+		return NULL;
+	internal++;
+	struct thread *t = NULL;
+	for (int i = 0; i < CTP_RINGS && !t; i++) {
+		struct ctp_ring *r = &conn.rings[i];
+		uint32_t free_state = CTP_RING_FREE;
+		if (!__atomic_compare_exchange_n(&r->state, &free_state, CTP_RING_OWNED, 0,
+						 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+			continue;
+		t = conn.threads[i];
+		if (!t) {
+			t = map_private(THREAD_BYTES);
+			if (!t) {
+				__atomic_store_n(&r->state, CTP_RING_FREE, __ATOMIC_RELEASE);
+				break;
+			}
+			conn.threads[i] = t;
+		}
+		memset(t, 0, offsetof(struct thread, scratch));
+		memset(t->memo, 0, sizeof(t->memo));
+		t->ring = r;
+		t->index = i;
+		t->head = __atomic_load_n(&r->head, __ATOMIC_RELAXED);
+		t->tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
+		t->random = (monotonic_ns() ^ ((uint64_t)i << 32) ^ (uint64_t)(uintptr_t)&t) | 1;
+		r->tid = (uint32_t)syscall(SYS_gettid);
+		r->owners++;
+	}
+	if (t) {
+		find_stack(t);
+		self = t;
+		pthread_setspecific(thread_key, t);
+	} else {
+		__atomic_fetch_add(&conn.region->no_ring, 1, __ATOMIC_RELAXED);
+	}
+	internal--;
+	return t;
+}
+
+/* ---- what the walk reads ---- */
+
+struct walk_env {
+	struct mapset *maps;
+	uint64_t direct_lo, direct_hi; /* read directly: inside the thread's stack */
+	int may_ask;		       /* may ask cargo-trace for a mapping (level 0) */
+	int asked;
+};
+
+static int read_through_kernel(uint64_t addr, uint64_t *value)
+{
+	struct iovec local = { .iov_base = value, .iov_len = sizeof(*value) };
+	struct iovec remote = { .iov_base = (void *)addr, .iov_len = sizeof(*value) };
+
+	return syscall(SYS_process_vm_readv, conn.pid, &local, 1, &remote, 1, 0) ==
+			       (long)sizeof(*value)
+		       ? 0
+		       : -1;
+}
+
+static int walk_read(struct walk_env *env, uint64_t addr, uint64_t *value)
+{
+	if (__builtin_expect(addr >= env->direct_lo && addr + 8 <= env->direct_hi &&
+				     addr + 8 > addr,
+			     1)) {
+		*value = *(volatile const uint64_t *)addr;
+		return 0;
+	}
+	return read_through_kernel(addr, value);
+}
+
+static const unsigned char *walk_tables(struct walk_env *env)
+{
+	(void)env;
+	return conn.tables;
+}
+
+static const struct ctp_mapping *find_in(const struct mapset *set, uint64_t addr)
+{
+	uint32_t lo = 0, len = set->n;
+
+	while (len > 0) {
+		uint32_t half = len >> 1;
+		if (set->m[lo + half].start <= addr) {
+			lo += half + 1;
+			len -= half + 1;
+		} else {
+			len = half;
+		}
+	}
+	if (lo == 0 || addr >= set->m[lo - 1].end)
+		return NULL;
+	return &set->m[lo - 1];
+}
+
+/* Asks cargo-trace for the mapping at pc (a library mapped since the last
+ * answer); under lookup_lock. */
+static void ask_mapping(struct walk_env *env, uint64_t pc)
+{
+	struct mapset *now = __atomic_load_n(&conn.maps, __ATOMIC_ACQUIRE);
+
+	if (now != env->maps) {
+		env->maps = now; /* another thread asked already */
+		return;
+	}
+	if (conn.negatives_generation == now->generation) {
+		for (uint32_t i = 0; i < conn.nnegatives; i++)
+			if (conn.negatives[i] == pc)
+				return;
+	} else {
+		conn.negatives_generation = now->generation;
+		conn.nnegatives = 0;
+	}
+	struct ctp_msg_lookup ask = { .kind = CTP_MSG_LOOKUP, .pc = pc };
+	__atomic_fetch_add(&conn.region->lookups, 1, __ATOMIC_RELAXED);
+	internal++;
+	int ok = send(conn.fd, &ask, sizeof(ask), MSG_NOSIGNAL) == (ssize_t)sizeof(ask) &&
+		 receive_mappings(NULL) == 0;
+	internal--;
+	if (!ok) {
+		if (!consumer_alive())
+			detach();
+		return;
+	}
+	env->maps = __atomic_load_n(&conn.maps, __ATOMIC_ACQUIRE);
+	if (!find_in(env->maps, pc)) {
+		conn.negatives_generation = env->maps->generation;
+		if (conn.nnegatives < NEGATIVES)
+			conn.negatives[conn.nnegatives++] = pc;
+	}
+}
+
+static const struct ctp_mapping *walk_mapping(struct walk_env *env, uint64_t addr)
+{
+	const struct ctp_mapping *m = find_in(env->maps, addr);
+
+	if (__builtin_expect(m != NULL, 1) || conn.state != CONN_UP)
+		return m;
+	if (env->may_ask ? (spin_lock(&conn.lookup_lock), 1) : try_lock(&conn.lookup_lock)) {
+		ask_mapping(env, addr);
+		spin_unlock(&conn.lookup_lock);
+		env->asked = 1;
+	}
+	return find_in(env->maps, addr);
+}
+
+/* ---- stacks ---- */
+
+static uint64_t stack_hash(const struct ctp_walk *w)
+{
+	uint64_t hash = 0x9e3779b97f4a7c15ULL ^ w->len ^ (uint64_t)w->end << 32 ^
+			(uint64_t)w->reason << 48;
+
+	for (uint32_t i = 0; i < w->len; i++) {
+		hash = (hash ^ w->frames[i]) * 0xff51afd7ed558ccdULL;
+		hash ^= hash >> 32;
+	}
+	return hash ? hash : 1;
+}
+
+static uint64_t stack_header(const struct ctp_walk *w)
+{
+	return (uint64_t)w->len | (uint64_t)w->end << 32 | (uint64_t)w->reason << 48;
+}
+
+static int same_stack(const struct ctp_walk *w, uint32_t id)
+{
+	uint64_t at = id - 1;
+
+	if (at + 1 + w->len > conn.region->nwords || conn.words[at] != stack_header(w))
+		return 0;
+	return memcmp(&conn.words[at + 1], w->frames, w->len * sizeof(uint64_t)) == 0;
+}
+
+/* The stack's id in the region, stored if new; 0 if it could not be. */
+static uint32_t intern(const struct ctp_walk *w, int level)
+{
+	uint64_t hash = stack_hash(w);
+	uint64_t mask = CTP_STACK_SLOTS - 1;
+
+	for (int i = 0; i < STACK_PROBES; i++) {
+		struct ctp_stack_slot *slot = &conn.slots[(hash + i) & mask];
+		uint64_t h = __atomic_load_n(&slot->hash, __ATOMIC_ACQUIRE);
+		if (h == 0)
+			break;
+		if (h == hash && same_stack(w, slot->id))
+			return slot->id;
+	}
+	/* a nested level may have interrupted the holder: it does not wait */
+	if (level ? !try_lock((int *)&conn.region->stack_lock)
+		  : (spin_lock((int *)&conn.region->stack_lock), 0))
+		return 0;
+	uint32_t id = 0;
+	for (int i = 0; i < STACK_PROBES; i++) {
+		struct ctp_stack_slot *slot = &conn.slots[(hash + i) & mask];
+		uint64_t h = slot->hash;
+		if (h == hash && same_stack(w, slot->id)) {
+			id = slot->id;
+			break;
+		}
+		if (h != 0)
+			continue;
+		uint64_t used = conn.region->words_used;
+		if (used + 1 + w->len > conn.region->nwords)
+			break;
+		conn.words[used] = stack_header(w);
+		memcpy(&conn.words[used + 1], w->frames, w->len * sizeof(uint64_t));
+		conn.region->words_used = used + 1 + w->len;
+		id = (uint32_t)used + 1;
+		slot->id = id;
+		__atomic_store_n(&slot->hash, hash, __ATOMIC_RELEASE);
+		conn.region->stacks++;
+		break;
+	}
+	if (!id)
+		conn.region->stacks_full++;
+	spin_unlock((int *)&conn.region->stack_lock);
+	return id;
+}
+
+/* ---- the walk memo ---- */
+
+static inline struct memo_set *memo_set_of(struct thread *t, uint64_t rip, uint64_t rsp)
+{
+	uint64_t mix = (rip ^ (rsp * 0xc2b2ae3d27d4eb4fULL)) * 0x9e3779b97f4a7c15ULL;
+
+	return &t->memo[(mix >> 40) & (MEMO_SETS - 1)];
+}
+
+/* The stack of a walk from (rip, rsp, rbp) if one remembered read the same
+ * words; 0 if none did. */
+static inline uint32_t memo_find(struct thread *t, uint32_t generation, uint64_t rip,
+				 uint64_t rsp, uint64_t rbp)
+{
+	struct memo_set *set = memo_set_of(t, rip, rsp);
+
+	for (int way = 0; way < MEMO_WAYS; way++) {
+		struct memo_entry *e = &set->ways[way];
+		if (e->rip != rip || e->rsp != rsp || e->generation != generation ||
+		    (e->uses_rbp && e->rbp != rbp))
+			continue;
+		uint64_t differ = 0;
+		for (uint32_t i = 0; i < e->nwords; i++)
+			differ |= *(volatile const uint64_t *)(rsp + e->offset[i]) ^ e->value[i];
+		if (!differ)
+			return e->stack;
+	}
+	return 0;
+}
+
+static void memo_remember(struct thread *t, uint32_t generation, const struct ctp_walk *w,
+			  uint64_t rip, uint64_t rsp, uint64_t rbp, uint32_t stack)
+{
+	if (w->end != CTP_WALK_COMPLETE || w->unfit || w->nwords > MEMO_WORDS || !stack)
+		return;
+	for (uint32_t i = 0; i < w->nwords; i++)
+		if (w->word_addr[i] < rsp || w->word_addr[i] + 8 > t->stack_hi ||
+		    w->word_addr[i] - rsp > UINT32_MAX)
+			return; /* the memo reads directly only inside the stack */
+	struct memo_set *set = memo_set_of(t, rip, rsp);
+	struct memo_entry *e = &set->ways[set->next++ % MEMO_WAYS];
+	e->rip = rip;
+	e->rsp = rsp;
+	e->rbp = rbp;
+	e->uses_rbp = w->uses_rbp;
+	e->stack = stack;
+	e->nwords = w->nwords;
+	for (uint32_t i = 0; i < w->nwords; i++) {
+		e->offset[i] = (uint32_t)(w->word_addr[i] - rsp);
+		e->value[i] = w->word_value[i];
+	}
+	e->generation = generation;
+}
+
+/* The stack id of the wrapper's caller chain at c. */
+static uint32_t stack_of(struct thread *t, const struct ctp_call *c, uint32_t level)
+{
+	struct mapset *maps = __atomic_load_n(&conn.maps, __ATOMIC_ACQUIRE);
+	int use_memo = level == 0 && !(conn.options.flags & CTP_OPT_NO_MEMO);
+
+	if (use_memo) {
+		uint32_t id = memo_find(t, maps->generation, c->rip, c->rsp, c->rbp);
+		if (id) {
+			t->ring->memo_hits++;
+			return id;
+		}
+	}
+	struct walk_env env = { .maps = maps, .may_ask = level == 0 };
+	if (c->rsp >= t->stack_lo && c->rsp < t->stack_hi) {
+		env.direct_lo = c->rsp;
+		env.direct_hi = t->stack_hi;
+	}
+	struct ctp_walk *w = &t->scratch[level];
+	uint64_t started = monotonic_ns();
+	ctp_walk_stack(&env, w, c->rip, c->rsp, c->rbp, 0, 0);
+	struct ctp_ring *r = t->ring;
+	r->walk_ns += monotonic_ns() - started;
+	r->walks++;
+	r->walked_frames += w->len;
+	r->walk_ends[w->end & (CTP_WALK_END_COUNT - 1)]++;
+	uint32_t id = intern(w, level);
+	if (!id)
+		r->not_stored++;
+	else if (use_memo && !env.asked)
+		memo_remember(t, maps->generation, w, c->rip, c->rsp, c->rbp, id);
+	return id;
+}
+
+/* ---- sampling (bpf_prog::AllocOptions, as alloc.bpf.h draws) ---- */
+
+static inline uint32_t random_u32(struct thread *t)
+{
+	uint64_t x = t->random;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	t->random = x;
+	return (uint32_t)((x * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static inline int sampled(struct thread *t, uint64_t size)
+{
+	const struct ctp_options *o = &conn.options;
+
+	if (o->sample_every > 1)
+		return (uint64_t)random_u32(t) * o->sample_every < 1ULL << 32;
+	if (o->sample_bytes > 0)
+		return size >= o->sample_bytes ||
+		       (uint64_t)random_u32(t) * o->sample_bytes < size << 32;
+	return 1;
+}
+
+static inline int size_wanted(uint64_t size)
+{
+	const struct ctp_options *o = &conn.options;
+
+	return size >= o->min_size && (o->max_size == 0 || size <= o->max_size);
+}
+
+/* ---- the recorder ---- */
+
+/* Called by ctp_capture with the wrapper's registers in c. Not static: the
+ * stub jumps here. */
+__attribute__((visibility("hidden"), used)) void ctp_record(struct ctp_call *c)
+{
+	struct thread *t = self;
+
+	if (__builtin_expect(!t, 0)) {
+		t = thread_start();
+		if (!t)
+			return;
+	}
+	if (internal || conn.state != CONN_UP)
+		return;
+	uint32_t level = t->level;
+	if (level >= NEST_LEVELS) {
+		t->ring->nested_lost++;
+		return;
+	}
+	t->level = level + 1;
+	__asm__ volatile("" ::: "memory");
+
+	struct ctp_event e = { .address = c->address, .size = c->size, .kind = c->kind };
+	int walk = 0, keep = 1;
+	switch (c->kind) {
+	case CTP_EV_ALLOC:
+	case CTP_EV_MMAP:
+		if (conn.options.sample_every > 1 && !sampled(t, 0)) {
+			keep = 0;
+			break;
+		}
+		if (!c->address) {
+			e.kind = CTP_EV_FAILED;
+			break;
+		}
+		if (!size_wanted(c->size) || (conn.options.sample_bytes > 0 && !sampled(t, c->size)))
+			keep = 0;
+		else
+			walk = 1;
+		break;
+	case CTP_EV_RESIZED:
+		if ((conn.options.sample_every > 1 && !sampled(t, 0)) || !size_wanted(c->size) ||
+		    (conn.options.sample_bytes > 0 && !sampled(t, c->size)))
+			e.flags = CTP_EV_UNSAMPLED;
+		else
+			walk = c->address != 0;
+		break;
+	default:
+		break;
+	}
+	if (keep) {
+		if (walk)
+			e.stack = stack_of(t, c, level);
+		e.time = monotonic_ns();
+		if (level == 0) {
+			publish(t, &e);
+			publish_pending(t);
+		} else {
+			uint32_t n = t->npending;
+			if (n < PENDING) {
+				t->pending[n] = e;
+				__atomic_store_n(&t->npending, n + 1, __ATOMIC_RELAXED);
+			} else {
+				t->ring->nested_lost++;
+			}
+		}
+	}
+	__asm__ volatile("" ::: "memory");
+	t->level = level;
+}
+
+/* ctp_capture(c): fills c->rip, c->rsp and c->rbp as a site's probe would see
+ * them with the site's frame popped (the wrapper's return address, the
+ * wrapper's rsp), then goes on to ctp_record(c). */
+void ctp_capture(struct ctp_call *c);
+__asm__(".text\n"
+	".globl ctp_capture\n"
+	".hidden ctp_capture\n"
+	".type ctp_capture, @function\n"
+	"ctp_capture:\n"
+	".cfi_startproc\n"
+	"\tmovq (%rsp), %rax\n"
+	"\tmovq %rax, 0(%rdi)\n"
+	"\tleaq 8(%rsp), %rax\n"
+	"\tmovq %rax, 8(%rdi)\n"
+	"\tmovq %rbp, 16(%rdi)\n"
+	"\tjmp ctp_record\n"
+	".cfi_endproc\n"
+	".size ctp_capture, .-ctp_capture\n");
+
+/* Records an event of the calling wrapper: a macro, so that the stub is
+ * called from the wrapper itself and the walk starts in it. */
+#define RECORD(kind_, address_, size_)                                                       \
+	do {                                                                                 \
+		struct ctp_call call_ = { .address = (uint64_t)(uintptr_t)(address_),       \
+					  .size = (uint64_t)(size_),                          \
+					  .kind = (kind_) };                                  \
+		ctp_capture(&call_);                                                         \
+	} while (0)
+
+/* A forked child records apart: its own region and connection, at its first
+ * event. The parent's region stays mapped (the child never writes it). */
+static void record_forked_child(void)
+{
+	if (!recording_mode)
+		return;
+	if (conn.state == CONN_UP) {
+		close(conn.fd);
+		conn.state = CONN_NONE;
+	}
+	conn.lock = 0;
+	conn.lookup_lock = 0;
+	conn.region = NULL;
+	conn.maps = NULL;
+	conn.mapsets = 0;
+	conn.nnegatives = 0;
+	/* the parent's threads' states are copies here: the next owners of
+	 * this child's rings start from them afresh */
+	self = NULL;
+	internal = 0;
+	in_call = 0;
+}
+
+/* Decides the mode, at the library's first call (which may come before its
+ * constructor). */
+static void record_init(void)
+{
+	const char *socket_path = getenv("CARGO_TRACE_HEAP");
+
+	if (!socket_path || !socket_path[0])
+		return;
+	if (pthread_key_create(&thread_key, thread_ended))
+		return;
+	pthread_atfork(NULL, NULL, record_forked_child);
+	recording_mode = 1;
+}

@@ -1,0 +1,277 @@
+/*
+ * Every byte the preloaded library and cargo-trace share in in-process
+ * recording (CARGO_TRACE_HEAP): the region each process writes, the unwind
+ * tables cargo-trace writes, and the messages on the socket between them.
+ *
+ * preload/src/layout.rs mirrors each struct here and asserts, at compile time,
+ * that its size and every field offset equal what the C compiler gives (the
+ * build compiles a program that prints them, from this very file), so a
+ * change on one side only fails the build. Keep fields naturally aligned,
+ * padding explicit, and one declaration per line: build.rs reads the structs
+ * and enums of this file line by line.
+ *
+ * The region (a memfd the library creates, sent with the hello, mapped by
+ * both sides; it stays readable after the process died):
+ *   ctp_region              header, at 0
+ *   ctp_ring[CTP_RINGS]      at rings_offset: one per thread, single producer
+ *   ctp_stack_slot[...]      at slots_offset: the interned stacks' hash table
+ *   u64[CTP_STACK_WORDS]     at words_offset: the stacks' records
+ * A stack record: one word (frames | end << 32 | reason << 48) and its frames,
+ * stored as the BPF walker stores them (CTP_FRAME_IN_OBJECT). A stack's id is
+ * its record's word index + 1 (0: no stack).
+ *
+ * The tables (one memfd cargo-trace appends to, mapped read-only): ctp_table
+ * headers, each followed by its pages, rows and rules, at the offsets the
+ * mappings name. Same compact rows as the BPF maps (cargo_trace.h), in one
+ * blob per table.
+ */
+#ifndef CTP_SHARED_H
+#define CTP_SHARED_H
+
+#include <stdint.h>
+
+enum ctp_limits {
+	CTP_MAGIC = 0x52505443, /* "CTPR" */
+	CTP_VERSION = 1,
+	CTP_MAX_FRAMES = 512,
+	CTP_RINGS = 256,
+	CTP_RING_EVENTS = 4096,
+	CTP_STACK_SLOTS = 262144,
+	CTP_STACK_WORDS = 8388608,
+	CTP_MAX_MAPPINGS = 1024,
+	CTP_PAGE_SHIFT = 16,
+	CTP_STEP_WINDOW = 16,
+	CTP_WALK_END_COUNT = 8,
+	CTP_REGION_HEADER = 4096,
+};
+
+/* Rule kinds: the values of cargo_trace.h's ct_rule_kind. */
+enum ctp_rule_kind {
+	CTP_RULE_GAP = 0,
+	CTP_RULE_CFA_RSP = 1,
+	CTP_RULE_CFA_RBP = 2,
+	CTP_RULE_PLT = 3,
+	CTP_RULE_CFA_DEREF = 4,
+	CTP_RULE_END = 5,
+	CTP_RULE_SIGNAL = 6,
+	CTP_RULE_UNSUPPORTED = 7,
+	CTP_RULE_CFA_RSP_STEPS = 8,
+	CTP_RULE_RETURN_IN_RDI = 9,
+};
+
+enum ctp_reg {
+	CTP_REG_RBP = 6,
+	CTP_REG_RSP = 7,
+};
+
+enum ctp_rbp_kind {
+	CTP_RBP_SAME = 0,
+	CTP_RBP_AT_CFA = 1,
+	CTP_RBP_AT_RBP = 2,
+};
+
+enum ctp_sigframe {
+	CTP_SIGFRAME_RBP = 120,
+	CTP_SIGFRAME_RSP = 160,
+	CTP_SIGFRAME_RIP = 168,
+};
+
+/* unwind_tables::UnsupportedReason::ReturnAddress */
+enum ctp_reason {
+	CTP_UNSUPPORTED_RETURN_ADDRESS = 5,
+};
+
+/* How a walk ended: unwind_tables::walk::WalkEnd, as ct_walk_end numbers it. */
+enum ctp_walk_end {
+	CTP_WALK_COMPLETE = 0,
+	CTP_WALK_NO_PROC = 1,
+	CTP_WALK_NO_MAPPING = 2,
+	CTP_WALK_NO_ROW = 3,
+	CTP_WALK_UNSUPPORTED = 4,
+	CTP_WALK_READ_FAULT = 5,
+	CTP_WALK_DEPTH_CAP = 6,
+	CTP_WALK_BAD_RA = 7,
+};
+
+/* A frame in an object: CTP_FRAME_IN_OBJECT | object << 48 | ELF address. */
+enum ctp_frame {
+	CTP_FRAME_OBJECT_SHIFT = 48,
+	CTP_MAX_OBJECTS = 32768,
+};
+#define CTP_FRAME_IN_OBJECT (1ULL << 63)
+
+struct ctp_rule {
+	uint8_t kind;
+	uint8_t cfa_reg;
+	uint8_t rbp_kind;
+	uint8_t reason;
+	int32_t cfa_off;
+	int32_t rbp_off;
+	uint32_t cfa_arg;
+};
+
+struct ctp_row {
+	uint16_t addr_lo;
+	uint16_t rule;
+};
+
+struct ctp_page {
+	uint32_t first_row;
+	uint32_t nrows;
+};
+
+/* One object's table; its pages, rows and rules follow, at the offsets given
+ * (from this header), in the tables memfd. */
+struct ctp_table {
+	uint64_t first_page;
+	uint32_t npages;
+	uint32_t nrows;
+	uint32_t nrules;
+	uint32_t pages_at;
+	uint32_t rows_at;
+	uint32_t rules_at;
+};
+
+enum ctp_mapping_flags {
+	CTP_MAPPING_NO_TABLE = 1, /* executable, no table (JIT code): NoRow */
+};
+
+#define CTP_NO_TABLE (~0ULL)
+
+/* An executable mapping, as cargo-trace registers it for the BPF walker. */
+struct ctp_mapping {
+	uint64_t start;
+	uint64_t end;
+	uint64_t bias;
+	uint64_t table; /* offset of its ctp_table in the tables memfd */
+	uint32_t object; /* object id (0: none) */
+	uint32_t flags;	 /* enum ctp_mapping_flags */
+};
+
+/* What a ring event is. */
+enum ctp_event_kind {
+	CTP_EV_ALLOC = 1,    /* address, size, stack */
+	CTP_EV_FREE = 2,     /* address, before the allocator takes it back */
+	CTP_EV_MMAP = 3,     /* address, size, stack: anonymous memory mapped */
+	CTP_EV_MUNMAP = 4,   /* address, before it is unmapped */
+	CTP_EV_RESIZING = 5, /* address (the old block, 0: none), size: a realloc's entry */
+	CTP_EV_RESIZED = 6,  /* address (0: failed or freed), size, stack: its return */
+	CTP_EV_FAILED = 7,   /* size: an allocation that returned NULL */
+};
+
+enum ctp_event_flags {
+	CTP_EV_UNSAMPLED = 1, /* not counted: sampling or the size filter left it out */
+};
+
+struct ctp_event {
+	uint64_t time; /* CLOCK_MONOTONIC ns */
+	uint64_t address;
+	uint64_t size;
+	uint32_t stack; /* stack id, 0: none */
+	uint16_t kind;	/* enum ctp_event_kind */
+	uint16_t flags; /* enum ctp_event_flags */
+};
+
+enum ctp_ring_state {
+	CTP_RING_FREE = 0,     /* no thread: a new thread may take it */
+	CTP_RING_OWNED = 1,    /* a thread's */
+	CTP_RING_RELEASED = 2, /* its thread ended: free again once drained */
+};
+
+/* A thread's ring header. head is the producer's, tail the consumer's, each
+ * on its own cache line; the counters are the producer's. */
+struct ctp_ring {
+	uint32_t state; /* enum ctp_ring_state */
+	uint32_t tid;
+	uint64_t owners; /* threads that owned it so far */
+	uint64_t pad0[6];
+	uint64_t head; /* events published */
+	uint64_t pad1[7];
+	uint64_t tail; /* events consumed */
+	uint64_t pad2[7];
+	uint64_t walks;	    /* stacks walked (memo misses) */
+	uint64_t memo_hits; /* stacks the memo answered */
+	uint64_t walk_ns;   /* time spent walking (sampled, see preload.c) */
+	uint64_t walked_frames;
+	uint64_t walk_ends[CTP_WALK_END_COUNT];
+	uint64_t nested_lost;	   /* events lost: too deeply nested signal handlers */
+	uint64_t not_stored;	   /* stacks not stored: the stack area was full */
+	uint64_t waits;		   /* times the ring was full and the thread waited */
+	uint64_t pad3[1];
+	struct ctp_event events[CTP_RING_EVENTS];
+};
+
+/* One slot of the stacks' hash table: written once, hash last. */
+struct ctp_stack_slot {
+	uint64_t hash; /* 0: empty */
+	uint32_t id;
+	uint32_t pad;
+};
+
+struct ctp_region {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t pid;
+	uint32_t nrings;
+	uint64_t region_bytes; /* the memfd's size: the bound of what is shared */
+	uint64_t rings_offset;
+	uint64_t ring_bytes;
+	uint64_t slots_offset;
+	uint64_t nslots;
+	uint64_t words_offset;
+	uint64_t nwords;
+	uint64_t private_bytes; /* the library's own memory besides the region, now */
+	uint64_t private_bound; /* ... and at most */
+	uint64_t words_used;	/* stack records so far (under stack_lock) */
+	uint32_t stacks;	/* stacks stored */
+	uint32_t stack_lock;
+	uint64_t no_ring;     /* events lost: no free ring for their thread */
+	uint64_t stacks_full; /* stacks not stored: no room */
+	uint64_t lookups;     /* mappings asked of cargo-trace */
+	uint32_t detached;    /* cargo-trace went away: the library passes through */
+	uint32_t pad;
+};
+
+/* Messages on the socket (SOCK_SEQPACKET). */
+enum ctp_msg_kind {
+	CTP_MSG_HELLO = 1,    /* library -> cargo-trace, with the region's fd */
+	CTP_MSG_MAPPINGS = 2, /* cargo-trace -> library, with the tables' fd */
+	CTP_MSG_LOOKUP = 3,   /* library -> cargo-trace: the mapping at pc? */
+};
+
+struct ctp_msg_hello {
+	uint32_t magic;
+	uint32_t kind;
+	uint32_t version;
+	uint32_t pid;
+	uint64_t region_bytes;
+};
+
+/* What the library records (bpf_prog::AllocOptions that apply in-process). */
+enum ctp_option_flags {
+	CTP_OPT_NO_MEMO = 1, /* walk every stack (the benchmark's walk figures) */
+};
+
+struct ctp_options {
+	uint32_t sample_every;
+	uint32_t flags; /* enum ctp_option_flags */
+	uint64_t sample_bytes;
+	uint64_t min_size;
+	uint64_t max_size;
+};
+
+/* The process's mappings, all of them (the answer to a hello or a lookup),
+ * followed by nmappings struct ctp_mapping. */
+struct ctp_msg_mappings {
+	uint32_t kind;
+	uint32_t nmappings;
+	struct ctp_options options;
+};
+
+struct ctp_msg_lookup {
+	uint32_t kind;
+	uint32_t pad;
+	uint64_t pc;
+};
+
+#endif /* CTP_SHARED_H */

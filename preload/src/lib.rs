@@ -1,0 +1,88 @@
+//! The heap profiler's preloaded library (`libcargo-trace-preload.so`, built from `c/`)
+//! and cargo-trace's side of in-process recording.
+//!
+//! # What it does
+//! The library wraps the malloc family, `mmap` and `munmap` of a target cargo-trace
+//! launches (`LD_PRELOAD`). It runs in one of two modes, chosen at its first call:
+//! - **BPF sites** (no `CARGO_TRACE_HEAP` in the environment): after each call it calls a
+//!   site, a function starting with a nop, where cargo-trace's uprobes count the call
+//!   ([`SITES`]; the BPF programs walk the stack). Unchanged from before this crate.
+//! - **In-process recording** (`CARGO_TRACE_HEAP=<socket>`, see [`Server::environment`]):
+//!   no kernel event at all. The library connects to the socket, walks its own thread's
+//!   stack with the compact unwind tables cargo-trace compiled (the walk of
+//!   `docs/walk.md`, in C, `c/walk.h`: the BPF walker's frames and ends), remembers
+//!   walks (a per-thread memo that re-reads the words a walk read), interns stacks in
+//!   a shared region and publishes each event in its thread's ring.
+//!
+//! Data flow of in-process recording:
+//! ```text
+//!  target (library)                         cargo-trace (this crate)
+//!  first call: connect ---- hello + region memfd ----> Server::serve
+//!                      <--- mappings + tables memfd --  (TableSource: the session's
+//!  a pc in no mapping: ---- lookup(pc) -------------->   mappings and tables)
+//!                      <--- mappings ----------------
+//!  each call: walk or memo -> stack id -> ring event
+//!  region (memfd, shared) ------------------------------> Recorder::poll: orders events,
+//!                                                         aggregates per (pid, stack)
+//! ```
+//! Every shared byte is defined once, in `c/shared.h`, mirrored in [`layout`] with
+//! compile-time checks against the C compiler's layout.
+//!
+//! # What it does not do
+//! It knows nothing of BPF (the sites' kinds are its own [`Site`]; cargo-trace maps them
+//! to probe kinds), compiles tables only through `unwind_tables` (the [`TableSource`] the
+//! session gives decides which), and symbolizes nothing: stacks come out as typed frames
+//! ([`Frame`]). Allocators linked statically into a program (Rust's jemalloc or mimalloc
+//! crates) are not interposable by `LD_PRELOAD`: the BPF path keeps them.
+
+pub mod layout;
+mod recorder;
+mod server;
+mod sys;
+mod tables;
+
+pub use recorder::{
+    AllocStats, Counters, Estimated, Frame, LibraryMemory, MappedTotals, Options,
+    ProcessTotals, Recorder, RegionError, Stack, StackId, BUCKETS,
+};
+pub use server::{Error, Server};
+pub use tables::{encode_table, PlainTables, SourceMapping, TableError, TableSource};
+
+/// The library, as built by build.rs.
+pub const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcargo-trace-preload.so"));
+
+/// The library's file name.
+pub const FILE_NAME: &str = "libcargo-trace-preload.so";
+
+/// The environment variable that turns in-process recording on: the socket's path.
+pub const SOCKET_VARIABLE: &str = "CARGO_TRACE_HEAP";
+
+/// A BPF site of the library: what cargo-trace attaches there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Site {
+    /// `cargo_trace_allocated(address, size, mapped, log, n)`: a block allocated.
+    Allocated,
+    /// `cargo_trace_freeing(address)`: a block about to be freed.
+    Freeing,
+    /// `cargo_trace_unmapping(address)`: a mapping about to be unmapped.
+    Unmapping,
+    /// `cargo_trace_resizing(old, size, log, n)`: before realloc.
+    Resizing,
+    /// `cargo_trace_resized(new)`: after realloc.
+    Resized,
+    /// `cargo_trace_freed(log, n)`: a thread's free log, full.
+    Freed,
+    /// `cargo_trace_log(log)`: where a thread's free log is.
+    Log,
+}
+
+/// The library's sites (BPF sites mode), by symbol name.
+pub const SITES: [(&str, Site); 7] = [
+    ("cargo_trace_allocated", Site::Allocated),
+    ("cargo_trace_freeing", Site::Freeing),
+    ("cargo_trace_unmapping", Site::Unmapping),
+    ("cargo_trace_resizing", Site::Resizing),
+    ("cargo_trace_resized", Site::Resized),
+    ("cargo_trace_freed", Site::Freed),
+    ("cargo_trace_log", Site::Log),
+];

@@ -1,0 +1,964 @@
+//! The consumer: reads every process's region (while it runs and after it died), orders
+//! the events of its threads' rings, and aggregates per (pid, stack) with the BPF heap
+//! path's semantics (`bpf-prog/src/bpf/alloc.bpf.h`: the fields of `bpf_prog::AllocStats`
+//! and `bpf_prog::AllocProcess`, the counters of `bpf_prog::AllocCounter` that apply).
+//!
+//! Order: each ring is one thread's, in order. Across rings, events go by time, and
+//! where an event needs one of another thread before it (a free of a block this
+//! consumer has not seen allocated; an allocation at an address still live) the rings'
+//! heads are read again and every event of another ring stamped at or before it goes
+//! first. That is exact: the library publishes an allocation before its pointer can
+//! escape to another thread, and a free before the allocator can hand the address out
+//! again, so the predecessor was published before the event that needs it, and stamped
+//! no later (one clock, `CLOCK_MONOTONIC`, read before publishing). What still finds no
+//! predecessor then is what the BPF path counts: an unknown free, a reused address.
+
+use std::collections::HashMap;
+use std::mem::offset_of;
+use std::os::fd::OwnedFd;
+
+use unwind_tables::walk::WalkEnd;
+use unwind_tables::UnsupportedReason;
+
+use crate::layout::{self, event, region, ring_state, Event, Region, Ring, RINGS, RING_EVENTS};
+use crate::sys::{self, Shared};
+
+/// Log2 buckets of the size and lifetime histograms (`CT_ALLOC_BUCKETS`).
+pub const BUCKETS: usize = 48;
+/// Fixed point of the estimated counts (`CT_ALLOC_WEIGHT_SHIFT`).
+const WEIGHT_SHIFT: u32 = 16;
+
+/// What is recorded and how it is counted: `bpf_prog::AllocOptions`' settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// A block freed sooner than this after its allocation is a temporary.
+    pub temporary_ns: u64,
+    /// Count an allocation with a chance of 1 in this (0 or 1: every one).
+    pub sample_every: u32,
+    /// Count an allocation of `s` bytes with a chance of `s / sample_bytes` (0: all).
+    pub sample_bytes: u64,
+    /// Only allocations of at least / at most this many bytes (0: any).
+    pub min_size: u64,
+    pub max_size: u64,
+    /// Blocks tracked at once (all processes); beyond, counted but untracked.
+    pub max_live_blocks: usize,
+    /// The library's walk memo (off: every stack walked, for the benchmark's figures).
+    pub walk_memo: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            temporary_ns: 1_000_000,
+            sample_every: 0,
+            sample_bytes: 0,
+            min_size: 0,
+            max_size: 0,
+            max_live_blocks: 1 << 20,
+            walk_memo: true,
+        }
+    }
+}
+
+impl Options {
+    pub fn sampling(&self) -> bool {
+        self.sample_every > 1 || self.sample_bytes > 0
+    }
+
+    fn leaving_out(&self) -> bool {
+        self.sampling() || self.min_size > 0 || self.max_size > 0
+    }
+
+    /// What the library is told.
+    pub(crate) fn for_library(&self) -> layout::Options {
+        layout::Options {
+            sample_every: self.sample_every,
+            flags: if self.walk_memo { 0 } else { layout::OPT_NO_MEMO },
+            sample_bytes: self.sample_bytes,
+            min_size: self.min_size,
+            max_size: self.max_size,
+        }
+    }
+
+    fn weight_count(&self, size: u64) -> u64 {
+        if self.sample_every > 1 {
+            return u64::from(self.sample_every) << WEIGHT_SHIFT;
+        }
+        if size >= self.sample_bytes || size == 0 {
+            return 1 << WEIGHT_SHIFT;
+        }
+        (self.sample_bytes << WEIGHT_SHIFT) / size
+    }
+
+    fn weight_bytes(&self, size: u64) -> u64 {
+        if self.sample_every > 1 {
+            return size * u64::from(self.sample_every);
+        }
+        size.max(self.sample_bytes)
+    }
+}
+
+/// A frame as the walker stored it, typed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frame {
+    /// In an object with an id: its ELF address there.
+    InObject { object: u32, address: u64 },
+    /// Anywhere else: the runtime address.
+    Runtime(u64),
+}
+
+impl Frame {
+    pub fn from_stored(word: u64) -> Frame {
+        if word & layout::FRAME_IN_OBJECT != 0 {
+            Frame::InObject {
+                object: ((word & !layout::FRAME_IN_OBJECT) >> layout::FRAME_OBJECT_SHIFT) as u32,
+                address: word & ((1 << layout::FRAME_OBJECT_SHIFT) - 1),
+            }
+        } else {
+            Frame::Runtime(word)
+        }
+    }
+}
+
+/// A stack: frames innermost first (the first is the library's wrapper of the call),
+/// and how its walk ended.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Stack {
+    pub frames: Vec<Frame>,
+    pub end: WalkEnd,
+}
+
+/// A stack's index in [`Recorder::stacks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u32);
+
+/// What sampled events stand for (each weighs the inverse of its chance).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimated {
+    pub allocs: f64,
+    pub bytes: u64,
+    pub frees: f64,
+    pub freed_bytes: u64,
+}
+
+/// What one stack of one process allocated and freed: `bpf_prog::AllocStats`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllocStats {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub temporaries: u64,
+    pub untracked: u64,
+    pub untracked_bytes: u64,
+    pub live_bytes: i64,
+    pub live_birth_us: u64,
+    /// Its live bytes when its process's live bytes last peaked.
+    pub peak_bytes: i64,
+    pub size_hist: [u64; BUCKETS],
+    pub life_hist: [u64; BUCKETS],
+    pub estimated: Estimated,
+    /// Its blocks are anonymous mappings (mmap), not heap blocks.
+    pub mapped: bool,
+}
+
+/// The raw per-stack state, with what the lazy peak needs.
+#[derive(Clone, Debug)]
+struct StackState {
+    stats: AllocStats,
+    est_allocs: u64,
+    est_frees: u64,
+    changed_seq: u64,
+    peak_live_bytes: i64,
+}
+
+impl Default for StackState {
+    fn default() -> Self {
+        StackState {
+            stats: AllocStats {
+                allocs: 0,
+                bytes: 0,
+                frees: 0,
+                freed_bytes: 0,
+                temporaries: 0,
+                untracked: 0,
+                untracked_bytes: 0,
+                live_bytes: 0,
+                live_birth_us: 0,
+                peak_bytes: 0,
+                size_hist: [0; BUCKETS],
+                life_hist: [0; BUCKETS],
+                estimated: Estimated::default(),
+                mapped: false,
+            },
+            est_allocs: 0,
+            est_frees: 0,
+            changed_seq: 0,
+            peak_live_bytes: 0,
+        }
+    }
+}
+
+/// Anonymous mappings' part of a process's totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappedTotals {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub live_bytes: i64,
+}
+
+/// A process's totals: `bpf_prog::AllocProcess` (heap blocks and mappings together, as
+/// the BPF path counts them), with the mappings' part apart in `mapped`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessTotals {
+    pub pid: u32,
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub live_bytes: i64,
+    pub peak_bytes: i64,
+    pub unknown_frees: u64,
+    pub mapped: MappedTotals,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ProcessState {
+    totals: ProcessTotals,
+    seq: u64,
+    peak_seq: u64,
+}
+
+/// Counters of what the recording could not pair or keep, and of the walks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// `AllocCounter::UnknownFrees`.
+    pub unknown_frees: u64,
+    /// `AllocCounter::Failed`.
+    pub failed: u64,
+    /// `AllocCounter::LiveMapFull`.
+    pub live_map_full: u64,
+    /// `AllocCounter::Reused`.
+    pub reused: u64,
+    /// Walks by how they ended (`WalkEnd` in `ct_walk_end` order), memo answers apart.
+    pub walk_ends: [u64; layout::WALK_ENDS],
+    pub walks: u64,
+    pub memo_hits: u64,
+    pub walked_frames: u64,
+    pub walk_ns: u64,
+    /// Events lost: signal handlers nested deeper than the library's levels.
+    pub nested_lost: u64,
+    /// Events whose stack was not stored (the region's stack area full).
+    pub not_stored: u64,
+    /// Events lost: their thread found no free ring.
+    pub no_ring: u64,
+    /// Times a thread's ring was full and it waited for this consumer.
+    pub waits: u64,
+    /// Mappings the library asked for (a pc in none it knew).
+    pub lookups: u64,
+}
+
+impl Counters {
+    fn add_ring(&mut self, ring: &RingCounters) {
+        self.walks += ring.walks;
+        self.memo_hits += ring.memo_hits;
+        self.walked_frames += ring.walked_frames;
+        self.walk_ns += ring.walk_ns;
+        for (total, n) in self.walk_ends.iter_mut().zip(ring.walk_ends) {
+            *total += n;
+        }
+        self.nested_lost += ring.nested_lost;
+        self.not_stored += ring.not_stored;
+        self.waits += ring.waits;
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct RingCounters {
+    walks: u64,
+    memo_hits: u64,
+    walked_frames: u64,
+    walk_ns: u64,
+    walk_ends: [u64; layout::WALK_ENDS],
+    nested_lost: u64,
+    not_stored: u64,
+    waits: u64,
+}
+
+/// The library's memory in one process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LibraryMemory {
+    pub pid: u32,
+    /// The shared region's size: the most it can use (its pages are used as touched).
+    pub region_bound: u64,
+    /// Of which in use: the rings of the threads seen, the stack table, the stacks.
+    pub region_used: u64,
+    /// Its other memory (thread states, mapping sets) now, and at most.
+    pub private_bytes: u64,
+    pub private_bound: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    size: u64,
+    stack: StackId,
+    born_ns: u64,
+    mapped: bool,
+}
+
+/// A realloc's entry kept until its return: the old block, taken from the live blocks.
+#[derive(Clone, Copy, Debug)]
+struct Resizing {
+    old: u64,
+    block: Option<Block>,
+}
+
+/// One process image's region.
+struct RegionReader {
+    pid: u32,
+    map: Option<Shared>,
+    /// Its connection is gone (the process exited or exec'd).
+    closed: bool,
+    /// Events consumed per ring (what the ring's tail says).
+    cursors: Vec<u64>,
+    /// Rings a thread ever owned (for the memory figures).
+    used_rings: Vec<bool>,
+    /// The region's stack ids, as the recorder's.
+    stacks: HashMap<u32, StackId>,
+    calls: Vec<Vec<Resizing>>,
+    /// Counters and memory, kept once the region is unmapped.
+    final_counters: Option<(Counters, LibraryMemory)>,
+}
+
+const RING_HEAD: usize = offset_of!(Ring, head);
+const RING_TAIL: usize = offset_of!(Ring, tail);
+const RING_STATE: usize = offset_of!(Ring, state);
+const RING_EVENTS_AT: usize = offset_of!(Ring, events);
+
+fn ring_at(index: usize) -> usize {
+    region::RINGS_OFFSET + index * size_of::<Ring>()
+}
+
+impl RegionReader {
+    fn map(&self) -> &Shared {
+        self.map.as_ref().expect("a region is read while mapped")
+    }
+
+    fn event(&self, ring: usize, index: u64) -> Event {
+        let at = ring_at(ring)
+            + RING_EVENTS_AT
+            + (index as usize % RING_EVENTS) * size_of::<Event>();
+        self.map().read(at)
+    }
+
+    fn head(&self, ring: usize) -> u64 {
+        self.map().load_acquire(ring_at(ring) + RING_HEAD)
+    }
+
+    fn counters(&self) -> (Counters, LibraryMemory) {
+        if let Some(done) = self.final_counters {
+            return done;
+        }
+        let map = self.map();
+        let mut counters = Counters::default();
+        let mut used = region::HEADER as u64;
+        for ring in 0..RINGS {
+            let at = ring_at(ring);
+            let read = |field: usize| map.read::<u64>(at + field);
+            let mut walk_ends = [0; layout::WALK_ENDS];
+            for (i, end) in walk_ends.iter_mut().enumerate() {
+                *end = read(offset_of!(Ring, walk_ends) + 8 * i);
+            }
+            counters.add_ring(&RingCounters {
+                walks: read(offset_of!(Ring, walks)),
+                memo_hits: read(offset_of!(Ring, memo_hits)),
+                walked_frames: read(offset_of!(Ring, walked_frames)),
+                walk_ns: read(offset_of!(Ring, walk_ns)),
+                walk_ends,
+                nested_lost: read(offset_of!(Ring, nested_lost)),
+                not_stored: read(offset_of!(Ring, not_stored)),
+                waits: read(offset_of!(Ring, waits)),
+            });
+            if self.used_rings[ring] || read(offset_of!(Ring, owners)) > 0 {
+                used += size_of::<Ring>() as u64;
+            }
+        }
+        let header: Region = map.read(0);
+        counters.no_ring = header.no_ring;
+        counters.lookups = header.lookups;
+        let words = header.words_used.min(region::WORDS as u64);
+        used += (region::SLOTS * size_of::<layout::StackSlot>()) as u64 + words * 8;
+        let memory = LibraryMemory {
+            pid: self.pid,
+            region_bound: region::BYTES as u64,
+            region_used: used,
+            private_bytes: header.private_bytes,
+            private_bound: header.private_bound,
+        };
+        (counters, memory)
+    }
+}
+
+/// Why a region was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    #[error("the region of process {pid} is {found} bytes, not {expected}")]
+    Size { pid: u32, found: u64, expected: u64 },
+    #[error("mapping the region of process {pid}: {source}")]
+    Map { pid: u32, source: std::io::Error },
+}
+
+/// Reads the regions and keeps the aggregates.
+pub struct Recorder {
+    options: Options,
+    regions: Vec<RegionReader>,
+    stacks: Vec<Stack>,
+    stack_ids: HashMap<Stack, StackId>,
+    stats: HashMap<(u32, StackId), StackState>,
+    processes: HashMap<u32, ProcessState>,
+    live: HashMap<(u32, u64), Block>,
+    counters: Counters,
+    /// Events handled so far.
+    events: u64,
+}
+
+impl Recorder {
+    pub fn new(options: Options) -> Recorder {
+        Recorder {
+            options,
+            regions: Vec::new(),
+            stacks: Vec::new(),
+            stack_ids: HashMap::new(),
+            stats: HashMap::new(),
+            processes: HashMap::new(),
+            live: HashMap::new(),
+            counters: Counters::default(),
+            events: 0,
+        }
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Takes the region process `pid` sent with its hello; its index for
+    /// [`Recorder::close`].
+    pub(crate) fn add_region(&mut self, pid: u32, fd: &OwnedFd) -> Result<usize, RegionError> {
+        let found = sys::file_len(fd).map_err(|source| RegionError::Map { pid, source })?;
+        if found != region::BYTES as u64 {
+            return Err(RegionError::Size {
+                pid,
+                found,
+                expected: region::BYTES as u64,
+            });
+        }
+        let map = Shared::map(fd, region::BYTES, true)
+            .map_err(|source| RegionError::Map { pid, source })?;
+        self.regions.push(RegionReader {
+            pid,
+            map: Some(map),
+            closed: false,
+            cursors: vec![0; RINGS],
+            used_rings: vec![false; RINGS],
+            stacks: HashMap::new(),
+            calls: vec![Vec::new(); RINGS],
+            final_counters: None,
+        });
+        self.processes.entry(pid).or_insert_with(|| ProcessState {
+            totals: ProcessTotals {
+                pid,
+                ..ProcessTotals::default()
+            },
+            ..ProcessState::default()
+        });
+        Ok(self.regions.len() - 1)
+    }
+
+    /// The region's process closed its connection (exited, or exec'd): what it wrote is
+    /// read to the end at the next poll, and the region let go.
+    pub(crate) fn close(&mut self, region: usize) {
+        if let Some(r) = self.regions.get_mut(region) {
+            r.closed = true;
+        }
+    }
+
+    /// Reads every region's new events, in order; the events handled.
+    pub fn poll(&mut self) -> u64 {
+        let before = self.events;
+        for index in 0..self.regions.len() {
+            if self.regions[index].map.is_none() {
+                continue;
+            }
+            self.drain(index);
+            let r = &mut self.regions[index];
+            if r.closed {
+                r.final_counters = Some(r.counters());
+                r.map = None;
+            }
+        }
+        self.events - before
+    }
+
+    /// Whether every region was closed and read to its end.
+    pub fn all_closed(&self) -> bool {
+        self.regions.iter().all(|r| r.map.is_none())
+    }
+
+    /// Processes (regions) that connected so far.
+    pub fn regions(&self) -> usize {
+        self.regions.len()
+    }
+
+    fn drain(&mut self, index: usize) {
+        let mut heads = [0u64; RINGS];
+        let mut active: Vec<usize> = Vec::new();
+        let refresh = |reader: &RegionReader, heads: &mut [u64; RINGS], active: &mut Vec<usize>| {
+            active.clear();
+            for (ring, head) in heads.iter_mut().enumerate() {
+                let mut h = reader.head(ring);
+                let cursor = reader.cursors[ring];
+                // a head the target scribbled: no more than a ring ahead
+                if h < cursor || h - cursor > RING_EVENTS as u64 {
+                    h = cursor;
+                }
+                *head = h;
+                if h > cursor {
+                    active.push(ring);
+                }
+            }
+        };
+        refresh(&self.regions[index], &mut heads, &mut active);
+        let mut refreshed_for: Option<(usize, u64)> = None;
+        loop {
+            let reader = &self.regions[index];
+            let mut best: Option<(u64, usize)> = None;
+            for &ring in &active {
+                let time = reader.event(ring, reader.cursors[ring]).time;
+                if best.is_none_or(|(t, _)| time < t) {
+                    best = Some((time, ring));
+                }
+            }
+            let Some((time, ring)) = best else { break };
+            let event = reader.event(ring, reader.cursors[ring]);
+            let pid = reader.pid;
+            let mut take = ring;
+            if self.needs_predecessor(pid, &event) {
+                let cursor = self.regions[index].cursors[ring];
+                if refreshed_for != Some((ring, cursor)) {
+                    refresh(&self.regions[index], &mut heads, &mut active);
+                    refreshed_for = Some((ring, cursor));
+                }
+                let reader = &self.regions[index];
+                if let Some(&other) = active.iter().find(|&&other| {
+                    other != ring && reader.event(other, reader.cursors[other]).time <= time
+                }) {
+                    take = other;
+                }
+            }
+            let reader = &self.regions[index];
+            let event = reader.event(take, reader.cursors[take]);
+            self.handle(index, take, &event);
+            let reader = &mut self.regions[index];
+            reader.cursors[take] += 1;
+            reader.used_rings[take] = true;
+            if reader.cursors[take] == heads[take] {
+                active.retain(|&r| r != take);
+            }
+        }
+        let reader = &self.regions[index];
+        let map = reader.map();
+        for ring in 0..RINGS {
+            let cursor = reader.cursors[ring];
+            map.store_release(ring_at(ring) + RING_TAIL, cursor);
+            let state: u32 = map.read(ring_at(ring) + RING_STATE);
+            if state == ring_state::RELEASED && reader.head(ring) == cursor {
+                map.store_u32_release(ring_at(ring) + RING_STATE, ring_state::FREE);
+            }
+        }
+    }
+
+    fn needs_predecessor(&self, pid: u32, e: &Event) -> bool {
+        match e.kind {
+            event::FREE | event::MUNMAP | event::RESIZING => {
+                e.address != 0 && !self.live.contains_key(&(pid, e.address))
+            }
+            event::ALLOC | event::MMAP => self.live.contains_key(&(pid, e.address)),
+            event::RESIZED => {
+                e.address != 0
+                    && e.flags & event::UNSAMPLED == 0
+                    && self.live.contains_key(&(pid, e.address))
+            }
+            _ => false,
+        }
+    }
+
+    /// The recorder's id of the region's stack `id` (0: none, or unreadable).
+    fn stack(&mut self, region: usize, id: u32) -> Option<StackId> {
+        if id == 0 {
+            return None;
+        }
+        let reader = &self.regions[region];
+        if let Some(&known) = reader.stacks.get(&id) {
+            return Some(known);
+        }
+        let map = reader.map();
+        let at = id as usize - 1;
+        if at >= region::WORDS {
+            return None;
+        }
+        let word = |i: usize| map.read::<u64>(region::WORDS_OFFSET + 8 * i);
+        let header = word(at);
+        let len = (header & 0xffff_ffff) as usize;
+        if len == 0 || len > layout::MAX_FRAMES || at + 1 + len > region::WORDS {
+            return None;
+        }
+        let end = walk_end((header >> 32) as u16, (header >> 48) as u16);
+        let frames = (0..len).map(|i| Frame::from_stored(word(at + 1 + i))).collect();
+        let stack = Stack { frames, end };
+        let next = StackId(self.stacks.len() as u32);
+        let known = *self.stack_ids.entry(stack.clone()).or_insert_with(|| {
+            self.stacks.push(stack);
+            next
+        });
+        self.regions[region].stacks.insert(id, known);
+        Some(known)
+    }
+
+    fn handle(&mut self, region: usize, ring: usize, e: &Event) {
+        self.events += 1;
+        let pid = self.regions[region].pid;
+        match e.kind {
+            event::ALLOC | event::MMAP => {
+                if let Some(stack) = self.stack(region, e.stack) {
+                    self.account_alloc(pid, e.address, e.size, stack, e.time, e.kind == event::MMAP);
+                }
+            }
+            event::FAILED => self.counters.failed += 1,
+            event::FREE | event::MUNMAP => {
+                if let Some(block) = self.live.remove(&(pid, e.address)) {
+                    self.account_free(&block, pid, e.time);
+                } else if e.kind == event::FREE {
+                    self.count_unknown_free(pid);
+                }
+            }
+            event::RESIZING => {
+                let block = match e.address {
+                    0 => None,
+                    old => self.live.remove(&(pid, old)),
+                };
+                self.regions[region].calls[ring].push(Resizing {
+                    old: e.address,
+                    block,
+                });
+            }
+            event::RESIZED => {
+                let call = self.regions[region].calls[ring]
+                    .pop()
+                    .unwrap_or(Resizing {
+                        old: 0,
+                        block: None,
+                    });
+                self.resized(region, pid, call, e);
+            }
+            _ => {}
+        }
+    }
+
+    /// A realloc's return (alloc_return in alloc.bpf.h).
+    fn resized(&mut self, region: usize, pid: u32, call: Resizing, e: &Event) {
+        if call.old != 0 {
+            if e.address == 0 && e.size != 0 {
+                // failed: the old block lives on
+                self.counters.failed += 1;
+                if let Some(block) = call.block {
+                    self.live.insert((pid, call.old), block);
+                }
+                return;
+            }
+            match call.block {
+                Some(block) => self.account_free(&block, pid, e.time),
+                None => self.count_unknown_free(pid),
+            }
+        }
+        if e.address == 0 {
+            // realloc(p, 0) freeing p is not a failure
+            if call.old == 0 {
+                self.counters.failed += 1;
+            }
+            return;
+        }
+        if e.flags & event::UNSAMPLED != 0 {
+            return;
+        }
+        if let Some(stack) = self.stack(region, e.stack) {
+            self.account_alloc(pid, e.address, e.size, stack, e.time, false);
+        }
+    }
+
+    fn count_unknown_free(&mut self, pid: u32) {
+        if self.options.leaving_out() {
+            return; // most are frees of blocks left out
+        }
+        self.counters.unknown_frees += 1;
+        self.process(pid).totals.unknown_frees += 1;
+    }
+
+    fn process(&mut self, pid: u32) -> &mut ProcessState {
+        self.processes.entry(pid).or_insert_with(|| ProcessState {
+            totals: ProcessTotals {
+                pid,
+                ..ProcessTotals::default()
+            },
+            ..ProcessState::default()
+        })
+    }
+
+    /// Adds delta to the live bytes of a stack and of its process, keeping the peak
+    /// lazily (change_live in alloc.bpf.h).
+    fn change_live(&mut self, pid: u32, stack: StackId, delta: i64) {
+        let proc = self.processes.get_mut(&pid).expect("a process before its changes");
+        proc.seq += 1;
+        let seq = proc.seq;
+        let peak_seq = proc.peak_seq;
+        proc.totals.live_bytes += delta;
+        if proc.totals.live_bytes > proc.totals.peak_bytes {
+            proc.totals.peak_bytes = proc.totals.live_bytes;
+            proc.peak_seq = seq;
+        }
+        let state = self.stats.entry((pid, stack)).or_default();
+        if peak_seq >= state.changed_seq {
+            state.peak_live_bytes = state.stats.live_bytes;
+        }
+        state.stats.live_bytes += delta;
+        state.changed_seq = seq;
+    }
+
+    fn account_alloc(
+        &mut self,
+        pid: u32,
+        address: u64,
+        size: u64,
+        stack: StackId,
+        now: u64,
+        mapped: bool,
+    ) {
+        let sampling = self.options.sampling();
+        let (weight_count, weight_bytes) = (
+            self.options.weight_count(size),
+            self.options.weight_bytes(size),
+        );
+        let state = self.stats.entry((pid, stack)).or_default();
+        let s = &mut state.stats;
+        s.allocs += 1;
+        s.bytes += size;
+        s.size_hist[log2_bucket(size)] += 1;
+        s.mapped |= mapped;
+        if sampling {
+            state.est_allocs += weight_count;
+            s.estimated.bytes += weight_bytes;
+        }
+        let proc = self.process(pid);
+        proc.totals.allocs += 1;
+        proc.totals.bytes += size;
+        if mapped {
+            proc.totals.mapped.allocs += 1;
+            proc.totals.mapped.bytes += size;
+        }
+        if let Some(old) = self.live.remove(&(pid, address)) {
+            // handed out again with no free seen: the old block is counted freed now
+            self.counters.reused += 1;
+            self.account_free(&old, pid, now);
+        }
+        if self.live.len() >= self.options.max_live_blocks {
+            self.counters.live_map_full += 1;
+            let s = &mut self.stats.entry((pid, stack)).or_default().stats;
+            s.untracked += 1;
+            s.untracked_bytes += size;
+            return;
+        }
+        self.live.insert(
+            (pid, address),
+            Block {
+                size,
+                stack,
+                born_ns: now,
+                mapped,
+            },
+        );
+        self.stats.entry((pid, stack)).or_default().stats.live_birth_us += now / 1000;
+        if mapped {
+            self.process(pid).totals.mapped.live_bytes += size as i64;
+        }
+        self.change_live(pid, stack, size as i64);
+    }
+
+    fn account_free(&mut self, block: &Block, pid: u32, now: u64) {
+        let lifetime = now.saturating_sub(block.born_ns);
+        let temporary = lifetime < self.options.temporary_ns;
+        let sampling = self.options.sampling();
+        let (weight_count, weight_bytes) = (
+            self.options.weight_count(block.size),
+            self.options.weight_bytes(block.size),
+        );
+        let state = self.stats.entry((pid, block.stack)).or_default();
+        let s = &mut state.stats;
+        s.frees += 1;
+        s.freed_bytes += block.size;
+        if temporary {
+            s.temporaries += 1;
+        }
+        s.life_hist[log2_bucket(lifetime)] += 1;
+        s.live_birth_us = s.live_birth_us.wrapping_sub(block.born_ns / 1000);
+        if sampling {
+            state.est_frees += weight_count;
+            s.estimated.freed_bytes += weight_bytes;
+        }
+        self.change_live(pid, block.stack, -(block.size as i64));
+        let proc = self.process(pid);
+        proc.totals.frees += 1;
+        proc.totals.freed_bytes += block.size;
+        if block.mapped {
+            proc.totals.mapped.frees += 1;
+            proc.totals.mapped.freed_bytes += block.size;
+            proc.totals.mapped.live_bytes -= block.size as i64;
+        }
+    }
+
+    /// Every stack met, by [`StackId`].
+    pub fn stacks(&self) -> &[Stack] {
+        &self.stacks
+    }
+
+    pub fn stack_of(&self, id: StackId) -> &Stack {
+        &self.stacks[id.0 as usize]
+    }
+
+    /// The statistics of every (pid, stack), with each stack's live bytes at its
+    /// process's peak resolved.
+    pub fn stats(&self) -> Vec<(u32, StackId, AllocStats)> {
+        let mut out: Vec<_> = self
+            .stats
+            .iter()
+            .map(|(&(pid, stack), state)| {
+                let mut stats = state.stats.clone();
+                let peak_seq = self.processes.get(&pid).map_or(0, |p| p.peak_seq);
+                stats.peak_bytes = if peak_seq >= state.changed_seq {
+                    stats.live_bytes
+                } else {
+                    state.peak_live_bytes
+                };
+                let fixed = |v: u64| v as f64 / f64::from(1u32 << WEIGHT_SHIFT);
+                stats.estimated.allocs = fixed(state.est_allocs);
+                stats.estimated.frees = fixed(state.est_frees);
+                (pid, stack, stats)
+            })
+            .collect();
+        out.sort_by_key(|(pid, stack, _)| (*pid, *stack));
+        out
+    }
+
+    /// Each process's totals.
+    pub fn processes(&self) -> Vec<ProcessTotals> {
+        let mut out: Vec<_> = self.processes.values().map(|p| p.totals).collect();
+        out.sort_by_key(|p| p.pid);
+        out
+    }
+
+    /// The counters, the libraries' included.
+    pub fn counters(&self) -> Counters {
+        let mut total = self.counters;
+        for region in &self.regions {
+            let (c, _) = region.counters();
+            total.walks += c.walks;
+            total.memo_hits += c.memo_hits;
+            total.walked_frames += c.walked_frames;
+            total.walk_ns += c.walk_ns;
+            for (t, n) in total.walk_ends.iter_mut().zip(c.walk_ends) {
+                *t += n;
+            }
+            total.nested_lost += c.nested_lost;
+            total.not_stored += c.not_stored;
+            total.no_ring += c.no_ring;
+            total.waits += c.waits;
+            total.lookups += c.lookups;
+        }
+        total
+    }
+
+    /// The library's memory in each process image that connected.
+    pub fn library_memory(&self) -> Vec<LibraryMemory> {
+        self.regions.iter().map(|r| r.counters().1).collect()
+    }
+
+    /// Live bytes now, all processes (the live view).
+    pub fn live_bytes(&self) -> i64 {
+        self.processes.values().map(|p| p.totals.live_bytes).sum()
+    }
+
+    /// Events handled so far (the live view's call counts).
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// The `n` stacks with the most live bytes now, most first.
+    pub fn top_live(&self, n: usize) -> Vec<(u32, StackId, i64)> {
+        let mut all: Vec<_> = self
+            .stats
+            .iter()
+            .filter(|(_, s)| s.stats.live_bytes > 0)
+            .map(|(&(pid, stack), s)| (pid, stack, s.stats.live_bytes))
+            .collect();
+        all.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
+        all.truncate(n);
+        all
+    }
+}
+
+/// The walk end of a stack record (`enum ctp_walk_end` and a reason).
+fn walk_end(end: u16, reason: u16) -> WalkEnd {
+    match end {
+        0 => WalkEnd::Complete,
+        1 => WalkEnd::NoProcess,
+        2 => WalkEnd::NoMapping,
+        3 => WalkEnd::NoRow,
+        4 => WalkEnd::Unsupported(
+            UnsupportedReason::from_u8(reason as u8).unwrap_or(UnsupportedReason::BadCfi),
+        ),
+        5 => WalkEnd::ReadFault,
+        6 => WalkEnd::DepthCap,
+        _ => WalkEnd::BadReturnAddress,
+    }
+}
+
+/// Bucket of a log2 histogram: the bit length of v (0 for 0), capped.
+fn log2_bucket(v: u64) -> usize {
+    ((64 - v.leading_zeros()) as usize).min(BUCKETS - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_bit_lengths() {
+        assert_eq!(log2_bucket(0), 0);
+        assert_eq!(log2_bucket(1), 1);
+        assert_eq!(log2_bucket(48), 6);
+        assert_eq!(log2_bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn frames_decode_as_stored() {
+        let word = layout::FRAME_IN_OBJECT | 7 << layout::FRAME_OBJECT_SHIFT | 0x1234;
+        assert_eq!(
+            Frame::from_stored(word),
+            Frame::InObject {
+                object: 7,
+                address: 0x1234
+            }
+        );
+        assert_eq!(Frame::from_stored(0x7f00_0000_1000), Frame::Runtime(0x7f00_0000_1000));
+    }
+}

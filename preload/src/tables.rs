@@ -1,0 +1,274 @@
+//! Where the library's tables and mappings come from: [`TableSource`], which the session
+//! implements with its own tables (object ids shared with the BPF side), and
+//! [`PlainTables`], the crate's own (process-image and unwind_tables' cache), for its
+//! tests. Also the one encoding of a [`CompactTable`] into the tables memfd.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use process_image::{MappedObject, MapsEntry};
+use unwind_tables::cache::Cache;
+use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
+
+use crate::layout::{self, bytes_of, bytes_of_slice};
+
+/// One executable mapping of a process, as the session registers it for the BPF walker.
+#[derive(Clone, Debug)]
+pub struct SourceMapping {
+    /// Runtime address range `[start, end)`.
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address minus ELF virtual address.
+    pub bias: u64,
+    /// The mapped object's id, under which frames in it are stored (as the BPF walker
+    /// stores them: the same ids); `None`: frames stored as runtime addresses.
+    pub object: Option<u32>,
+    /// Its unwind table; `None` (anonymous code, an object without one): a pc in it ends
+    /// the walk with "no row".
+    pub table: Option<Arc<CompactTable>>,
+}
+
+/// Why a process's mappings could not be given.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("reading the mappings of process {pid}: {source}")]
+    Maps { pid: u32, source: std::io::Error },
+}
+
+/// The tables and mappings the library walks with.
+pub trait TableSource {
+    /// The executable mappings of process `pid` now, sorted by start, disjoint: read the
+    /// process's maps again (a library it dlopened since the last call is among them).
+    fn mappings(&mut self, pid: u32) -> Result<Vec<SourceMapping>, TableError>;
+}
+
+/// An object loaded once: its id and table.
+struct Loaded {
+    id: u32,
+    path: PathBuf,
+    table: Option<Arc<CompactTable>>,
+    segments: Vec<process_image::LoadSegment>,
+}
+
+/// A [`TableSource`] of its own: objects by (device, inode) (the vDSO by content), tables
+/// from `unwind_tables`' cache (compiled on a miss), ids numbered from 1.
+pub struct PlainTables {
+    cache: Option<Cache>,
+    objects: HashMap<(String, u64, Vec<u8>), Loaded>,
+    next_id: u32,
+}
+
+impl Default for PlainTables {
+    fn default() -> Self {
+        PlainTables::new()
+    }
+}
+
+impl PlainTables {
+    pub fn new() -> PlainTables {
+        PlainTables {
+            cache: Cache::default_dir().map(Cache::new),
+            objects: HashMap::new(),
+            next_id: 1,
+        }
+    }
+
+    /// The file of object `id` (`[vdso]` for the vDSO), to symbolize its frames.
+    pub fn object_path(&self, id: u32) -> Option<&std::path::Path> {
+        self.objects
+            .values()
+            .find(|loaded| loaded.id == id)
+            .map(|loaded| loaded.path.as_path())
+    }
+
+    fn load(&mut self, pid: u32, entry: &MapsEntry) -> Option<&Loaded> {
+        let (data, path) = match entry.object() {
+            MappedObject::File(path) => (None, path),
+            MappedObject::Vdso => {
+                let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+                let mut bytes = vec![0; (entry.end - entry.start) as usize];
+                std::os::unix::fs::FileExt::read_exact_at(&mem, &mut bytes, entry.start).ok()?;
+                (Some(bytes), PathBuf::from("[vdso]"))
+            }
+            MappedObject::Anonymous(_) => return None,
+        };
+        let key = (entry.dev.clone(), entry.inode, data.clone().unwrap_or_default());
+        if !self.objects.contains_key(&key) {
+            let bytes = match &data {
+                Some(bytes) => bytes.clone(),
+                None => std::fs::read(&path).ok()?,
+            };
+            let file = object::File::parse(&*bytes).ok()?;
+            let segments = process_image::load_segments(&file);
+            let compiled = match (&data, &self.cache) {
+                (Some(bytes), _) => unwind_tables::compile(bytes).ok(),
+                (None, Some(cache)) => cache.load_or_compile(&path).ok().map(|l| l.object),
+                (None, None) => unwind_tables::compile_file(&path).ok(),
+            };
+            let id = self.next_id;
+            self.next_id += 1;
+            self.objects.insert(
+                key.clone(),
+                Loaded {
+                    id,
+                    path: path.clone(),
+                    table: compiled.map(|c| Arc::new(c.table)),
+                    segments,
+                },
+            );
+        }
+        self.objects.get(&key)
+    }
+}
+
+impl TableSource for PlainTables {
+    fn mappings(&mut self, pid: u32) -> Result<Vec<SourceMapping>, TableError> {
+        let entries = process_image::executable_mappings(pid)
+            .map_err(|source| TableError::Maps { pid, source })?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            let mapping = match self.load(pid, entry) {
+                Some(loaded) => {
+                    match process_image::load_bias(&loaded.segments, entry.start, entry.offset) {
+                        Some(bias) => SourceMapping {
+                            start: entry.start,
+                            end: entry.end,
+                            bias,
+                            object: Some(loaded.id),
+                            table: loaded.table.clone(),
+                        },
+                        None => SourceMapping {
+                            start: entry.start,
+                            end: entry.end,
+                            bias: 0,
+                            object: None,
+                            table: None,
+                        },
+                    }
+                }
+                None => SourceMapping {
+                    start: entry.start,
+                    end: entry.end,
+                    bias: 0,
+                    object: None,
+                    table: None,
+                },
+            };
+            out.push(mapping);
+        }
+        out.sort_by_key(|m| m.start);
+        Ok(out)
+    }
+}
+
+/// The rule as `struct ctp_rule` holds it (the values of the BPF `ct_rule`).
+pub(crate) fn encode_rule(rule: Rule) -> layout::Rule {
+    use layout::rule as k;
+    let mut ct = layout::Rule::default();
+    match rule {
+        Rule::Gap => ct.kind = k::GAP,
+        Rule::End => ct.kind = k::END,
+        Rule::Signal => ct.kind = k::SIGNAL,
+        Rule::ReturnInRdi(offset) => {
+            ct.kind = k::RETURN_IN_RDI;
+            ct.cfa_off = offset;
+        }
+        Rule::Unsupported(reason) => {
+            ct.kind = k::UNSUPPORTED;
+            ct.reason = reason as u8;
+        }
+        Rule::Frame { cfa, rbp } => {
+            match cfa {
+                Cfa::Rsp(offset) => {
+                    ct.kind = k::CFA_RSP;
+                    ct.cfa_off = offset;
+                }
+                Cfa::RspSteps {
+                    offset,
+                    pushes,
+                    pops,
+                } => {
+                    ct.kind = k::CFA_RSP_STEPS;
+                    ct.cfa_off = offset;
+                    ct.cfa_arg = u32::from(pushes) | u32::from(pops) << 16;
+                }
+                Cfa::Rbp(offset) => {
+                    ct.kind = k::CFA_RBP;
+                    ct.cfa_off = offset;
+                }
+                Cfa::Plt { threshold } => {
+                    ct.kind = k::PLT;
+                    ct.cfa_off = threshold.into();
+                }
+                Cfa::Deref { reg, offset, add } => {
+                    ct.kind = k::CFA_DEREF;
+                    ct.cfa_reg = match reg {
+                        Reg::Rsp => k::REG_RSP,
+                        Reg::Rbp => k::REG_RBP,
+                    };
+                    ct.cfa_off = offset;
+                    ct.cfa_arg = add as u32;
+                }
+            }
+            match rbp {
+                RbpRule::Same => ct.rbp_kind = k::RBP_SAME,
+                RbpRule::AtCfa(offset) => {
+                    ct.rbp_kind = k::RBP_AT_CFA;
+                    ct.rbp_off = offset;
+                }
+                RbpRule::AtRbp(offset) => {
+                    ct.rbp_kind = k::RBP_AT_RBP;
+                    ct.rbp_off = offset;
+                }
+            }
+        }
+    }
+    ct
+}
+
+/// A table as the tables memfd holds it: `struct ctp_table`, then its pages, rows and
+/// rules, each part 8-aligned. The length is a multiple of 8.
+pub fn encode_table(table: &CompactTable) -> Vec<u8> {
+    let align = |n: usize| (n + 7) & !7;
+    let header = size_of::<layout::Table>();
+    let pages_at = header;
+    let rows_at = align(pages_at + table.pages.len() * size_of::<layout::Page>());
+    let rules_at = align(rows_at + table.rows.len() * size_of::<layout::Row>());
+    let end = align(rules_at + table.rules.len() * size_of::<layout::Rule>());
+    let head = layout::Table {
+        first_page: table.first_page,
+        npages: table.pages.len() as u32,
+        nrows: table.rows.len() as u32,
+        nrules: table.rules.len() as u32,
+        pages_at: pages_at as u32,
+        rows_at: rows_at as u32,
+        rules_at: rules_at as u32,
+    };
+    let pages: Vec<layout::Page> = table
+        .pages
+        .iter()
+        .map(|p| layout::Page {
+            first_row: p.first_row,
+            nrows: p.nrows,
+        })
+        .collect();
+    let rows: Vec<layout::Row> = table
+        .rows
+        .iter()
+        .map(|r| layout::Row {
+            addr_lo: r.addr_lo,
+            rule: r.rule,
+        })
+        .collect();
+    let rules: Vec<layout::Rule> = table.rules.iter().map(|&r| encode_rule(r)).collect();
+    let mut out = vec![0u8; end];
+    out[..header].copy_from_slice(bytes_of(&head));
+    let put = |out: &mut Vec<u8>, at: usize, bytes: &[u8]| {
+        out[at..at + bytes.len()].copy_from_slice(bytes);
+    };
+    put(&mut out, pages_at, bytes_of_slice(&pages));
+    put(&mut out, rows_at, bytes_of_slice(&rows));
+    put(&mut out, rules_at, bytes_of_slice(&rules));
+    out
+}
