@@ -14,7 +14,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{Context, Result};
 use unwind_tables::cache::{Cache, Outcome};
@@ -114,6 +114,25 @@ struct LoadedObject {
     /// Its id, under which the walker stores the frames in it (none past
     /// [`ObjectId::MAX`] objects: their frames are stored as runtime addresses).
     id: Option<ObjectId>,
+}
+
+/// The session's tables, shared by its collectors (one may serve a process's library
+/// from a thread of its own) and read by the symbolizer at the end.
+#[derive(Clone)]
+pub struct SharedTables(Arc<Mutex<ProcessTables>>);
+
+impl SharedTables {
+    pub fn new() -> SharedTables {
+        SharedTables(Arc::new(Mutex::new(ProcessTables::new())))
+    }
+
+    /// The tables, for as long as the guard lives (a panic elsewhere while they were
+    /// held leaves them as they were).
+    pub fn lock(&self) -> MutexGuard<'_, ProcessTables> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// The tables and mappings of the traced processes.
@@ -299,7 +318,8 @@ impl ProcessTables {
     /// ancestors'). The objects, their tables and the mappings that symbolize their
     /// frames stay, shared by every process mapping them.
     pub fn release(&mut self, pid: u32, keep_mappings: bool) {
-        self.registered.retain(|(_, registered), _| *registered != pid);
+        self.registered
+            .retain(|(_, registered), _| *registered != pid);
         if !keep_mappings {
             self.symbol_mappings.remove(&pid);
         }

@@ -73,7 +73,11 @@ impl Options {
     pub(crate) fn for_library(&self) -> layout::Options {
         layout::Options {
             sample_every: self.sample_every,
-            flags: if self.walk_memo { 0 } else { layout::OPT_NO_MEMO },
+            flags: if self.walk_memo {
+                0
+            } else {
+                layout::OPT_NO_MEMO
+            },
             sample_bytes: self.sample_bytes,
             min_size: self.min_size,
             max_size: self.max_size,
@@ -347,9 +351,8 @@ impl RegionReader {
     }
 
     fn event(&self, ring: usize, index: u64) -> Event {
-        let at = ring_at(ring)
-            + RING_EVENTS_AT
-            + (index as usize % RING_EVENTS) * size_of::<Event>();
+        let at =
+            ring_at(ring) + RING_EVENTS_AT + (index as usize % RING_EVENTS) * size_of::<Event>();
         self.map().read(at)
     }
 
@@ -615,7 +618,9 @@ impl Recorder {
             return None;
         }
         let end = walk_end((header >> 32) as u16, (header >> 48) as u16);
-        let frames = (0..len).map(|i| Frame::from_stored(word(at + 1 + i))).collect();
+        let frames = (0..len)
+            .map(|i| Frame::from_stored(word(at + 1 + i)))
+            .collect();
         let stack = Stack { frames, end };
         let next = StackId(self.stacks.len() as u32);
         let known = *self.stack_ids.entry(stack.clone()).or_insert_with(|| {
@@ -632,7 +637,14 @@ impl Recorder {
         match e.kind {
             event::ALLOC | event::MMAP => {
                 if let Some(stack) = self.stack(region, e.stack) {
-                    self.account_alloc(pid, e.address, e.size, stack, e.time, e.kind == event::MMAP);
+                    self.account_alloc(
+                        pid,
+                        e.address,
+                        e.size,
+                        stack,
+                        e.time,
+                        e.kind == event::MMAP,
+                    );
                 }
             }
             event::FAILED => self.counters.failed += 1,
@@ -654,12 +666,10 @@ impl Recorder {
                 });
             }
             event::RESIZED => {
-                let call = self.regions[region].calls[ring]
-                    .pop()
-                    .unwrap_or(Resizing {
-                        old: 0,
-                        block: None,
-                    });
+                let call = self.regions[region].calls[ring].pop().unwrap_or(Resizing {
+                    old: 0,
+                    block: None,
+                });
                 self.resized(region, pid, call, e);
             }
             _ => {}
@@ -718,7 +728,10 @@ impl Recorder {
     /// Adds delta to the live bytes of a stack and of its process, keeping the peak
     /// lazily (change_live in alloc.bpf.h).
     fn change_live(&mut self, pid: u32, stack: StackId, delta: i64) {
-        let proc = self.processes.get_mut(&pid).expect("a process before its changes");
+        let proc = self
+            .processes
+            .get_mut(&pid)
+            .expect("a process before its changes");
         proc.seq += 1;
         let seq = proc.seq;
         let peak_seq = proc.peak_seq;
@@ -787,7 +800,11 @@ impl Recorder {
                 mapped,
             },
         );
-        self.stats.entry((pid, stack)).or_default().stats.live_birth_us += now / 1000;
+        self.stats
+            .entry((pid, stack))
+            .or_default()
+            .stats
+            .live_birth_us += now / 1000;
         if mapped {
             self.process(pid).totals.mapped.live_bytes += size as i64;
         }
@@ -959,6 +976,9 @@ mod tests {
                 address: 0x1234
             }
         );
-        assert_eq!(Frame::from_stored(0x7f00_0000_1000), Frame::Runtime(0x7f00_0000_1000));
+        assert_eq!(
+            Frame::from_stored(0x7f00_0000_1000),
+            Frame::Runtime(0x7f00_0000_1000)
+        );
     }
 }

@@ -69,7 +69,9 @@ impl Shared {
 
     /// A copy of the `T` at `offset` (volatile: another process writes the memory).
     pub fn read<T: crate::layout::Pod>(&self, offset: usize) -> T {
-        assert!(offset.checked_add(size_of::<T>()).is_some_and(|end| end <= self.len));
+        assert!(offset
+            .checked_add(size_of::<T>())
+            .is_some_and(|end| end <= self.len));
         // SAFETY: in bounds (checked); `T: Pod` accepts any bytes; unaligned read.
         unsafe { std::ptr::read_volatile(self.addr.add(offset).cast::<T>()) }
     }
@@ -114,7 +116,7 @@ pub fn send(socket: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> {
         iov_len: bytes.len(),
     };
     let mut control = [0u64; 4]; // CMSG_SPACE(sizeof(int)), 8-aligned
-    // SAFETY: an all-zero msghdr is valid.
+                                 // SAFETY: an all-zero msghdr is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
@@ -176,8 +178,8 @@ pub fn receive(
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / size_of::<RawFd>();
+                let count =
+                    ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
                 for i in 0..count {
                     let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
                     if received.is_none() {

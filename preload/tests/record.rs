@@ -15,12 +15,25 @@ fn heap_storm_counts_every_pair_under_its_whole_chain() {
     assert!(run.status.success(), "{}", run.stdout);
     let pid = run.pid;
     let stacks = run.stacks_through(pid, "storm");
-    assert_eq!(stacks.len(), 1, "one stack through storm: {:?}", stacks.iter().map(|s| &s.0).collect::<Vec<_>>());
+    assert_eq!(
+        stacks.len(),
+        1,
+        "one stack through storm: {:?}",
+        stacks.iter().map(|s| &s.0).collect::<Vec<_>>()
+    );
     let (chain, stats) = &stacks[0];
     assert_eq!(chain[0], "malloc", "{chain:?}");
     assert_eq!(chain[1], "storm", "{chain:?}");
-    assert_eq!(chain.iter().filter(|n| *n == "descend").count(), 11, "{chain:?}");
-    assert_eq!(chain.last().map(String::as_str), Some("_start"), "{chain:?}");
+    assert_eq!(
+        chain.iter().filter(|n| *n == "descend").count(),
+        11,
+        "{chain:?}"
+    );
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("_start"),
+        "{chain:?}"
+    );
     assert_eq!(stats.allocs, 20000);
     assert_eq!(stats.bytes, 20000 * 48);
     assert_eq!(stats.frees, 20000);
@@ -28,6 +41,11 @@ fn heap_storm_counts_every_pair_under_its_whole_chain() {
     let counters = run.recorder.counters();
     assert_eq!(counters.unknown_frees, 0, "{counters:?}");
     assert!(counters.memo_hits > 19000, "{counters:?}");
-    let stack = run.recorder.stacks().iter().find(|s| s.frames.len() == chain.len()).unwrap();
+    let stack = run
+        .recorder
+        .stacks()
+        .iter()
+        .find(|s| s.frames.len() == chain.len())
+        .unwrap();
     assert_eq!(stack.end, WalkEnd::Complete);
 }

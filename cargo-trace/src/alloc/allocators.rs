@@ -118,6 +118,24 @@ impl Allocator {
     }
 }
 
+/// Whether the executable at `path` carries an allocator of its own (jemalloc with a
+/// prefix, mimalloc, or an unprefixed malloc linked in): its calls to it are internal,
+/// so no preloaded library sees them.
+pub fn carries_allocator(path: &Path) -> Result<bool> {
+    let symbols = defined_functions(path)
+        .with_context(|| format!("reading the symbols of {}", path.display()))?;
+    let defines = |prefix: &str, api: &[(&str, AllocKind)]| {
+        api.iter()
+            .any(|(name, _)| symbols.contains(&format!("{prefix}{name}")))
+    };
+    Ok(JEMALLOC_PREFIXES
+        .iter()
+        .filter(|prefix| !prefix.is_empty())
+        .any(|prefix| defines(prefix, JEMALLOC_API))
+        || defines("", MIMALLOC_API)
+        || symbols.contains("malloc"))
+}
+
 /// One function to probe: where, and how its arguments read.
 #[derive(Clone, Debug)]
 pub struct AllocFunction {

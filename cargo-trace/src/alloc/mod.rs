@@ -72,6 +72,13 @@ impl AllocProbe {
     /// Attaches the allocator's functions as found in process `pid`, firing where `fire`
     /// says, with probe id `probe_id`: each allocating function's entry and return, each
     /// freeing function's entry.
+    /// Whether the preloaded library can record this probe's allocator in the process:
+    /// libc's (or a library's that replaces malloc, reached through the library's
+    /// wrappers), in a launched `executable` that carries no allocator of its own.
+    pub fn recordable_in_process(&self, heap: &HeapSettings, executable: &std::path::Path) -> bool {
+        self.wants_preload(heap) && !allocators::carries_allocator(executable).unwrap_or(true)
+    }
+
     /// Whether the probe would take the preloaded library's sites for libc's functions.
     pub fn wants_preload(&self, heap: &HeapSettings) -> bool {
         matches!(self.allocator, Allocator::Auto | Allocator::Libc)

@@ -23,13 +23,12 @@
 //! ```
 
 pub mod bpf;
+pub mod inprocess;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use profile::{HeapProcess, Lost};
-
-use crate::tables::ProcessTables;
 
 pub use crate::frame::UserFrame;
 
@@ -169,9 +168,10 @@ pub struct HeapNow {
     pub pids: Vec<u32>,
 }
 
-/// What the session asks of a way of collecting stacks. The session's
-/// [`ProcessTables`] are lent to each call that registers processes: every collector
-/// gives an object the same id, so the symbolizer reads every collector's frames alike.
+/// What the session asks of a way of collecting stacks. Every collector registers the
+/// processes' code through the session's tables (`tables::SharedTables`, given when it
+/// is made), so that every collector gives an object the same id and the symbolizer
+/// reads every collector's frames alike.
 pub trait Collector {
     /// Variables the launched target's environment needs (e.g. `LD_PRELOAD`).
     fn environment(&self) -> Vec<(&'static str, std::ffi::OsString)> {
@@ -180,14 +180,14 @@ pub trait Collector {
 
     /// The target is held at its entry point (or found, with `-p`): register what
     /// collecting needs, attach.
-    fn attach(&mut self, target: Target, tables: &mut ProcessTables) -> anyhow::Result<()>;
+    fn attach(&mut self, target: Target) -> anyhow::Result<()>;
 
     /// Tracing starts: the target is let run now.
     fn start(&mut self) -> anyhow::Result<()>;
 
     /// One wake-up of the running phase: take what arrived (new processes, stacks,
     /// mappings), waiting for it up to `timeout`.
-    fn poll(&mut self, tables: &mut ProcessTables, timeout: Duration);
+    fn poll(&mut self, timeout: Duration);
 
     /// The span ends: what counts per unit of the session's time (an interval's
     /// firings) counts no more. What was attached stays until [`Collector::stop`].
@@ -197,7 +197,7 @@ pub trait Collector {
     fn stop(&mut self);
 
     /// Everything counted (at the end, or as of now for a snapshot).
-    fn collected(&mut self, tables: &mut ProcessTables, when: When) -> anyhow::Result<Collected>;
+    fn collected(&mut self, when: When) -> anyhow::Result<Collected>;
 
     /// Stack walks so far and the processes traced now, for the progress line and the
     /// events over time.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::tables::ProcessTables;
+use crate::tables::SharedTables;
 use profile::HeapPoint;
 
 use crate::collect::{Collector, HeapNow};
@@ -36,7 +36,7 @@ impl HeapWatch {
     }
 
     /// Takes a timeline point and prints the live view when they are due.
-    pub fn tick(&mut self, collectors: &[Box<dyn Collector>], tables: &ProcessTables) {
+    pub fn tick(&mut self, collectors: &[Box<dyn Collector>], tables: &SharedTables) {
         if Instant::now() >= self.next_point {
             self.next_point += TIMELINE_STEP;
             if let Some(point) = self.point(collectors) {
@@ -116,7 +116,7 @@ impl LiveView {
 
     /// Prints the view if an interval passed since the last one. A failure to read the
     /// maps is said and tracing goes on.
-    pub fn tick(&mut self, collectors: &[Box<dyn Collector>], tables: &ProcessTables) {
+    pub fn tick(&mut self, collectors: &[Box<dyn Collector>], tables: &SharedTables) {
         if self.last.elapsed() < self.interval {
             return;
         }
@@ -130,7 +130,7 @@ impl LiveView {
     fn print(
         &self,
         collectors: &[Box<dyn Collector>],
-        tables: &ProcessTables,
+        tables: &SharedTables,
         out: &mut dyn Write,
     ) -> Result<()> {
         let mut stats = Vec::new();
@@ -147,7 +147,7 @@ impl LiveView {
              while traced); top {TOP} stacks:",
             self.started.elapsed().as_secs_f64()
         )?;
-        let mut symbolizer = tables.symbolizer();
+        let mut symbolizer = tables.lock().symbolizer();
         for (rank, count) in stats.iter().take(TOP).enumerate() {
             let mut names: Vec<String> = Vec::new();
             for (depth, &frame) in count.user.frames.iter().enumerate() {

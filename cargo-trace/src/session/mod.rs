@@ -20,9 +20,11 @@ use anyhow::{bail, Context, Result};
 use profile::writers::{self, Format};
 
 use crate::collect::bpf::BpfCollector;
+use crate::collect::inprocess::InProcessCollector;
 use crate::collect::Collector;
-use crate::probe::{self, Probe};
+use crate::probe::{self, Probe, ProbeKind};
 use crate::settings::{OutputPlan, Settings, TargetSpec};
+use crate::tables::SharedTables;
 use phases::Prepared;
 
 /// Runs the whole session and returns the exit code to leave with.
@@ -39,8 +41,10 @@ pub fn run(settings: Settings, plan: OutputPlan) -> Result<i32> {
         crate::process::check_attachable(pid)?;
     }
     let argv = command_line(&settings.target)?;
-    let collectors = collectors(&settings, &probes, argv.is_some())?;
-    let running = Prepared::new(&settings, probes, collectors, argv)?.start(settings.quiet)?;
+    let tables = SharedTables::new();
+    let collectors = collectors(&settings, &probes, argv.as_deref(), &tables)?;
+    let running =
+        Prepared::new(&settings, probes, collectors, tables, argv)?.start(settings.quiet)?;
     let mut finished = running.wait(settings.duration, &settings.heap, &mut |profile| {
         // SIGUSR1: every output as of now; the session carries on.
         let argv = profile.metadata.command.as_deref();
@@ -90,14 +94,75 @@ pub fn run(settings: Settings, plan: OutputPlan) -> Result<i32> {
     Ok(code)
 }
 
-/// The collectors of the session's probes.
+/// The collectors of the session's probes: a launched target's heap probe is recorded in
+/// the process by the preloaded library where it can be (its allocator is reached
+/// through the library's wrappers); the BPF collector takes every other probe, and the
+/// heap probe where the library cannot record it (an attached process, `--no-preload`,
+/// an allocator linked into the executable, an allocator named by prefix or path).
+/// `argv`: the command launched; `None` with `-p`.
 fn collectors(
     settings: &Settings,
     probes: &[Probe],
-    launching: bool,
+    argv: Option<&[String]>,
+    tables: &SharedTables,
 ) -> Result<Vec<Box<dyn Collector>>> {
-    let bpf = BpfCollector::load(settings, probes.to_vec(), launching)?;
-    Ok(vec![Box::new(bpf)])
+    let executable = argv.and_then(|argv| launched_executable(&argv[0]));
+    let in_process = probes
+        .iter()
+        .position(|probe| match (&probe.kind, &executable) {
+            (ProbeKind::Heap(alloc), Some(executable)) => {
+                alloc.recordable_in_process(&settings.heap, executable)
+            }
+            _ => false,
+        });
+    let mut collectors: Vec<Box<dyn Collector>> = Vec::new();
+    if let Some(probe) = in_process {
+        collectors.push(Box::new(InProcessCollector::start_serving(
+            &settings.heap,
+            probe,
+            tables.clone(),
+        )?));
+    }
+    if in_process.is_none() || probes.iter().any(|probe| !probe.is_heap()) {
+        collectors.push(Box::new(BpfCollector::load(
+            settings,
+            probes.to_vec(),
+            in_process.is_none(),
+            argv.is_some(),
+            tables.clone(),
+        )?));
+    }
+    Ok(collectors)
+}
+
+/// The executable a command runs, found as `execvp` finds it, and for a script its
+/// interpreter (`#!`): what allocator the process starts with.
+fn launched_executable(command: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = if command.contains('/') {
+        std::path::PathBuf::from(command)
+    } else {
+        std::env::var_os("PATH")?
+            .to_str()?
+            .split(':')
+            .map(|dir| std::path::Path::new(dir).join(command))
+            .find(|path| {
+                path.metadata()
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            })?
+    };
+    let mut head = [0u8; 256];
+    let read = std::fs::File::open(&path)
+        .and_then(|mut file| std::io::Read::read(&mut file, &mut head))
+        .ok()?;
+    match head[..read].strip_prefix(b"#!") {
+        Some(line) => {
+            let line = line.split(|&b| b == b'\n').next()?;
+            let interpreter = std::str::from_utf8(line).ok()?.split_whitespace().next()?;
+            Some(std::path::PathBuf::from(interpreter))
+        }
+        None => Some(path),
+    }
 }
 
 /// The command to launch: `-c` as split, or the binary cargo builds; `None` with `-p`.

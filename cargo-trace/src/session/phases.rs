@@ -26,7 +26,7 @@ use crate::process;
 use crate::progress::{self, Progress};
 use crate::settings::{HeapSettings, Settings};
 use crate::signals;
-use crate::tables::ProcessTables;
+use crate::tables::SharedTables;
 
 /// How often the wait loop looks at the target.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -50,7 +50,7 @@ struct Traced {
     /// The target's executable (`/proc/PID/exe`).
     executable: Option<String>,
     collectors: Vec<Box<dyn Collector>>,
-    tables: ProcessTables,
+    tables: SharedTables,
 }
 
 /// Phase 1: everything attached, the target held at its entry point.
@@ -69,9 +69,9 @@ impl Prepared {
         settings: &Settings,
         probes: Vec<Probe>,
         mut collectors: Vec<Box<dyn Collector>>,
+        tables: SharedTables,
         argv: Option<Vec<String>>,
     ) -> Result<Prepared> {
-        let mut tables = ProcessTables::new();
         let (pid, stopped) = match (&argv, &settings.target) {
             (Some(argv), _) => {
                 let env: Vec<_> = collectors.iter().flat_map(|c| c.environment()).collect();
@@ -87,7 +87,7 @@ impl Prepared {
             launched: stopped.is_some(),
         };
         for collector in &mut collectors {
-            collector.attach(target, &mut tables)?;
+            collector.attach(target)?;
         }
         let heap = probes
             .iter()
@@ -273,7 +273,7 @@ impl Running {
             // The first collector waits for what wakes it; the others only look.
             let mut timeout = POLL_INTERVAL;
             for collector in &mut traced.collectors {
-                collector.poll(&mut traced.tables, timeout);
+                collector.poll(timeout);
                 timeout = Duration::ZERO;
             }
             if last_note.elapsed() >= NOTE_INTERVAL {
@@ -297,14 +297,15 @@ impl Running {
         let traced = &mut self.traced;
         let mut collected = Vec::new();
         for collector in &mut traced.collectors {
-            collected.push(collector.collected(&mut traced.tables, When::Snapshot)?);
+            collected.push(collector.collected(When::Snapshot)?);
         }
+        let tables = traced.tables.lock();
         let source = Source {
             probes: &traced.probes,
             collected,
-            symbol_mappings: traced.tables.symbol_mappings().clone(),
-            object_mappings: traced.tables.object_mappings().clone(),
-            coverage: traced.tables.coverage.clone(),
+            symbol_mappings: tables.symbol_mappings().clone(),
+            object_mappings: tables.object_mappings().clone(),
+            coverage: tables.coverage.clone(),
             pid: traced.pid,
             entry: traced.entry,
             argv: traced.argv.clone(),
@@ -344,14 +345,15 @@ impl Finished {
         let traced = &mut self.traced;
         let mut collected = Vec::new();
         for collector in &mut traced.collectors {
-            collected.push(collector.collected(&mut traced.tables, When::Final)?);
+            collected.push(collector.collected(When::Final)?);
         }
+        let mut tables = traced.tables.lock();
         let source = Source {
             probes: &traced.probes,
             collected,
-            symbol_mappings: traced.tables.take_symbol_mappings(),
-            object_mappings: traced.tables.object_mappings().clone(),
-            coverage: traced.tables.coverage.clone(),
+            symbol_mappings: tables.take_symbol_mappings(),
+            object_mappings: tables.object_mappings().clone(),
+            coverage: tables.coverage.clone(),
             pid: traced.pid,
             entry: traced.entry,
             argv: traced.argv.clone(),

@@ -122,7 +122,11 @@ impl Run {
     }
 
     /// Every stack of process `pid` whose chain contains `function`, with its stats.
-    pub fn stacks_through(&mut self, pid: u32, function: &str) -> Vec<(Vec<String>, preload::AllocStats)> {
+    pub fn stacks_through(
+        &mut self,
+        pid: u32,
+        function: &str,
+    ) -> Vec<(Vec<String>, preload::AllocStats)> {
         let stats = self.recorder.stats();
         let mut out = Vec::new();
         for (p, id, s) in stats {

@@ -72,7 +72,7 @@ impl UprobeScope {
 pub fn attach_all(
     tracer: &Tracer,
     probes: &[Probe],
-    heap: &HeapSettings,
+    heap: Option<&HeapSettings>,
     pid: u32,
     plan: &AttachPlan,
     preload: Option<&Preload>,
@@ -85,6 +85,10 @@ pub fn attach_all(
     };
     for (index, probe) in probes.iter().enumerate() {
         if let ProbeKind::Heap(alloc) = &probe.kind {
+            // Counted by another collector, if not here.
+            let Some(heap) = heap else {
+                continue;
+            };
             let target = [pid];
             let fire = plan.scope.fire(pid, &target);
             links.extend(alloc.attach(tracer, heap, pid, fire, index as u32, preload)?);

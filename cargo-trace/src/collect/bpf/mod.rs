@@ -26,7 +26,7 @@ use crate::guard::Guard;
 use crate::probe::{event_program, Probe, ProbeKind};
 use crate::process;
 use crate::settings::{HeapSettings, Settings};
-use crate::tables::{ProcessTables, StoreId};
+use crate::tables::{ProcessTables, SharedTables, StoreId};
 use attach::{AttachPlan, Pending, UprobeScope};
 use children::Children;
 use exited::ExitedProcesses;
@@ -38,6 +38,8 @@ const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 /// The BPF programs, what they are attached to and what they count.
 pub struct BpfCollector {
     probes: Vec<Probe>,
+    /// Whether it counts the heap probes too (another collector may take them).
+    takes_heap: bool,
     heap: HeapSettings,
     follow: bool,
     /// The launched target's or the attached process's pid, once attached.
@@ -49,7 +51,8 @@ pub struct BpfCollector {
     children: Option<Children>,
     exited: ExitedProcesses,
     keep_exited: usize,
-    /// The tables the kernel holds, by the session's handles.
+    /// The session's tables, and those the kernel holds by the session's handles.
+    tables: SharedTables,
     kernel_tables: Vec<TableId>,
     tracer: Tracer,
     plan: AttachPlan,
@@ -68,14 +71,22 @@ pub struct BpfCollector {
 
 impl BpfCollector {
     /// Loads the programs the probes need (the verifier runs now) and forks the guard.
-    /// `launching`: the target will be launched (not attached with `-p`).
-    pub fn load(settings: &Settings, probes: Vec<Probe>, launching: bool) -> Result<BpfCollector> {
+    /// `launching`: the target will be launched (not attached with `-p`); `takes_heap`:
+    /// it counts the heap probes (else they are left to another collector).
+    pub fn load(
+        settings: &Settings,
+        probes: Vec<Probe>,
+        takes_heap: bool,
+        launching: bool,
+        tables: SharedTables,
+    ) -> Result<BpfCollector> {
         let follow = settings.follow_forks;
-        let preload = match launching && wants_preload(&probes, &settings.heap) {
+        let taken = |probe: &&Probe| takes_heap || !probe.is_heap();
+        let preload = match launching && takes_heap && wants_preload(&probes, &settings.heap) {
             true => Some(Preload::write()?),
             false => None,
         };
-        let heap_probes = probes.iter().filter(|p| p.is_heap()).count();
+        let heap_probes = probes.iter().filter(taken).filter(|p| p.is_heap()).count();
         let heap_probes = u32::try_from(heap_probes.max(1)).unwrap_or(u32::MAX);
         let capacities = &settings.capacities;
         let options = Options {
@@ -83,7 +94,7 @@ impl BpfCollector {
             // still keeps the processes it follows (those past a full pid filter are
             // not).
             filter_uprobes: follow,
-            programs: programs_for(&probes, preload.is_some()),
+            programs: programs_for(probes.iter().filter(taken), preload.is_some()),
             // The heap's totals are per process and alloc probe.
             alloc: AllocOptions {
                 max_processes: capacities.max_processes.saturating_mul(heap_probes),
@@ -119,6 +130,7 @@ impl BpfCollector {
             .context("starting the guard process")?;
         Ok(BpfCollector {
             probes,
+            takes_heap,
             heap: settings.heap.clone(),
             follow,
             target: None,
@@ -127,6 +139,7 @@ impl BpfCollector {
             children: None,
             exited: ExitedProcesses::new(settings.keep_exited, 0),
             keep_exited: settings.keep_exited,
+            tables,
             kernel_tables: Vec::new(),
             tracer,
             plan: AttachPlan {
@@ -153,7 +166,9 @@ impl BpfCollector {
     /// Registers the mappings of processes that joined the filter (children the
     /// program followed) or exec'd since, re-reads every traced process's mappings
     /// (dlopen) and forgets those that exited.
-    fn track_processes(&mut self, tables: &mut ProcessTables) {
+    fn track_processes(&mut self) {
+        let shared = self.tables.clone();
+        let tables: &mut ProcessTables = &mut shared.lock();
         let mut traced = 0;
         let mut exited = Vec::new();
         for pid in self.tracer.filtered_pids() {
@@ -193,12 +208,12 @@ impl Collector for BpfCollector {
         }
     }
 
-    fn attach(&mut self, target: Target, tables: &mut ProcessTables) -> Result<()> {
+    fn attach(&mut self, target: Target) -> Result<()> {
         let pid = target.pid;
         self.target = Some(pid);
         self.exited = ExitedProcesses::new(self.keep_exited, pid);
         let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
-        tables.sync(&mut store, pid)?;
+        self.tables.lock().sync(&mut store, pid)?;
         self.tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
@@ -206,7 +221,7 @@ impl Collector for BpfCollector {
         let (links, pending) = attach::attach_all(
             &self.tracer,
             &self.probes,
-            &self.heap,
+            self.takes_heap.then_some(&self.heap),
             pid,
             &self.plan,
             preload,
@@ -232,7 +247,7 @@ impl Collector for BpfCollector {
         Ok(())
     }
 
-    fn poll(&mut self, tables: &mut ProcessTables, timeout: Duration) {
+    fn poll(&mut self, timeout: Duration) {
         // New stacks reach userspace through a ring buffer: drained at every wake-up so
         // that a burst of them finds it empty. A failure here loses nothing: the records
         // stay for the next drain.
@@ -248,7 +263,8 @@ impl Collector for BpfCollector {
                     &mut self.preload,
                 );
                 let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
-                children.register_started(&mut store, tables, |tracer, pid| {
+                let mut tables = self.tables.lock();
+                children.register_started(&mut store, &mut tables, |tracer, pid| {
                     if let Some(pending) = pending {
                         pending.attach_in(tracer, probes, pid, links);
                     }
@@ -264,7 +280,7 @@ impl Collector for BpfCollector {
         // filter map is a system call per process.
         if self.last_refresh.elapsed() >= REFRESH_INTERVAL {
             self.last_refresh = Instant::now();
-            self.track_processes(tables);
+            self.track_processes();
             if let Some(pending) = self.pending.as_mut().filter(|p| !p.is_empty()) {
                 for pid in self.tracer.filtered_pids() {
                     pending.attach_in(&self.tracer, &self.probes, pid, &mut self.links);
@@ -294,11 +310,11 @@ impl Collector for BpfCollector {
         }
     }
 
-    fn collected(&mut self, tables: &mut ProcessTables, when: When) -> Result<Collected> {
-        let _ = tables;
+    fn collected(&mut self, when: When) -> Result<Collected> {
         // Every exited process under the pid it is counted under.
         self.exited.retire(&self.tracer, true);
-        let mut collected = read::collected(&self.tracer, &self.probes, &self.heap)?;
+        let heap = self.takes_heap.then_some(&self.heap);
+        let mut collected = read::collected(&self.tracer, &self.probes, heap)?;
         collected.merged_processes = self.exited.merged();
         if when == When::Final {
             if let Some((lost, error)) = self.tracer.storage_failure() {
@@ -329,7 +345,7 @@ impl Collector for BpfCollector {
     }
 
     fn heap_now(&self) -> Option<HeapNow> {
-        if !self.probes.iter().any(Probe::is_heap) {
+        if !self.takes_heap || !self.probes.iter().any(Probe::is_heap) {
             return None;
         }
         let processes = self.tracer.alloc_processes().ok()?;
@@ -397,9 +413,11 @@ fn alloc_options(heap: &HeapSettings) -> AllocOptions {
 
 /// The event programs the probes attach (the others are not loaded: the verifier's time
 /// is most of a session's start). `preload`: with the preloaded library's programs.
-fn programs_for(probes: &[Probe], preload: bool) -> std::collections::BTreeSet<EventProgram> {
+fn programs_for<'a>(
+    probes: impl Iterator<Item = &'a Probe>,
+    preload: bool,
+) -> std::collections::BTreeSet<EventProgram> {
     probes
-        .iter()
         .flat_map(|probe| match &probe.kind {
             ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
             ProbeKind::Heap(_) if preload => [

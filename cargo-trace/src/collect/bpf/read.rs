@@ -17,11 +17,16 @@ use crate::settings::HeapSettings;
 const NO_USER_STACK: [Loss; 3] = [Loss::Exiting, Loss::KernelThread, Loss::TargetElsewhere];
 
 /// Everything the kernel counted so far.
-pub fn collected(tracer: &Tracer, probes: &[Probe], heap: &HeapSettings) -> Result<Collected> {
+/// `heap`: the heap's settings, if it counts the heap probes.
+pub fn collected(
+    tracer: &Tracer,
+    probes: &[Probe],
+    heap: Option<&HeapSettings>,
+) -> Result<Collected> {
     let events = event_counts(tracer, probes)?;
-    let heap = match probes.iter().any(Probe::is_heap) {
-        true => Some(heap_collected(tracer, heap)?),
-        false => None,
+    let heap = match heap {
+        Some(heap) if probes.iter().any(Probe::is_heap) => Some(heap_collected(tracer, heap)?),
+        _ => None,
     };
     let walk_ends = tracer.walk_ends().context("reading the walk counters")?;
     let losses = tracer.losses().context("reading the loss counters")?;

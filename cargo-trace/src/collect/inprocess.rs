@@ -1,0 +1,402 @@
+//! The in-process collector: a launched target's heap, recorded by the preloaded library
+//! in the process itself (`preload` crate): it walks its own stacks with the session's
+//! unwind tables and publishes every allocation and free in shared memory, with no
+//! kernel event. This collector serves the library (the socket, the tables, the
+//! mappings a thread asks for) from a thread of its own — a thread of the target that
+//! waits for a table must never wait for the session's other work, nor for the launch,
+//! which runs the library's first calls before the target reaches its entry point —
+//! and turns what the library recorded into the seam's heap statistics.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use preload::{Recorder, Server, SourceMapping, TableError, TableSource};
+use unwind_tables::walk::WalkEnd;
+use unwind_tables::CompactTable;
+
+use crate::collect::{
+    Collected, Collector, Estimated, HeapCollected, HeapCount, HeapNow, HeapStats, Target,
+    UserFrame, UserStack, Walks, When,
+};
+use crate::frame::ObjectId;
+use crate::limits::{self, Limit};
+use crate::settings::HeapSettings;
+use crate::tables::{
+    FileKey, ProcessTables, Registered, SharedTables, StoreError, StoreId, TableRef, TableStore,
+};
+
+/// How long the serving thread waits for a message before it reads the regions again.
+const SERVE_STEP: Duration = Duration::from_millis(2);
+
+/// What the serving thread and the session share.
+struct State {
+    server: Option<Server>,
+    recorder: Recorder,
+    store: LibraryTables,
+}
+
+/// The tables the library walks with, by the session's handles, and the mappings last
+/// registered for each process.
+#[derive(Default)]
+struct LibraryTables {
+    tables: Vec<Arc<CompactTable>>,
+    mappings: HashMap<u32, Vec<Registered>>,
+}
+
+impl TableStore for LibraryTables {
+    fn store_id(&self) -> StoreId {
+        StoreId::InProcess
+    }
+
+    fn add_table(&mut self, table: &Arc<CompactTable>) -> Result<TableRef, StoreError> {
+        self.tables.push(Arc::clone(table));
+        Ok(TableRef(self.tables.len() as u32 - 1))
+    }
+
+    fn set_mappings(&mut self, pid: u32, mappings: &[Registered]) -> Result<(), StoreError> {
+        self.mappings.insert(pid, mappings.to_vec());
+        Ok(())
+    }
+
+    fn add_file_mapping(&mut self, _file: FileKey, _mapping: &Registered) -> Result<bool> {
+        // The library asks for a pc it does not know: it never walks through code
+        // before its mappings are read.
+        Ok(true)
+    }
+}
+
+/// The session's tables as the library's source of mappings.
+struct Source<'a> {
+    tables: &'a SharedTables,
+    store: &'a mut LibraryTables,
+}
+
+impl TableSource for Source<'_> {
+    fn mappings(&mut self, pid: u32) -> Result<Vec<SourceMapping>, TableError> {
+        let mut tables: MutexGuard<'_, ProcessTables> = self.tables.lock();
+        // Asked when the process holds code the library does not know: read again.
+        tables.forget(StoreId::InProcess, pid);
+        tables
+            .sync(self.store, pid)
+            .map_err(|error| TableError::Maps {
+                pid,
+                source: std::io::Error::other(format!("{error:#}")),
+            })?;
+        let registered = self.store.mappings.get(&pid).cloned().unwrap_or_default();
+        Ok(registered
+            .iter()
+            .map(|m| SourceMapping {
+                start: m.start,
+                end: m.end,
+                bias: m.bias,
+                object: m.object.map(ObjectId::index),
+                table: m
+                    .table
+                    .and_then(|TableRef(index)| self.store.tables.get(index as usize).cloned()),
+            })
+            .collect())
+    }
+}
+
+/// The preloaded library's recording of the heap probe `probe`.
+pub struct InProcessCollector {
+    state: Arc<Mutex<State>>,
+    environment: Vec<(&'static str, std::ffi::OsString)>,
+    serving: Option<(JoinHandle<()>, Arc<AtomicBool>)>,
+    probe: usize,
+    heap: HeapSettings,
+    target: Option<u32>,
+}
+
+impl InProcessCollector {
+    /// Makes the library's directory and socket and starts serving it.
+    pub fn start_serving(
+        heap: &HeapSettings,
+        probe: usize,
+        tables: SharedTables,
+    ) -> Result<InProcessCollector> {
+        let server = Server::new().context("starting the in-process heap recorder")?;
+        let environment = server.environment(std::env::var_os("LD_PRELOAD"));
+        let recorder = Recorder::new(recorder_options(heap));
+        let state = Arc::new(Mutex::new(State {
+            server: Some(server),
+            recorder,
+            store: LibraryTables::default(),
+        }));
+        let done = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let state = Arc::clone(&state);
+            let done = Arc::clone(&done);
+            let tables = tables.clone();
+            std::thread::Builder::new()
+                .name("heap-recorder".into())
+                .spawn(move || serve(&state, &tables, &done))
+                .context("starting the in-process heap recorder's thread")?
+        };
+        Ok(InProcessCollector {
+            state,
+            environment,
+            serving: Some((thread, done)),
+            probe,
+            heap: heap.clone(),
+            target: None,
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops the serving thread, which reads the regions one last time.
+    fn stop_serving(&mut self) {
+        if let Some((thread, done)) = self.serving.take() {
+            done.store(true, Ordering::Release);
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The serving thread: answers the libraries and reads their regions until `done`.
+fn serve(state: &Mutex<State>, tables: &SharedTables, done: &AtomicBool) {
+    loop {
+        let finishing = done.load(Ordering::Acquire);
+        {
+            let mut state = state
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let State {
+                server,
+                recorder,
+                store,
+            } = &mut *state;
+            if let Some(server) = server {
+                let mut source = Source { tables, store };
+                let step = if finishing {
+                    Duration::ZERO
+                } else {
+                    SERVE_STEP
+                };
+                if let Err(error) = server.serve(&mut source, recorder, step) {
+                    eprintln!("cargo-trace: warning: in-process heap recording: {error}");
+                }
+            }
+            recorder.poll();
+        }
+        if finishing {
+            return;
+        }
+        // Lets the session take the state between two turns.
+        std::thread::yield_now();
+    }
+}
+
+impl Collector for InProcessCollector {
+    fn environment(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        self.environment.clone()
+    }
+
+    fn attach(&mut self, target: Target) -> Result<()> {
+        self.target = Some(target.pid);
+        Ok(())
+    }
+
+    fn start(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn poll(&mut self, timeout: Duration) {
+        // The serving thread does the work.
+        std::thread::sleep(timeout);
+    }
+
+    fn stop(&mut self) {
+        self.stop_serving();
+        // Closed: a process still running finds its connection gone and records no more.
+        self.state().server = None;
+    }
+
+    fn collected(&mut self, when: When) -> Result<Collected> {
+        let state = self.state();
+        let recorder = &state.recorder;
+        let counters = recorder.counters();
+        let stacks = heap_counts(recorder, self.probe);
+        let processes = recorder
+            .processes()
+            .into_iter()
+            .map(|p| profile::HeapProcess {
+                probe: self.probe,
+                pid: p.pid,
+                allocs: p.allocs,
+                bytes: p.bytes,
+                frees: p.frees,
+                freed_bytes: p.freed_bytes,
+                live_bytes: p.live_bytes,
+                peak_bytes: p.peak_bytes,
+                unknown_frees: p.unknown_frees,
+            })
+            .collect();
+        let heap_counters: limits::Counts = [
+            (
+                Limit::Heap(bpf_prog::AllocCounter::UnknownFrees),
+                counters.unknown_frees,
+            ),
+            (Limit::Heap(bpf_prog::AllocCounter::Failed), counters.failed),
+            (
+                Limit::Heap(bpf_prog::AllocCounter::LiveMapFull),
+                counters.live_map_full,
+            ),
+            (Limit::Heap(bpf_prog::AllocCounter::Reused), counters.reused),
+        ]
+        .into_iter()
+        .collect();
+        let mut stacks = stacks;
+        if !self.heap.sampling() {
+            for count in &mut stacks {
+                count.stats.estimated = None;
+            }
+        }
+        let _ = when;
+        Ok(Collected {
+            heap: Some(HeapCollected {
+                stacks,
+                processes,
+                lost: limits::reported(&heap_counters),
+                now_ns: bpf_prog::monotonic_ns(),
+            }),
+            walks: walks(&counters),
+            ..Collected::default()
+        })
+    }
+
+    fn walks_so_far(&self) -> Option<(u64, u64)> {
+        let counters = self.state().recorder.counters();
+        let walks = walks(&counters);
+        Some((walks.total, walks.failures.iter().map(|(_, n)| n).sum()))
+    }
+
+    fn processes(&self) -> usize {
+        self.state().recorder.regions()
+    }
+
+    fn still_running(&self, _target: u32) -> Vec<u32> {
+        Vec::new()
+    }
+
+    fn heap_now(&self) -> Option<HeapNow> {
+        let state = self.state();
+        let processes = state.recorder.processes();
+        Some(HeapNow {
+            live_bytes: processes.iter().map(|p| p.live_bytes).sum(),
+            allocs: processes.iter().map(|p| p.allocs).sum(),
+            frees: processes.iter().map(|p| p.frees).sum(),
+            pids: processes.iter().map(|p| p.pid).collect(),
+        })
+    }
+
+    fn heap_live(&self) -> Result<Vec<HeapCount>> {
+        Ok(heap_counts(&self.state().recorder, self.probe))
+    }
+}
+
+impl Drop for InProcessCollector {
+    fn drop(&mut self) {
+        self.stop_serving();
+    }
+}
+
+/// What the library is told of the session's heap settings.
+fn recorder_options(heap: &HeapSettings) -> preload::Options {
+    preload::Options {
+        temporary_ns: u64::try_from(heap.temporary.as_nanos()).unwrap_or(u64::MAX),
+        sample_every: heap.sample_every,
+        sample_bytes: heap.sample_bytes,
+        min_size: heap.min_size,
+        max_size: heap.max_size,
+        max_live_blocks: heap.max_live_blocks as usize,
+        ..preload::Options::default()
+    }
+}
+
+/// Every stack's heap statistics, typed.
+fn heap_counts(recorder: &Recorder, probe: usize) -> Vec<HeapCount> {
+    recorder
+        .stats()
+        .into_iter()
+        .map(|(pid, stack, stats)| HeapCount {
+            probe,
+            pid,
+            user: user_stack(recorder.stack_of(stack)),
+            stats: HeapStats {
+                allocs: stats.allocs,
+                bytes: stats.bytes,
+                frees: stats.frees,
+                freed_bytes: stats.freed_bytes,
+                temporaries: stats.temporaries,
+                untracked: stats.untracked,
+                live_blocks: (stats.allocs - stats.untracked).saturating_sub(stats.frees),
+                live_bytes: stats.live_bytes,
+                live_birth_us: stats.live_birth_us,
+                peak_bytes: stats.peak_bytes,
+                size_hist: stats.size_hist.to_vec(),
+                life_hist: stats.life_hist.to_vec(),
+                estimated: Some(Estimated {
+                    allocs: stats.estimated.allocs,
+                    bytes: stats.estimated.bytes,
+                    frees: stats.estimated.frees,
+                    freed_bytes: stats.estimated.freed_bytes,
+                }),
+            },
+        })
+        .collect()
+}
+
+/// A stack the library walked, typed as the seam's.
+fn user_stack(stack: &preload::Stack) -> UserStack {
+    UserStack {
+        frames: stack
+            .frames
+            .iter()
+            .map(|frame| match *frame {
+                preload::Frame::InObject { object, address } => match ObjectId::new(object) {
+                    Some(object) => UserFrame::InObject { object, address },
+                    None => UserFrame::Runtime(address),
+                },
+                preload::Frame::Runtime(address) => UserFrame::Runtime(address),
+            })
+            .collect(),
+        truncated: (stack.end != WalkEnd::Complete).then(|| stack.end.to_string()),
+    }
+}
+
+/// The walk ends, in the walker's order (`enum ct_walk_end`).
+const WALK_ENDS: [&str; 8] = [
+    "complete",
+    "no process",
+    "no mapping",
+    "no row",
+    "unsupported rule",
+    "read fault",
+    "depth cap",
+    "bad return address",
+];
+
+/// How the library's walks ended.
+fn walks(counters: &preload::Counters) -> Walks {
+    Walks {
+        failures: WALK_ENDS
+            .iter()
+            .zip(counters.walk_ends)
+            .skip(1)
+            .filter(|(_, count)| *count > 0)
+            .map(|(name, count)| (name.to_string(), count))
+            .collect(),
+        total: counters.walks,
+        memo_hits: counters.memo_hits,
+    }
+}
