@@ -130,8 +130,6 @@ fn a_heap_report_of_100k_stacks_of_500_frames() {
             "allocations",
             "bytes allocated",
             "frees",
-            "bytes freed",
-            "leaked blocks",
             "leaked bytes",
             "temporary allocations",
             "bytes live at the peak",
@@ -195,7 +193,7 @@ fn the_report_of_a_cpython_sized_run_is_under_5_mb() {
     };
     let (text, _) = chromium.printed_text(&page);
     let printed = printed_flamegraphs(&text);
-    assert_eq!(printed.len(), 8, "{text}");
+    assert_eq!(printed.len(), 6, "{text}");
     for (title, body) in printed {
         assert!(body.contains("Py_BytesMain"), "{title}: {body}");
     }
@@ -316,7 +314,7 @@ fn the_views_in_use_in_chromium_and_firefox() {
         let Some((reading, took)) = check else {
             continue;
         };
-        check_reading(browser, &reading, took, 8);
+        check_reading(browser, &reading, took, 6);
         assert!(reading["charts"].as_u64().unwrap() >= 3, "{reading}");
         let views = &reading["views"];
         for (view, words) in [

@@ -13,6 +13,7 @@
 //! (the run, the headline figures, the counters) is written here as HTML; a view the
 //! profile has nothing for says so in words. Nothing is fetched: no URL, no CDN.
 
+mod charts;
 mod data;
 mod units;
 
@@ -42,9 +43,21 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> io::R
     navigation(heap, &mut html);
     toolbar(&mut html);
     flamegraph_section(profile, &mut html);
-    if heap {
+    if let Some(totals) = &profile.heap {
+        let _ = write!(
+            html,
+            "<section id=\"memory\">\n<h2>Memory over time</h2>\n{}\
+             <div class=\"view\" id=\"memory-view\"></div>\n</section>\n",
+            charts::memory(profile, &totals.timeline)
+        );
         html.push_str(HEAP_SECTIONS);
     }
+    let _ = write!(
+        html,
+        "<section id=\"events\">\n<h2>Events over time</h2>\n\
+         <div class=\"view\" id=\"events-view\">\n{}</div>\n</section>\n",
+        charts::events(profile)
+    );
     html.push_str(COMMON_SECTIONS);
     run_section(profile, &mut html);
     counters_section(profile, &mut html);
@@ -159,8 +172,32 @@ fn toolbar(html: &mut String) {
     );
 }
 
-/// On screen one flamegraph and the switch; in print, each value's flamegraph one under
-/// another (drawn when the page is printed), the values with nothing to draw named.
+/// Whether the page offers a flamegraph of a value: not of a histogram's bucket, nor of
+/// the leaked blocks' summed ages (the leaks view divides them into mean ages).
+fn drawn_as_flamegraph(kind: &str) -> bool {
+    !heap::is_bucket(kind) && kind != heap::LEAKED_AGE
+}
+
+/// A heap profile's main values: the others (bytes freed, leaked blocks, untracked
+/// blocks) mostly repeat one of these in another unit.
+const HEAP_MAIN: [&str; 6] = [
+    heap::ALLOCS,
+    heap::ALLOC_SPACE,
+    heap::FREES,
+    heap::LEAKED_BYTES,
+    heap::TEMPORARIES,
+    heap::PEAK_BYTES,
+];
+
+/// Whether a value is a main one, printed as a flamegraph and a column of the processes'
+/// table: any value with a flamegraph, but of a heap profile only [`HEAP_MAIN`].
+fn main_value(profile: &Profile, kind: &str) -> bool {
+    drawn_as_flamegraph(kind) && (profile.heap.is_none() || HEAP_MAIN.contains(&kind))
+}
+
+/// On screen one flamegraph and the switch; in print, each main value's flamegraph one
+/// under another (drawn when the page is printed), the values with nothing to draw, and
+/// those only on screen, named.
 fn flamegraph_section(profile: &Profile, html: &mut String) {
     html.push_str(
         "<section id=\"flamegraph\">\n<h2>Flamegraph</h2>\n\
@@ -173,8 +210,9 @@ fn flamegraph_section(profile: &Profile, html: &mut String) {
          <div id=\"flame\" class=\"screen-only flame-view\"></div>\n",
     );
     let mut empty = Vec::new();
+    let mut on_screen = Vec::new();
     for (index, value_type) in profile.value_types.iter().enumerate() {
-        if heap::is_bucket(&value_type.kind) || value_type.kind == heap::LEAKED_AGE {
+        if !drawn_as_flamegraph(&value_type.kind) {
             continue;
         }
         let name = escape(&value_type.describe());
@@ -183,10 +221,15 @@ fn flamegraph_section(profile: &Profile, html: &mut String) {
             empty.push(name);
             continue;
         }
+        if !main_value(profile, &value_type.kind) {
+            on_screen.push(name);
+            continue;
+        }
         let _ = writeln!(
             html,
-            "<div class=\"flamegraph print-only\" data-value=\"{index}\">\
-             <h3>Flamegraph: {name}</h3><p>{} in all.</p><div class=\"flame-print\"></div></div>",
+            "<div class=\"print-only printed-flamegraph\"><div class=\"flamegraph\" \
+             data-value=\"{index}\"><h3>Flamegraph: {name}</h3><p>{} in all.</p>\
+             <div class=\"flame-print\"></div></div></div>",
             units::value(total, &value_type.unit)
         );
     }
@@ -197,20 +240,24 @@ fn flamegraph_section(profile: &Profile, html: &mut String) {
             empty.join(", ")
         );
     }
+    if !on_screen.is_empty() {
+        let _ = writeln!(
+            html,
+            "<p class=\"print-only\">The page's switch draws the flamegraphs of {} too.</p>",
+            on_screen.join(", ")
+        );
+    }
     html.push_str("</section>\n");
 }
 
-/// The heap's views, drawn by the script.
+/// The heap's views drawn by the script.
 const HEAP_SECTIONS: &str = "\
-<section id=\"memory\">\n<h2>Memory over time</h2>\n<div class=\"view\" id=\"memory-view\"></div>\n</section>\n\
 <section id=\"leaks\">\n<h2>Leaks</h2>\n<div class=\"view\" id=\"leaks-view\"></div>\n</section>\n\
 <section id=\"sizes\">\n<h2>Allocation sizes</h2>\n<div class=\"view\" id=\"sizes-view\"></div>\n</section>\n\
 <section id=\"lifetimes\">\n<h2>Lifetimes</h2>\n<div class=\"view\" id=\"lifetimes-view\"></div>\n</section>\n";
 
-/// Every profile's views, drawn by the script.
+/// Every profile's views drawn by the script.
 const COMMON_SECTIONS: &str = "\
-<section id=\"events\">\n<h2>Events over time</h2>\n<div class=\"view\" id=\"events-view\">\
-<svg id=\"timeline\" class=\"chart\" role=\"img\" aria-label=\"events over time\"></svg></div>\n</section>\n\
 <section id=\"processes\">\n<h2>Processes</h2>\n<div class=\"view\" id=\"processes-view\"></div>\n</section>\n\
 <section id=\"functions\">\n<h2>Functions</h2>\n<div class=\"view\" id=\"functions-view\"></div>\n\
 <div class=\"view\" id=\"neighbours-view\"></div>\n</section>\n\
@@ -446,7 +493,7 @@ mod tests {
              traced for 1.50 s</p>"
         ));
         // Printed, a flamegraph per value; the profile embedded once, no image in it.
-        assert_eq!(html.matches("class=\"flamegraph print-only\"").count(), 2);
+        assert_eq!(html.matches("class=\"flamegraph\"").count(), 2);
         assert_eq!(html.matches("id=\"profile-data\"").count(), 1);
         assert!(!html.contains("data:"));
         assert!(html.contains("walks ended early: read fault</span></th><td class=\"n\">2</td>"));
@@ -478,14 +525,25 @@ mod tests {
             assert!(html.contains(&format!("id=\"{id}\"")), "{id}");
         }
         // The printed flamegraphs are of the values a person reads, by their names.
-        for name in [
-            "Flamegraph: allocations",
-            "Flamegraph: bytes allocated",
-            "Flamegraph: leaked bytes",
-            "Flamegraph: temporary allocations",
-        ] {
-            assert!(html.contains(name), "{name}");
-        }
+        let printed: Vec<&str> = html
+            .split("<h3>Flamegraph: ")
+            .skip(1)
+            .filter_map(|h| h.split('<').next())
+            .collect();
+        assert_eq!(
+            printed,
+            [
+                "allocations",
+                "bytes allocated",
+                "frees",
+                "leaked bytes",
+                "temporary allocations",
+                "bytes live at the peak"
+            ]
+        );
+        assert!(html.contains(
+            "The page's switch draws the flamegraphs of bytes freed, leaked blocks too."
+        ));
         // Nor the raw names of the values, nor the histograms' buckets.
         let page = html.split("<script").next().unwrap();
         assert!(!page.contains("Flamegraph: ages") && !page.contains("bucket"));

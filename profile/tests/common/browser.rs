@@ -89,10 +89,8 @@ impl Chromium {
         (output, took)
     }
 
-    /// The page printed to PDF, as text (`pdftotext`), and how long Chromium took.
-    pub fn printed_text(&self, page: &Path) -> (String, Duration) {
-        let directory = tempfile::tempdir().expect("a scratch directory");
-        let pdf = directory.path().join("report.pdf");
+    /// Prints `page` to `pdf`: how long Chromium took.
+    pub fn print(&self, page: &Path, pdf: &Path) -> Duration {
         let (_, took) = self.run(
             page,
             &[
@@ -100,6 +98,14 @@ impl Chromium {
                 "--no-pdf-header-footer",
             ],
         );
+        took
+    }
+
+    /// The page printed to PDF, as text (`pdftotext`), and how long Chromium took.
+    pub fn printed_text(&self, page: &Path) -> (String, Duration) {
+        let directory = tempfile::tempdir().expect("a scratch directory");
+        let pdf = directory.path().join("report.pdf");
+        let took = self.print(page, &pdf);
         (pdf_text(&pdf), took)
     }
 

@@ -72,13 +72,7 @@ pub fn encode(profile: &Profile, weighting: Weighting) -> String {
             start = trie.child(start, frames.intern(name, NOT_CODE, None));
         }
         let shared = if start == previous.0 {
-            sample
-                .stack
-                .iter()
-                .rev()
-                .zip(previous.1.iter().rev())
-                .take_while(|(a, b)| a == b)
-                .count()
+            common_suffix(&sample.stack, previous.1)
         } else {
             0
         };
@@ -146,11 +140,12 @@ pub fn encode(profile: &Profile, weighting: Weighting) -> String {
         }
         let _ = write!(
             json,
-            "{{\"kind\":{},\"unit\":{},\"name\":{},\"flame\":{}}}",
+            "{{\"kind\":{},\"unit\":{},\"name\":{},\"flame\":{},\"main\":{}}}",
             string(&value_type.kind),
             string(&value_type.unit),
             string(&value_type.describe()),
-            drawn_as_flamegraph(&value_type.kind)
+            super::drawn_as_flamegraph(&value_type.kind),
+            super::main_value(profile, &value_type.kind)
         );
     }
     let _ = write!(json, "],\"initial\":{},", weighting.value);
@@ -316,12 +311,6 @@ pub fn encode(profile: &Profile, weighting: Weighting) -> String {
     json.replace('<', "\\u003c")
 }
 
-/// Whether the page offers a flamegraph of a value: not of a histogram's bucket, nor of
-/// the leaked blocks' summed ages (the leaks view divides them into mean ages).
-fn drawn_as_flamegraph(kind: &str) -> bool {
-    !heap::is_bucket(kind) && kind != heap::LEAKED_AGE
-}
-
 /// A frame as the flamegraph names it: its function, with its source line when lines
 /// are asked for (each line of a function is then its own frame, as in folded output).
 fn name(frame: &Frame, weighting: Weighting) -> String {
@@ -382,6 +371,27 @@ fn number(json: &mut String, value: i64) {
         json.push('-');
     }
     json.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+}
+
+/// The length of the longest common suffix of `a` and `b` (the stacks' outer locations),
+/// by bisection over slice comparisons.
+fn common_suffix(a: &[usize], b: &[usize]) -> usize {
+    let same = |n: usize| a[a.len() - n..] == b[b.len() - n..];
+    let longest = a.len().min(b.len());
+    if same(longest) {
+        return longest;
+    }
+    // same(low) holds, same(high) does not.
+    let (mut low, mut high) = (0, longest);
+    while high - low > 1 {
+        let middle = (low + high) / 2;
+        if same(middle) {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    low
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -633,6 +643,15 @@ mod tests {
         json.clear();
         column(&mut json, &[], 2);
         assert_eq!(json, "{\"scale\":1,\"at\":[],\"v\":[]}");
+    }
+
+    #[test]
+    fn common_suffixes() {
+        assert_eq!(common_suffix(&[1, 2, 3], &[9, 2, 3]), 2);
+        assert_eq!(common_suffix(&[1, 2, 3], &[1, 2, 3]), 3);
+        assert_eq!(common_suffix(&[2, 3], &[1, 2, 3]), 2);
+        assert_eq!(common_suffix(&[1, 2, 4], &[1, 2, 3]), 0);
+        assert_eq!(common_suffix(&[], &[1]), 0);
     }
 
     #[test]

@@ -690,10 +690,8 @@
   // ---- Processes ----
   function drawProcesses() {
     const view = $('processes-view');
-    // A heap profile's main values (and the one chosen), every value of another.
-    const main = ['allocs', 'alloc_space', 'frees', 'leaked_bytes', 'temporaries'];
-    const shown = flameValues.filter(v => totals[v] !== 0 &&
-      (!profile.heap || v === value || main.includes(values[v].kind)));
+    // The main values (and the one chosen).
+    const shown = flameValues.filter(v => totals[v] !== 0 && (values[v].main || v === value));
     const sums = pids.map(() => new Float64Array(values.length));
     const any = new Uint8Array(pids.length);
     for (const v of shown) eachValue(v, (i, x) => { if (kept(i)) { sums[samplePid[i]][v] += x; any[samplePid[i]] = 1; } });
@@ -732,124 +730,13 @@
     view.innerHTML = html.join('');
   }
 
-  // ---- Charts ----
-  // Round steps for an axis from 0 to max: 1, 2 or 5 times a power of ten.
-  function ticks(max, wanted) {
-    if (!(max > 0)) return [0, 1];
-    const raw = max / wanted, power = Math.pow(10, Math.floor(Math.log10(raw)));
-    const step = [1, 2, 5, 10].map(m => m * power).find(s => s >= raw) || 10 * power;
-    const list = [];
-    for (let t = 0; t <= max + step * 1e-9; t += step) list.push(t);
-    if (list[list.length - 1] < max) list.push(list[list.length - 1] + step);
-    return list;
-  }
-  // An axis of bytes in the unit of its largest value, with round steps in it.
-  function byteTicks(max, wanted) {
-    let unit = 1;
-    while (max / unit >= 1024 && unit < Math.pow(1024, 5)) unit *= 1024;
-    return ticks(max / unit, wanted).map(t => t * unit);
-  }
-  // A time axis in ms or s: [ticks in ms, formatter].
-  function timeTicks(maxMs) {
-    if (maxMs < 2000) {
-      return [ticks(maxMs, 6), t => significant(t) + ' ms'];
-    }
-    return [ticks(maxMs / 1000, 6).map(t => t * 1000), t => significant(t / 1000) + ' s'];
-  }
-  // The frame of a chart: axes, grid, labels. Returns the scales and the SVG so far.
-  function chartFrame(opts) {
-    const width = opts.width, height = opts.height, left = 74, right = opts.rightAxis ? 74 : 16, top = 10, bottom = 34;
-    const plotW = width - left - right, plotH = height - top - bottom;
-    const [xt, xfmt] = timeTicks(opts.maxMs);
-    const xmax = xt[xt.length - 1] || 1, ymax = opts.yTicks[opts.yTicks.length - 1] || 1;
-    const x = ms => left + ms / xmax * plotW, y = v => top + plotH - v / ymax * plotH;
-    const parts = [];
-    for (const t of opts.yTicks) {
-      parts.push('<line x1="', left, '" x2="', left + plotW, '" y1="', y(t).toFixed(1), '" y2="', y(t).toFixed(1),
-        '" stroke="#e5e5e5"/><text x="', left - 6, '" y="', (y(t) + 4).toFixed(1), '" text-anchor="end">',
-        esc(opts.yFormat(t)), '</text>');
-    }
-    for (const t of xt) {
-      parts.push('<line x1="', x(t).toFixed(1), '" x2="', x(t).toFixed(1), '" y1="', top + plotH, '" y2="',
-        top + plotH + 4, '" stroke="#888"/><text x="', x(t).toFixed(1), '" y="', top + plotH + 16,
-        '" text-anchor="middle">', esc(xfmt(t)), '</text>');
-    }
-    parts.push('<line x1="', left, '" x2="', left + plotW, '" y1="', top + plotH, '" y2="', top + plotH,
-      '" stroke="#888"/><line x1="', left, '" x2="', left, '" y1="', top, '" y2="', top + plotH, '" stroke="#888"/>',
-      '<text x="', left + plotW / 2, '" y="', height - 4, '" text-anchor="middle">time since tracing started</text>');
-    return { x, y, parts, left, top, plotW, plotH, width, height };
-  }
-  function chartWidth(view) { return Math.max(480, Math.min(1000, (view.clientWidth || 900) - 10)); }
   function legend(items) {
     return '<p class="legend">' + items.map(([c, text]) =>
       '<span><span class="swatch" style="background:' + c + '"></span>' + text + '</span>').join('') + '</p>';
   }
 
-  // ---- Events over time: stack walks per second between the session's counts ----
-  function drawEvents() {
-    const view = $('events-view'), chart = $('timeline');
-    const points = profile.timeline;
-    const duration = profile.durationMs;
-    if (!points.length) {
-      chart.remove();
-      view.insertAdjacentHTML('afterbegin', '<p class="empty">No counts over time were kept for this run ' +
-        '(the session counts stack walks every 200 ms while the target runs).</p>');
-      return;
-    }
-    const intervals = [];
-    let previous = [0, 0];
-    for (const p of points) {
-      const span = Math.max(p[0] - previous[0], 1e-3);
-      intervals.push({ from: previous[0], to: p[0], walks: p[1] - previous[1], rate: (p[1] - previous[1]) / span * 1000 });
-      previous = p;
-    }
-    const total = points[points.length - 1][1];
-    const peak = Math.max(...intervals.map(i => i.rate));
-    const maxMs = Math.max(duration, points[points.length - 1][0]);
-    const yTicks = ticks(peak, 4);
-    const frame = chartFrame({ width: chartWidth(view), height: 200, maxMs, yTicks, rightAxis: true,
-      yFormat: t => count(t) + '/s' });
-    const parts = frame.parts;
-    for (const i of intervals) {
-      const x0 = frame.x(i.from), x1 = frame.x(i.to), y = frame.y(i.rate);
-      const gap = x1 - x0 > 6 ? 1 : 0;
-      parts.push('<rect x="', (x0 + gap).toFixed(1), '" y="', y.toFixed(1), '" width="', Math.max(x1 - x0 - 2 * gap, 0.5).toFixed(1),
-        '" height="', (frame.top + frame.plotH - y).toFixed(1), '" fill="#f0a06a"><title>',
-        esc(nanoseconds(i.from * 1e6) + ' – ' + nanoseconds(i.to * 1e6) + ': ' + count(i.walks) + ' walks, ' +
-        count(i.rate) + '/s'), '</title></rect>');
-    }
-    // The running count, on its own axis at the right.
-    const cumulative = [[0, 0]].concat(points);
-    const right = ticks(total, 4), rightMax = right[right.length - 1] || 1;
-    const yRight = v => frame.top + frame.plotH - v / rightMax * frame.plotH;
-    parts.push('<polyline fill="none" stroke="#2b5fb3" stroke-width="2" points="',
-      cumulative.map(p => frame.x(p[0]).toFixed(1) + ',' + yRight(p[1]).toFixed(1)).join(' '), '"/>');
-    for (const p of points) {
-      parts.push('<circle cx="', frame.x(p[0]).toFixed(1), '" cy="', yRight(p[1]).toFixed(1), '" r="3" fill="#2b5fb3"/>');
-    }
-    for (const t of right) {
-      parts.push('<text x="', frame.left + frame.plotW + 6, '" y="', (yRight(t) + 4).toFixed(1), '" fill="#2b5fb3">',
-        esc(count(t)), '</text>');
-    }
-    chart.setAttribute('viewBox', '0 0 ' + frame.width + ' ' + frame.height);
-    chart.setAttribute('width', frame.width);
-    chart.setAttribute('height', frame.height);
-    chart.innerHTML = parts.join('');
-    const spans = intervals.map(i => i.to - i.from).sort((a, b) => a - b);
-    const when = points.length <= 4 ? ' (at ' + points.map(p => nanoseconds(p[0] * 1e6)).join(', ') + ')'
-      : ' (every ' + nanoseconds(spans[spans.length >> 1] * 1e6) + ' or so)';
-    let words = count(total) + ' stack walks in ' + nanoseconds(maxMs * 1e6) + ', counted ' +
-      plural(points.length, 'time', 'times') + ' while the target ran' + when + '; at most ' + count(peak) +
-      ' per second between two counts.';
-    if (intervals.length === 1) {
-      words += ' A run this short has one count: its bar is the mean rate over the whole run, the line the walks so far.';
-    }
-    view.insertAdjacentHTML('afterbegin', '<p>' + esc(words) + '</p>');
-    view.insertAdjacentHTML('beforeend', legend([['#f0a06a', 'stack walks per second, between two counts (left axis)'],
-      ['#2b5fb3', 'stack walks so far (right axis)']]));
-  }
-
-  // ---- Heap: memory over time, leaks, sizes and lifetimes ----
+  // ---- Heap: the stacks that hold the most, leaks, sizes and lifetimes ----
+  // (memory over time is drawn by the writer: html/charts.rs)
   const heapKinds = {
     leakedBytes: valueIndex('leaked_bytes'), leakedBlocks: valueIndex('leaked_blocks'),
     leakedAge: valueIndex('leaked_age'), peakBytes: valueIndex('peak_bytes'),
@@ -857,48 +744,7 @@
 
   function drawMemory() {
     const view = $('memory-view');
-    const points = profile.heap.timeline;
     const html = [];
-    if (!points.length) {
-      html.push('<p class="empty">No memory over time was kept for this run (the session takes the heap\'s totals ',
-        'every 100 ms while the target runs).</p>');
-    } else {
-      const maxMs = Math.max(profile.durationMs, points[points.length - 1][0]);
-      const top = Math.max(...points.map(p => Math.max(p[1], p[4])));
-      const frame = chartFrame({ width: chartWidth(view), height: 240, maxMs, yTicks: byteTicks(top, 5), yFormat: bytes });
-      const line = (index, c) => '<polyline fill="none" stroke="' + c + '" stroke-width="2" points="' +
-        points.map(p => frame.x(p[0]).toFixed(1) + ',' + frame.y(Math.max(p[index], 0)).toFixed(1)).join(' ') + '"/>';
-      frame.parts.push(line(4, '#2b5fb3'), line(1, '#d9622b'));
-      if (points.length === 1) {
-        frame.parts.push('<circle cx="', frame.x(points[0][0]).toFixed(1), '" cy="', frame.y(points[0][1]).toFixed(1), '" r="4" fill="#d9622b"/>');
-      }
-      const peakLive = Math.max(...points.map(p => p[1])), peakRss = Math.max(...points.map(p => p[4]));
-      html.push('<p>Live bytes of the tracked blocks and resident memory of the traced processes, taken ',
-        plural(points.length, 'time', 'times'), ' over ', esc(nanoseconds(maxMs * 1e6)), '.</p>',
-        '<svg class="chart" role="img" aria-label="memory over time" viewBox="0 0 ', frame.width, ' ', frame.height,
-        '" width="', frame.width, '" height="', frame.height, '">', frame.parts.join(''), '</svg>',
-        legend([['#d9622b', 'live bytes of the tracked blocks (at most ' + bytes(peakLive) + ')'],
-          ['#2b5fb3', 'resident memory (at most ' + bytes(peakRss) + ')']]));
-      // Allocations and frees per second between two points.
-      if (points.length > 1) {
-        const rates = [];
-        let previous = [0, 0, 0, 0, 0];
-        for (const p of points) {
-          const span = Math.max(p[0] - previous[0], 1e-3);
-          rates.push([previous[0], p[0], (p[2] - previous[2]) / span * 1000, (p[3] - previous[3]) / span * 1000]);
-          previous = p;
-        }
-        const most = Math.max(...rates.map(r => Math.max(r[2], r[3])));
-        const rateFrame = chartFrame({ width: chartWidth(view), height: 170, maxMs, yTicks: ticks(most, 4), yFormat: t => count(t) + '/s' });
-        const steps = (index, c) => '<polyline fill="none" stroke="' + c + '" stroke-width="1.5" points="' +
-          rates.map(r => rateFrame.x(r[0]).toFixed(1) + ',' + rateFrame.y(r[index]).toFixed(1) + ' ' +
-            rateFrame.x(r[1]).toFixed(1) + ',' + rateFrame.y(r[index]).toFixed(1)).join(' ') + '"/>';
-        rateFrame.parts.push(steps(2, '#d9622b'), steps(3, '#3a9a5b'));
-        html.push('<svg class="chart" role="img" aria-label="allocations and frees per second" viewBox="0 0 ',
-          rateFrame.width, ' ', rateFrame.height, '" width="', rateFrame.width, '" height="', rateFrame.height, '">',
-          rateFrame.parts.join(''), '</svg>', legend([['#d9622b', 'allocations per second'], ['#3a9a5b', 'frees per second']]));
-      }
-    }
     // What the model has of each stack: its live bytes at the peak and at the end.
     html.push('<h3>The stacks that hold the most</h3><p class="note">The profile records the heap\'s totals over ',
       'time, not each stack\'s: a stack\'s live bytes are known at the peak (when its process\'s live bytes ',
@@ -1110,6 +956,5 @@
   resetTopDown();
   drawWeighted();
   drawFiltered();
-  draw('events-view', drawEvents);
   document.body.dataset.drawnMs = (performance.now() - started).toFixed(0);
 })();
