@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::browser::{Chromium, Firefox, Reading, SEARCH};
-use common::{interpreter, Kind};
+use common::{interpreter, interpreter_shaped, Kind, Shape};
 use profile::writers::{html, Options, Weighting};
 use profile::Profile;
 
@@ -176,6 +176,30 @@ fn a_cpu_report_of_100k_stacks_of_500_frames() {
             "pid 4242",
         ],
     );
+}
+
+/// The largest report of the CPython run could be: its 1,504 stacks of 300
+/// frames sharing nothing but the interpreter's start (every frame one of 5,000
+/// functions, at random).
+#[test]
+fn the_report_of_1504_stacks_that_share_nothing_is_under_5_mb() {
+    let scratch = tempfile::tempdir().unwrap();
+    let profile = interpreter_shaped(1_504, 300, Kind::Heap, Shape::Scattered(5_000));
+    let (page, size, _) = report(&profile, scratch.path(), "heap-scattered.html");
+    eprintln!(
+        "heap report of 1,504 stacks of 300 frames sharing nothing: {}",
+        megabytes(size)
+    );
+    assert!(size <= CPYTHON_REPORT_MAX, "{}", megabytes(size));
+    let Some(chromium) = Chromium::find() else {
+        return;
+    };
+    let (text, _) = chromium.printed_text(&page);
+    let printed = printed_flamegraphs(&text);
+    assert_eq!(printed.len(), 6, "{text}");
+    for (title, body) in printed {
+        assert!(body.contains("Py_BytesMain"), "{title}: {body}");
+    }
 }
 
 #[test]

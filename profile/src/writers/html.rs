@@ -91,23 +91,22 @@ fn escape(text: &str) -> String {
 fn headline(profile: &Profile) -> String {
     let distinct = units::count(profile.samples.len() as i64);
     let processes = profile.processes();
-    let processes = format!(
-        "{} process{}",
-        units::count(processes as i64),
-        if processes == 1 { "" } else { "es" }
-    );
+    let processes = units::plural(processes as i64, "process", "processes");
     let duration = units::duration(profile.metadata.duration);
     if let (Some(heap), Some(sums)) = (&profile.heap, profile.heap_sums()) {
         let mut line = format!(
-            "{} allocated in {} allocations; peak {} live; {} leaked in {} blocks; \
-             {} temporary allocations (freed within {}); {distinct} distinct stacks from \
-             {processes}, traced for {duration}",
+            "{} allocated in {}; peak {} live; {} leaked in {}; {} (freed within {}); \
+             {distinct} distinct stacks from {processes}, traced for {duration}",
             units::bytes(sums.bytes as i64),
-            units::count(sums.allocs as i64),
+            units::plural(sums.allocs as i64, "allocation", "allocations"),
             units::bytes(sums.peak_bytes),
             units::bytes(sums.leaked_bytes),
-            units::count(sums.leaked_blocks),
-            units::count(sums.temporaries),
+            units::plural(sums.leaked_blocks, "block", "blocks"),
+            units::plural(
+                sums.temporaries,
+                "temporary allocation",
+                "temporary allocations"
+            ),
             units::duration(heap.temporary_threshold),
         );
         if let Some(sampling) = &heap.sampling {

@@ -69,11 +69,27 @@ const LEVEL: usize = 3;
 /// The 99 Hz period, in nanoseconds.
 const PERIOD: i64 = 10_101_010;
 
+/// How the stacks of a generated profile differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// As an interpreter's: a deep recursion they share, then branches (ten at each
+    /// level, as many levels as the stacks need).
+    Tree,
+    /// Below the interpreter's start, each frame a function drawn at random among this
+    /// many: stacks that share almost nothing, the largest tree of their frames.
+    Scattered(usize),
+}
+
 /// `stacks` distinct stacks of `depth` frames each, as an interpreter's: a common start
 /// (`_start` … `Py_BytesMain` …), a deep recursion they share, then branches (ten at
 /// each level, as many levels as `stacks` needs) and the allocator. Locations are one
 /// per function (`malloc` and `__libc_*` in libc, the rest in python3.11).
 pub fn interpreter(stacks: usize, depth: usize, kind: Kind) -> Profile {
+    interpreter_shaped(stacks, depth, kind, Shape::Tree)
+}
+
+/// As [`interpreter`], with stacks of `shape`.
+pub fn interpreter_shaped(stacks: usize, depth: usize, kind: Kind, shape: Shape) -> Profile {
     let levels = digits(stacks.max(1));
     let fixed = START.len() + levels * LEVEL + ALLOCATOR.len();
     assert!(
@@ -97,18 +113,20 @@ pub fn interpreter(stacks: usize, depth: usize, kind: Kind) -> Profile {
         },
     ];
     let mut locations: Vec<Location> = Vec::new();
-    let mut ids = std::collections::HashMap::new();
-    let mut location = |function: &'static str| -> usize {
-        *ids.entry(function).or_insert_with(|| {
-            let mapping = usize::from(function == "malloc" || function.starts_with("__libc"));
-            locations.push(Location {
-                address: mappings[mapping].start + 0x40 * locations.len() as u64,
-                mapping: Some(mapping),
-                frames: vec![Frame::named(function.to_string())],
-                kernel: false,
-            });
-            locations.len() - 1
-        })
+    let mut ids: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut location = |function: &str| -> usize {
+        if let Some(&id) = ids.get(function) {
+            return id;
+        }
+        let mapping = usize::from(function == "malloc" || function.starts_with("__libc"));
+        locations.push(Location {
+            address: mappings[mapping].start + 0x40 * locations.len() as u64,
+            mapping: Some(mapping),
+            frames: vec![Frame::named(function.to_string())],
+            kernel: false,
+        });
+        ids.insert(function.to_string(), locations.len() - 1);
+        locations.len() - 1
     };
     // The part every stack shares, outermost first.
     let mut shared: Vec<usize> = START.iter().map(|f| location(f)).collect();
@@ -127,16 +145,34 @@ pub fn interpreter(stacks: usize, depth: usize, kind: Kind) -> Profile {
     };
     let index = |kind: &str| value_types.iter().position(|t| t.kind == kind);
     let mut samples = Vec::with_capacity(stacks);
+    let mut random = 0x2545_f491_4f6c_dd1d_u64;
     for i in 0..stacks {
         // Outermost first, then reversed: the model's stacks are innermost first.
-        let mut stack = shared.clone();
-        let mut rest = i;
-        for _ in 0..levels {
-            let digit = rest % 10;
-            rest /= 10;
-            stack.push(location(RECURSION[0]));
-            stack.push(location(RECURSION[1]));
-            stack.push(location(BRANCHES[digit]));
+        let mut stack = match shape {
+            Shape::Tree => shared.clone(),
+            Shape::Scattered(_) => shared[..START.len()].to_vec(),
+        };
+        match shape {
+            Shape::Tree => {
+                let mut rest = i;
+                for _ in 0..levels {
+                    let digit = rest % 10;
+                    rest /= 10;
+                    stack.push(location(RECURSION[0]));
+                    stack.push(location(RECURSION[1]));
+                    stack.push(location(BRANCHES[digit]));
+                }
+            }
+            Shape::Scattered(functions) => {
+                while stack.len() < depth - ALLOCATOR.len() {
+                    // xorshift: the same profile every run.
+                    random ^= random << 13;
+                    random ^= random >> 7;
+                    random ^= random << 17;
+                    let function = random % functions.max(1) as u64;
+                    stack.push(location(&format!("py_function_{function}")));
+                }
+            }
         }
         stack.extend(&allocator);
         stack.reverse();

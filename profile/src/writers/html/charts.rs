@@ -132,7 +132,7 @@ fn open(svg: &mut String, chart: &Chart<'_>) -> Plot {
     let plot = Plot {
         width: WIDTH,
         height,
-        right: if right_axis { RIGHT } else { 16.0 },
+        right: if right_axis { RIGHT } else { 32.0 },
         x_max: x_ticks.last().copied().unwrap_or(1.0).max(1e-9),
         y_max: y_ticks.last().copied().unwrap_or(1.0).max(1e-9),
     };
@@ -326,15 +326,16 @@ pub fn memory(profile: &Profile, points: &[HeapPoint]) -> String {
     let max_ms = milliseconds(profile.metadata.duration).max(last);
     let peak_live = points.iter().map(|p| p.live_bytes).max().unwrap_or(0);
     let peak_rss = points.iter().map(|p| p.rss_bytes).max().unwrap_or(0);
-    let top = (peak_live.max(0) as f64).max(peak_rss as f64);
     let mut html = format!(
-        "<p>Live bytes of the tracked blocks and resident memory of the traced processes, \
-         taken {} time{} over {}.</p>\n",
+        "<p>Live bytes of the tracked blocks (left axis) and resident memory of the traced \
+         processes (right axis), taken {} time{} over {}.</p>\n",
         points.len(),
         if points.len() == 1 { "" } else { "s" },
         at(max_ms)
     );
-    let y_ticks = byte_ticks(top, 5);
+    // Each on an axis of its own: the heap's blocks are often a small part of what is
+    // resident.
+    let y_ticks = byte_ticks(peak_live.max(0) as f64, 5);
     let mut svg = String::new();
     let plot = open(
         &mut svg,
@@ -345,19 +346,16 @@ pub fn memory(profile: &Profile, points: &[HeapPoint]) -> String {
             max_ms,
             y_ticks: &y_ticks,
             y_label: &|t| units::bytes(t.round() as i64),
-            right_axis: false,
+            right_axis: true,
         },
     );
-    let line = |value: &dyn Fn(&HeapPoint) -> f64| -> String {
+    let right = byte_ticks(peak_rss as f64, 5);
+    let right_max = right.last().copied().unwrap_or(1.0).max(1e-9);
+    let y_right = |bytes: f64| plot.bottom() - bytes / right_max * plot.plot_height();
+    let line = |y: &dyn Fn(&HeapPoint) -> f64| -> String {
         let coordinates: Vec<String> = points
             .iter()
-            .map(|p| {
-                format!(
-                    "{:.1},{:.1}",
-                    plot.x(milliseconds(p.at)),
-                    plot.y(value(p).max(0.0))
-                )
-            })
+            .map(|p| format!("{:.1},{:.1}", plot.x(milliseconds(p.at)), y(p)))
             .collect();
         coordinates.join(" ")
     };
@@ -365,9 +363,18 @@ pub fn memory(profile: &Profile, points: &[HeapPoint]) -> String {
         svg,
         "<polyline fill=\"none\" stroke=\"{LIVE}\" stroke-width=\"2\" points=\"{}\"/>\
          <polyline fill=\"none\" stroke=\"{RESIDENT}\" stroke-width=\"2\" points=\"{}\"/>",
-        line(&|p| p.live_bytes as f64),
-        line(&|p| p.rss_bytes as f64),
+        line(&|p| plot.y(p.live_bytes.max(0) as f64)),
+        line(&|p| y_right(p.rss_bytes as f64)),
     );
+    for &t in &right {
+        let _ = write!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{RESIDENT}\">{}</text>",
+            LEFT + plot.plot_width() + 6.0,
+            y_right(t) + 4.0,
+            units::bytes(t.round() as i64)
+        );
+    }
     if let [only] = points {
         let _ = write!(
             svg,
@@ -382,14 +389,14 @@ pub fn memory(profile: &Profile, points: &[HeapPoint]) -> String {
         (
             LIVE,
             format!(
-                "live bytes of the tracked blocks (at most {})",
+                "live bytes of the tracked blocks (at most {}, left axis)",
                 units::bytes(peak_live)
             ),
         ),
         (
             RESIDENT,
             format!(
-                "resident memory (at most {})",
+                "resident memory (at most {}, right axis)",
                 units::bytes(peak_rss as i64)
             ),
         ),
@@ -522,9 +529,13 @@ mod tests {
         let chart = html.split("id=\"heap-timeline\"").nth(1).unwrap();
         let first = chart.split("points=\"").nth(1).unwrap();
         assert_eq!(first[..first.find('"').unwrap()].split(' ').count(), 5);
-        assert!(html.contains("live bytes of the tracked blocks (at most 3.9 KiB)"));
-        assert!(html.contains("resident memory (at most 8 KiB)"));
-        assert!(html.contains(">8 KiB</text>"), "{html}");
+        assert!(html.contains("live bytes of the tracked blocks (at most 3.9 KiB, left axis)"));
+        assert!(html.contains("resident memory (at most 8 KiB, right axis)"));
+        // Each on its axis: live bytes up to 4 KiB, resident memory up to 8 KiB.
+        assert!(
+            html.contains(">4 KiB</text>") && html.contains(">8 KiB</text>"),
+            "{html}"
+        );
         // Rates: 100 allocations and 50 frees per second.
         assert!(html.contains("id=\"heap-rates\"") && html.contains(">100/s</text>"));
     }

@@ -255,9 +255,16 @@
 
   // The boxes of the flamegraph of weights w zoomed on node root, `width` pixels wide:
   // root's callers at full width above it, its callees scaled to it; boxes narrower
-  // than MIN_WIDTH are left out.
+  // than MIN_WIDTH are left out, and narrower ones still while there are more than
+  // MAX_BOXES (boxes.minWidth says how narrow).
   function layout(w, root, width) {
-    const boxes = { node: [], x: [], width: [], depth: 0, dropped: false };
+    for (let minWidth = MIN_WIDTH; ; minWidth *= 2) {
+      const boxes = layoutAt(w, root, width, minWidth);
+      if (boxes.node.length <= MAX_BOXES || minWidth > width) return boxes;
+    }
+  }
+  function layoutAt(w, root, width, minWidth) {
+    const boxes = { node: [], x: [], width: [], depth: 0, minWidth };
     function add(n, x, bw) {
       boxes.node.push(n); boxes.x.push(x); boxes.width.push(bw);
       if (nodeDepth[n] > boxes.depth) boxes.depth = nodeDepth[n];
@@ -267,13 +274,12 @@
     add(root, 0, width);
     const scale = width / w.total[root];
     const pending = [root, 0];
-    while (pending.length) {
+    while (pending.length && boxes.node.length <= MAX_BOXES) {
       const x = pending.pop(), n = pending.pop();
       let cx = x;
       for (let c = firstChild[n]; c >= 0; c = nextSibling[c]) {
         const cw = w.total[c] * scale;
-        if (cw >= MIN_WIDTH) {
-          if (boxes.node.length >= MAX_BOXES) { boxes.dropped = true; break; }
+        if (cw >= minWidth) {
           add(c, cx, cw);
           pending.push(c, cx);
         }
@@ -281,6 +287,10 @@
       }
     }
     return boxes;
+  }
+  function narrowNote(boxes) {
+    return boxes.minWidth > MIN_WIDTH ? 'boxes narrower than ' + plural(boxes.minWidth, 'pixel', 'pixels') +
+      ' are left out, to draw at most ' + count(MAX_BOXES) : '';
   }
 
   // The boxes of rows [from, to) as one SVG.
@@ -330,7 +340,7 @@
     view.innerHTML = flameSvg(boxes, zoom, width, ROW, 0, boxes.depth + 1);
     let text = boxText(zoom, w);
     if (zoom > 0) text = 'zoomed on ' + text;
-    if (boxes.dropped) text += ' — only the ' + count(MAX_BOXES) + ' widest boxes are drawn';
+    if (narrowNote(boxes)) text += ' — ' + narrowNote(boxes);
     view.dataset.summary = text;
     $('details').textContent = text;
   }
@@ -370,7 +380,7 @@
       for (let from = 0; from <= boxes.depth; from += PRINT_ROWS_PER_PAGE) {
         parts.push(flameSvg(boxes, 0, PRINT_WIDTH, PRINT_ROW, from, Math.min(from + PRINT_ROWS_PER_PAGE, boxes.depth + 1)));
       }
-      if (boxes.dropped) parts.push('<p class="note">Only the ' + count(MAX_BOXES) + ' widest boxes are drawn.</p>');
+      if (narrowNote(boxes)) parts.push('<p class="note">The ' + narrowNote(boxes) + '.</p>');
       figure.querySelector('.flame-print').innerHTML = parts.join('');
     }
   }

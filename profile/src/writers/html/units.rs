@@ -68,6 +68,11 @@ pub fn count(n: i64) -> String {
     grouped
 }
 
+/// `1 block`, `104 blocks`.
+pub fn plural(n: i64, one: &str, many: &str) -> String {
+    format!("{} {}", count(n), if n == 1 { one } else { many })
+}
+
 /// A value of unit `unit` (a pprof unit: `bytes`, `nanoseconds`, `microseconds`,
 /// `count`, ...), in the form above that fits it.
 pub fn value(n: i64, unit: &str) -> String {
@@ -125,5 +130,7 @@ mod tests {
         assert_eq!(count(1_000), "1,000");
         assert_eq!(count(2_519_608), "2,519,608");
         assert_eq!(count(-1_234_567), "-1,234,567");
+        assert_eq!(plural(1, "block", "blocks"), "1 block");
+        assert_eq!(plural(1_040, "block", "blocks"), "1,040 blocks");
     }
 }
