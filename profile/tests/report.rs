@@ -366,3 +366,46 @@ fn the_views_in_use_in_chromium_and_firefox() {
         eprintln!("no browser: the views were not used");
     }
 }
+
+/// A profile with nothing in it: every view says so in words, none fails.
+#[test]
+fn views_with_nothing_in_them_say_so() {
+    let Some(chromium) = Chromium::find() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    for kind in [Kind::Cpu, Kind::Heap] {
+        let mut profile = interpreter(10, 40, kind);
+        profile.samples.clear();
+        profile.metadata.timeline.clear();
+        if let Some(heap) = &mut profile.heap {
+            heap.timeline.clear();
+            heap.processes.clear();
+        }
+        let (page, _, _) = report(&profile, scratch.path(), &format!("empty-{kind:?}.html"));
+        let (dom, _) = chromium.dom(&page);
+        let dom = dom.split("<script").next().unwrap_or(&dom);
+        assert!(!dom.contains("could not be drawn"), "{kind:?}: {dom}");
+        let mut words = vec![
+            "in this profile: nothing to draw.",
+            "No counts over time were kept for this run",
+            "No stacks: no process to list.",
+            "in this profile: no functions to list.",
+            "No function chosen",
+            "in this profile: the tree is empty.",
+            "in this profile: nothing to list.",
+        ];
+        if kind == Kind::Heap {
+            words.extend([
+                "No memory over time was kept for this run",
+                "No stack held memory at the peak or at the end.",
+                "No leaks: every block allocated while tracing was freed by the end.",
+                "No allocation sizes were counted.",
+                "No block was freed.",
+            ]);
+        }
+        for words in words {
+            assert!(dom.contains(words), "{kind:?}: {words:?} in {dom}");
+        }
+    }
+}

@@ -1,17 +1,20 @@
 //! One self-contained HTML report, small at any size: the profile is embedded once, as
 //! compact tables (`data`: a frame table, the stacks as one prefix tree, the values as
 //! number columns), and the page's own script (`html/report.js`, plain JavaScript
-//! included as it is) draws every view from it: the flamegraph of any value (a
-//! switch, zoom on click), the call tree top-down and bottom-up with self and total,
-//! the functions with their callers and callees, search (highlighted in the
-//! flamegraph, filtering the tables), the split by process, events over time; for a
-//! heap profile, memory over time, the leaks with their ages, and the size and lifetime
+//! included as it is) draws the views of the stacks from it: the flamegraph of any
+//! value (a switch, zoom on click), the call tree top-down and bottom-up with self and
+//! total, the functions with their callers and callees, search (highlighted in the
+//! flamegraph, filtering the tables), the split by process; for a heap profile, the
+//! stacks that hold the most, the leaks with their ages, and the size and lifetime
 //! histograms.
 //!
-//! Printed, the page draws the flamegraph of every value one under another (on
+//! Printed, the page draws the flamegraph of each main value one under another (on
 //! screen there is one, and a switch), so a PDF shows them all. What needs no script
-//! (the run, the headline figures, the counters) is written here as HTML; a view the
+//! is written here: the headline figures, the run, the counters, and the charts over
+//! time (`charts`: events, memory), whose points are few at any size. A view the
 //! profile has nothing for says so in words. Nothing is fetched: no URL, no CDN.
+//! Figures are in human units (`units`), values by the names a person reads
+//! ([`crate::ValueType::describe`]).
 
 mod charts;
 mod data;

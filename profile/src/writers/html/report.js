@@ -713,7 +713,8 @@
     const order = pids.map((_, i) => i).filter(i => any[i] || !search)
       .sort((a, b) => sums[b][value] - sums[a][value] || pids[a] - pids[b]);
     if (!order.length) {
-      view.innerHTML = html.join('') + '<p class="empty">No process has a stack through “' + esc(search) + '”.</p>';
+      view.innerHTML = html.join('') + '<p class="empty">' + (search ? 'No process has a stack through “' +
+        esc(search) + '”.' : 'No stacks: no process to list.') + '</p>';
       return;
     }
     html.push('<table><thead><tr><th>process</th>');
