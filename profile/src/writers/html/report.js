@@ -45,6 +45,7 @@
   }
   function share(part, whole) {
     if (!(whole > 0)) return '';
+    if (part === 0) return '0%';
     const p = 100 * part / whole;
     return (p >= 9.95 ? p.toFixed(0) : p >= 0.995 ? p.toFixed(1) : p.toFixed(2)) + '%';
   }
