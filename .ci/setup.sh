@@ -9,6 +9,8 @@
 #   bpftool     regenerates bpf-prog/src/bpf/vmlinux.h (not needed to build)
 #   golang-go   `go tool pprof`, which the tests use to read the pprof output
 #   chromium    the tests open the HTML report in it, headless
+#   poppler-utils  pdftotext reads what chromium printed of the report
+#   firefox-esr the report's views are checked in Firefox too, headless
 #   heaptrack   heaptrack_print reads the --heaptrack output in the tests; the heap
 #               benchmark runs heaptrack itself
 # and what the security tests use, present on Debian but not on every minimal image:
@@ -40,6 +42,10 @@ declare -A wanted=(
     # headless chromium opens the HTML report in the tests, with a font to draw it
     [chromium]=/usr/bin/chromium
     [fonts-dejavu-core]=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
+    # pdftotext reads the report as chromium printed it (every flamegraph drawn)
+    [poppler-utils]=/usr/bin/pdftotext
+    # the report's views are drawn and used in headless Firefox too
+    [firefox-esr]=/usr/bin/firefox-esr
     # the security tests create an unprivileged user (useradd) and act as it (setpriv)
     [passwd]=/usr/sbin/useradd
     [util-linux]=/usr/bin/setpriv

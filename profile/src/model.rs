@@ -47,6 +47,40 @@ impl ValueType {
             unit: unit.to_string(),
         }
     }
+
+    /// What the value measures, as a person names it ("CPU time", "bytes allocated",
+    /// "leaked blocks"), for reports; a kind this list does not know is shown as it is,
+    /// its underscores as spaces.
+    pub fn describe(&self) -> String {
+        let known = match self.kind.as_str() {
+            "samples" => "samples",
+            "cpu" => "CPU time",
+            "off-cpu" => "time off the CPU",
+            "blocks" => "stays off the CPU",
+            "time" => "time on and off the CPU",
+            "events" => "events",
+            heap::ALLOCS => "allocations",
+            heap::ALLOC_SPACE => "bytes allocated",
+            heap::FREES => "frees",
+            heap::FREED_SPACE => "bytes freed",
+            heap::LEAKED_BLOCKS => "leaked blocks",
+            heap::LEAKED_BYTES => "leaked bytes",
+            heap::TEMPORARIES => "temporary allocations",
+            heap::PEAK_BYTES => "bytes live at the peak",
+            heap::LEAKED_AGE => "ages of the leaked blocks (sum)",
+            heap::UNTRACKED => "untracked blocks",
+            kind => {
+                if let Some(k) = kind.strip_prefix(heap::SIZE_BUCKET) {
+                    return format!("allocations in size bucket {k}");
+                }
+                if let Some(k) = kind.strip_prefix(heap::LIFETIME_BUCKET) {
+                    return format!("frees in lifetime bucket {k}");
+                }
+                return kind.replace('_', " ");
+            }
+        };
+        known.to_string()
+    }
 }
 
 /// Index into [`Profile::locations`].

@@ -1,21 +1,33 @@
-//! One self-contained HTML report: the run (command, probes, duration), every summary
-//! counter, the events over time, an interactive flamegraph per value type, and the
-//! functions by self and total weight with a search box. Everything is inline (the
-//! flamegraphs as data: URIs, which keep inferno's own zoom and search); the page asks
-//! nothing of the network.
+//! One self-contained HTML report, small at any size: the profile is embedded once, as
+//! compact tables (`data`: a frame table, the stacks as one prefix tree, the values as
+//! number columns), and the page's own script (`html/report.js`, plain JavaScript
+//! included as it is) draws the views of the stacks from it: the flamegraph of any
+//! value (a switch, zoom on click), the call tree top-down and bottom-up with self and
+//! total, the functions with their callers and callees, search (highlighted in the
+//! flamegraph, filtering the tables), the split by process; for a heap profile, the
+//! stacks that hold the most, the leaks with their ages, and the size and lifetime
+//! histograms.
+//!
+//! Printed, the page draws the flamegraph of each main value one under another (on
+//! screen there is one, and a switch), so a PDF shows them all. What needs no script
+//! is written here: the headline figures, the run, the counters, and the charts over
+//! time (`charts`: events, memory), whose points are few at any size. A view the
+//! profile has nothing for says so in words. Nothing is fetched: no URL, no CDN.
+//! Figures are in human units (`units`), values by the names a person reads
+//! ([`crate::ValueType::describe`]).
 
-use std::collections::HashMap;
+mod charts;
+mod data;
+mod units;
+
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use base64::Engine;
+use super::Options;
+use crate::{heap, Profile};
 
-use super::{svg, Options, Weighting};
-use crate::Profile;
-
-/// Rows of the functions table: enough to find anything that matters, few enough to
-/// keep the page quick with 100k stacks.
-const FUNCTION_ROWS: usize = 500;
+const STYLE: &str = include_str!("html/report.css");
+const SCRIPT: &str = include_str!("html/report.js");
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> io::Result<()> {
     let mut html = String::new();
@@ -25,46 +37,41 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> io::R
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
          <title>cargo-trace: {title}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n\
-         <h1>{title}</h1>\n"
+         <header>\n<h1>{title}</h1>\n<p id=\"headline\">{}</p>\n\
+         <noscript><p class=\"bad\">The views of this report are drawn by its script: \
+         allow JavaScript to see them.</p></noscript>\n</header>\n",
+        headline(profile)
     );
+    let heap = profile.heap.is_some();
+    navigation(heap, &mut html);
+    toolbar(&mut html);
+    flamegraph_section(profile, &mut html);
+    if let Some(totals) = &profile.heap {
+        let _ = write!(
+            html,
+            "<section id=\"memory\">\n<h2>Memory over time</h2>\n{}\
+             <div class=\"view\" id=\"memory-view\"></div>\n</section>\n",
+            charts::memory(profile, &totals.timeline)
+        );
+        html.push_str(HEAP_SECTIONS);
+    }
+    let _ = write!(
+        html,
+        "<section id=\"events\">\n<h2>Events over time</h2>\n\
+         <div class=\"view\" id=\"events-view\">\n{}</div>\n</section>\n",
+        charts::events(profile)
+    );
+    html.push_str(COMMON_SECTIONS);
     run_section(profile, &mut html);
-    summary_section(profile, &mut html);
-    timeline_section(profile, &mut html);
-    heap_section(profile, &mut html);
-    flamegraph_sections(profile, options, &mut html)?;
-    functions_section(profile, options.weighting, &mut html);
-    let _ = write!(html, "<script>{SCRIPT}</script>\n</body>\n</html>\n");
+    counters_section(profile, &mut html);
+    let _ = write!(
+        html,
+        "<script type=\"application/json\" id=\"profile-data\">{}</script>\n\
+         <script>{SCRIPT}</script>\n</body>\n</html>\n",
+        data::encode(profile, options.weighting)
+    );
     out.write_all(html.as_bytes())
 }
-
-const STYLE: &str = "
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.4em; word-break: break-all; }
-h2 { font-size: 1.15em; margin-top: 1.6em; }
-table { border-collapse: collapse; }
-td, th { padding: 0.2em 0.8em; border-bottom: 1px solid #ddd; text-align: left; }
-td.n { text-align: right; font-variant-numeric: tabular-nums; }
-.ok { color: #176b17; } .bad { color: #a51d1d; }
-object.flamegraph { width: 100%; min-height: 300px; border: 1px solid #ddd; }
-#search { width: 30em; padding: 0.3em; margin: 0.5em 0; }
-code { background: #f4f4f4; padding: 0 0.2em; }
-";
-
-const SCRIPT: &str = "
-const search = document.getElementById('search');
-if (search) {
-  search.addEventListener('input', () => {
-    const needle = search.value.toLowerCase();
-    let shown = 0;
-    for (const row of document.querySelectorAll('#functions tbody tr')) {
-      const match = row.dataset.name.toLowerCase().includes(needle);
-      row.hidden = !match;
-      if (match) shown++;
-    }
-    document.getElementById('matches').textContent = needle ? shown + ' matching' : '';
-  });
-}
-";
 
 fn escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
@@ -81,9 +88,188 @@ fn escape(text: &str) -> String {
     escaped
 }
 
+/// The figures a reader looks for first. A heap profile: "137 MiB allocated in
+/// 2,519,608 allocations; peak 28.1 MiB live; 3.4 MiB leaked in 104 blocks; ...".
+/// Otherwise each value's total, the distinct stacks, the processes and the run's length.
+fn headline(profile: &Profile) -> String {
+    let distinct = units::count(profile.samples.len() as i64);
+    let processes = profile.processes();
+    let processes = units::plural(processes as i64, "process", "processes");
+    let duration = units::duration(profile.metadata.duration);
+    if let (Some(heap), Some(sums)) = (&profile.heap, profile.heap_sums()) {
+        let mut line = format!(
+            "{} allocated in {}; peak {} live; {} leaked in {}; {} (freed within {}); \
+             {distinct} distinct stacks from {processes}, traced for {duration}",
+            units::bytes(sums.bytes as i64),
+            units::plural(sums.allocs as i64, "allocation", "allocations"),
+            units::bytes(sums.peak_bytes),
+            units::bytes(sums.leaked_bytes),
+            units::plural(sums.leaked_blocks, "block", "blocks"),
+            units::plural(
+                sums.temporaries,
+                "temporary allocation",
+                "temporary allocations"
+            ),
+            units::duration(heap.temporary_threshold),
+        );
+        if let Some(sampling) = &heap.sampling {
+            let _ = write!(line, "; sampled: {}", escape(sampling));
+        }
+        return line;
+    }
+    let mut parts: Vec<String> = profile
+        .value_types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !heap::is_bucket(&t.kind))
+        .map(|(index, t)| {
+            format!(
+                "{}: {}",
+                escape(&t.describe()),
+                units::value(profile.total(index), &t.unit)
+            )
+        })
+        .collect();
+    parts.push(format!(
+        "{distinct} distinct stacks from {processes}, traced for {duration}"
+    ));
+    parts.join(" · ")
+}
+
+fn navigation(heap: bool, html: &mut String) {
+    html.push_str("<nav class=\"screen-only\">");
+    let mut sections = vec![("flamegraph", "Flamegraph")];
+    if heap {
+        sections.extend([
+            ("memory", "Memory over time"),
+            ("leaks", "Leaks"),
+            ("sizes", "Sizes"),
+            ("lifetimes", "Lifetimes"),
+        ]);
+    }
+    sections.extend([
+        ("events", "Events over time"),
+        ("processes", "Processes"),
+        ("functions", "Functions"),
+        ("top-down", "Top-down"),
+        ("bottom-up", "Bottom-up"),
+        ("run", "Run"),
+        ("counters", "Counters"),
+    ]);
+    let links: Vec<String> = sections
+        .iter()
+        .map(|(id, name)| format!("<a href=\"#{id}\">{name}</a>"))
+        .collect();
+    html.push_str(&links.join(" · "));
+    html.push_str("</nav>\n");
+}
+
+/// The controls every view follows: which value weighs the stacks, and the search.
+fn toolbar(html: &mut String) {
+    html.push_str(
+        "<div id=\"toolbar\" class=\"screen-only\">\
+         <label>Weigh by <select id=\"value\"></select></label> \
+         <input id=\"search\" type=\"search\" placeholder=\"Search functions (text, or /regex/)\" \
+         aria-label=\"Search functions\"> <span id=\"matches\"></span></div>\n",
+    );
+}
+
+/// Whether the page offers a flamegraph of a value: not of a histogram's bucket, nor of
+/// the leaked blocks' summed ages (the leaks view divides them into mean ages).
+fn drawn_as_flamegraph(kind: &str) -> bool {
+    !heap::is_bucket(kind) && kind != heap::LEAKED_AGE
+}
+
+/// A heap profile's main values: the others (bytes freed, leaked blocks, untracked
+/// blocks) mostly repeat one of these in another unit.
+const HEAP_MAIN: [&str; 6] = [
+    heap::ALLOCS,
+    heap::ALLOC_SPACE,
+    heap::FREES,
+    heap::LEAKED_BYTES,
+    heap::TEMPORARIES,
+    heap::PEAK_BYTES,
+];
+
+/// Whether a value is a main one, printed as a flamegraph and a column of the processes'
+/// table: any value with a flamegraph, but of a heap profile only [`HEAP_MAIN`].
+fn main_value(profile: &Profile, kind: &str) -> bool {
+    drawn_as_flamegraph(kind) && (profile.heap.is_none() || HEAP_MAIN.contains(&kind))
+}
+
+/// On screen one flamegraph and the switch; in print, each main value's flamegraph one
+/// under another (drawn when the page is printed), the values with nothing to draw, and
+/// those only on screen, named.
+fn flamegraph_section(profile: &Profile, html: &mut String) {
+    html.push_str(
+        "<section id=\"flamegraph\">\n<h2>Flamegraph</h2>\n\
+         <p class=\"screen-only hint\">The root at the top, callees below their callers; a \
+         box's width is its share of the value chosen above. Click a box to zoom in on \
+         it (and to see its function's callers and callees below); click the top bar to \
+         zoom out.</p>\n\
+         <div class=\"screen-only flame-bar\"><button id=\"reset\" type=\"button\">Reset \
+         zoom</button> <span id=\"details\"></span></div>\n\
+         <div id=\"flame\" class=\"screen-only flame-view\"></div>\n",
+    );
+    let mut empty = Vec::new();
+    let mut on_screen = Vec::new();
+    for (index, value_type) in profile.value_types.iter().enumerate() {
+        if !drawn_as_flamegraph(&value_type.kind) {
+            continue;
+        }
+        let name = escape(&value_type.describe());
+        let total = profile.total(index);
+        if total == 0 {
+            empty.push(name);
+            continue;
+        }
+        if !main_value(profile, &value_type.kind) {
+            on_screen.push(name);
+            continue;
+        }
+        let _ = writeln!(
+            html,
+            "<div class=\"print-only printed-flamegraph\"><div class=\"flamegraph\" \
+             data-value=\"{index}\"><h3>Flamegraph: {name}</h3><p>{} in all.</p>\
+             <div class=\"flame-print\"></div></div></div>",
+            units::value(total, &value_type.unit)
+        );
+    }
+    if !empty.is_empty() {
+        let _ = writeln!(
+            html,
+            "<p class=\"print-only\">Nothing to draw for {}: the profile has none.</p>",
+            empty.join(", ")
+        );
+    }
+    if !on_screen.is_empty() {
+        let _ = writeln!(
+            html,
+            "<p class=\"print-only\">The page's switch draws the flamegraphs of {} too.</p>",
+            on_screen.join(", ")
+        );
+    }
+    html.push_str("</section>\n");
+}
+
+/// The heap's views drawn by the script.
+const HEAP_SECTIONS: &str = "\
+<section id=\"leaks\">\n<h2>Leaks</h2>\n<div class=\"view\" id=\"leaks-view\"></div>\n</section>\n\
+<section id=\"sizes\">\n<h2>Allocation sizes</h2>\n<div class=\"view\" id=\"sizes-view\"></div>\n</section>\n\
+<section id=\"lifetimes\">\n<h2>Lifetimes</h2>\n<div class=\"view\" id=\"lifetimes-view\"></div>\n</section>\n";
+
+/// Every profile's views drawn by the script.
+const COMMON_SECTIONS: &str = "\
+<section id=\"processes\">\n<h2>Processes</h2>\n<div class=\"view\" id=\"processes-view\"></div>\n</section>\n\
+<section id=\"functions\">\n<h2>Functions</h2>\n<div class=\"view\" id=\"functions-view\"></div>\n\
+<div class=\"view\" id=\"neighbours-view\"></div>\n</section>\n\
+<section id=\"top-down\">\n<h2>Top-down: the call tree</h2>\n<div class=\"view\" id=\"top-down-view\"></div>\n</section>\n\
+<section id=\"bottom-up\">\n<h2>Bottom-up: who calls the heaviest functions</h2>\n\
+<div class=\"view\" id=\"bottom-up-view\"></div>\n</section>\n";
+
 fn run_section(profile: &Profile, html: &mut String) {
     let metadata = &profile.metadata;
-    html.push_str("<h2>Run</h2>\n<table id=\"run\">\n");
+    html.push_str("<section id=\"run\">\n<h2>Run</h2>\n<table class=\"facts\">\n");
     let mut row = |name: &str, value: String| {
         let _ = writeln!(html, "<tr><th>{name}</th><td>{value}</td></tr>");
     };
@@ -94,6 +280,9 @@ fn run_section(profile: &Profile, html: &mut String) {
             None => format!("process {}", metadata.pid),
         },
     );
+    if let Some(executable) = &metadata.executable {
+        row("executable", format!("<code>{}</code>", escape(executable)));
+    }
     row(
         "probes",
         profile
@@ -103,16 +292,38 @@ fn run_section(profile: &Profile, html: &mut String) {
             .collect::<Vec<_>>()
             .join(" "),
     );
-    row(
-        "duration",
-        format!("{:.2} s", metadata.duration.as_secs_f64()),
-    );
+    row("duration", units::duration(metadata.duration));
     if let Some(started) = metadata.started {
         if let Ok(since) = started.duration_since(std::time::UNIX_EPOCH) {
             row("started", utc(since.as_secs()));
         }
     }
-    html.push_str("</table>\n");
+    if let Some((value_type, amount)) = &metadata.period {
+        row(
+            "one sample stands for",
+            format!(
+                "{} of {}",
+                units::value(*amount, &value_type.unit),
+                escape(&value_type.describe())
+            ),
+        );
+    }
+    if let Some(heap) = &profile.heap {
+        if let Some(sampling) = &heap.sampling {
+            row("sampled", escape(sampling));
+        }
+        if let Some(filter) = &heap.size_filter {
+            row("counted", format!("{} only", escape(filter)));
+        }
+        row(
+            "temporary",
+            format!(
+                "freed within {} of its allocation",
+                units::duration(heap.temporary_threshold)
+            ),
+        );
+    }
+    html.push_str("</table>\n</section>\n");
 }
 
 /// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time (the civil calendar from days, as in
@@ -137,260 +348,135 @@ fn utc(seconds: u64) -> String {
     )
 }
 
-fn summary_section(profile: &Profile, html: &mut String) {
+/// Why an object has no unwind table, as a reader needs it: the uprobes' page is no
+/// code of the program (the kernel's page for uprobes' out-of-line single steps), not
+/// JIT code.
+fn without_table_reason(object: &str, reason: &str) -> String {
+    if object == "[uprobes]" {
+        "the kernel's page for uprobes' out-of-line steps: instructions copied there \
+         while a probed one is stepped, no code of the program's own"
+            .to_string()
+    } else {
+        reason.to_string()
+    }
+}
+
+/// Every counter of the run, by name: each value's total, the stack walks that ended
+/// early, the events and limits that lost something, the heap's processes.
+fn counters_section(profile: &Profile, html: &mut String) {
     let summary = &profile.summary;
-    html.push_str("<h2>Summary</h2>\n<table id=\"summary\">\n");
+    html.push_str("<section id=\"counters\">\n<h2>Counters</h2>\n<table class=\"facts\">\n");
     let mut row = |name: &str, value: String| {
         let _ = writeln!(html, "<tr><th>{name}</th><td class=\"n\">{value}</td></tr>");
     };
     for (index, value_type) in profile.value_types.iter().enumerate() {
-        // A heap histogram's buckets are in the CSV output, not here.
-        if crate::heap::is_bucket(&value_type.kind) {
+        // A heap histogram's buckets are drawn as histograms, not listed.
+        if heap::is_bucket(&value_type.kind) {
             continue;
         }
         row(
-            &escape(&format!("{} ({})", value_type.kind, value_type.unit)),
-            profile.total(index).to_string(),
+            &escape(&value_type.describe()),
+            units::value(profile.total(index), &value_type.unit),
         );
     }
-    row("distinct stacks", profile.samples.len().to_string());
-    row("processes", profile.processes().to_string());
+    row(
+        "distinct stacks",
+        units::count(profile.samples.len() as i64),
+    );
+    row("processes", units::count(profile.processes() as i64));
     if summary.failures.is_empty() {
         row(
             "stack walks",
             "<span class=\"ok\">every walk reached the end of the stack</span>".to_string(),
         );
     }
-    let failures = summary
-        .failures
-        .iter()
-        .map(|(reason, count)| (reason.as_str(), count.to_string()));
-    let losses = summary
-        .losses
-        .iter()
-        .map(|lost| (lost.what.as_str(), lost.count_and_options()));
+    let failures = summary.failures.iter().map(|(reason, count)| {
+        (
+            format!("walks ended early: {reason}"),
+            units::count(*count as i64),
+        )
+    });
+    let losses = summary.losses.iter().map(|lost| {
+        let mut count = units::count(lost.count as i64);
+        if !lost.raised_by.is_empty() {
+            let _ = write!(count, " (raise with {})", lost.raised_by.join(" or "));
+        }
+        (lost.what.clone(), count)
+    });
     for (what, count) in failures.chain(losses) {
         row(
-            &format!("<span class=\"bad\">{}</span>", escape(what)),
+            &format!("<span class=\"bad\">{}</span>", escape(&what)),
             escape(&count),
         );
     }
+    if let Some(heap) = &profile.heap {
+        if let Some(sums) = profile.heap_sums() {
+            row(
+                "unknown frees (never subtracted)",
+                units::count(sums.unknown_frees as i64),
+            );
+            row("bytes freed", units::bytes(sums.freed_bytes as i64));
+        }
+        for lost in &heap.lost {
+            let mut count = units::count(lost.count as i64);
+            if !lost.raised_by.is_empty() {
+                let _ = write!(count, " (raise with {})", lost.raised_by.join(" or "));
+            }
+            row(
+                &format!("<span class=\"bad\">{}</span>", escape(&lost.what)),
+                escape(&count),
+            );
+        }
+    }
     if summary.in_exec > 0 {
-        row("in execve, kernel stack only", summary.in_exec.to_string());
+        row(
+            "in execve, kernel stack only",
+            units::count(summary.in_exec as i64),
+        );
     }
     for (what, count) in &summary.no_user_stack {
         row(
             &format!("no user stack: {}", escape(what)),
-            count.to_string(),
+            units::count(*count as i64),
         );
     }
     if summary.not_the_targets > 0 {
         row(
             "cargo-trace's own (not counted)",
-            summary.not_the_targets.to_string(),
+            units::count(summary.not_the_targets as i64),
         );
     }
     if summary.merged_processes > 0 {
         row(
             "exited processes counted together as pid 0",
-            summary.merged_processes.to_string(),
+            units::count(summary.merged_processes as i64),
         );
     }
     for (object, reason) in &summary.without_table {
         row(
-            &format!("no unwind table: {}", escape(object)),
-            escape(reason),
+            &format!("no unwind table: <code>{}</code>", escape(object)),
+            escape(&without_table_reason(object, reason)),
         );
     }
-    html.push_str("</table>\n");
-}
-
-/// Stack walks per interval, as an inline SVG bar chart.
-fn timeline_section(profile: &Profile, html: &mut String) {
-    let points = &profile.metadata.timeline;
-    if points.is_empty() {
-        return;
-    }
-    const WIDTH: f64 = 900.0;
-    const HEIGHT: f64 = 160.0;
-    let end = points.last().map_or(0.0, |p| p.at.as_secs_f64()).max(1e-3);
-    let mut previous = (0.0, 0u64);
-    let mut bars = Vec::new();
-    for point in points {
-        let at = point.at.as_secs_f64();
-        let span = (at - previous.0).max(1e-3);
-        let rate = point.walks.saturating_sub(previous.1) as f64 / span;
-        bars.push((previous.0, at, rate, point.walks.saturating_sub(previous.1)));
-        previous = (at, point.walks);
-    }
-    let peak = bars.iter().map(|b| b.2).fold(0.0, f64::max).max(1.0);
-    let _ = writeln!(
-        html,
-        "<h2>Events over time</h2>\n<p>Stack walks per second; the peak was {peak:.0}/s.</p>\n\
-         <svg id=\"timeline\" width=\"{WIDTH}\" height=\"{}\" role=\"img\">",
-        HEIGHT + 20.0
-    );
-    for (from, to, rate, walks) in bars {
-        let x = from / end * WIDTH;
-        let w = ((to - from) / end * WIDTH - 1.0).max(1.0);
-        let h = rate / peak * HEIGHT;
-        let _ = writeln!(
-            html,
-            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" fill=\"#d9622b\">\
-             <title>{from:.2}–{to:.2} s: {walks} walks</title></rect>",
-            HEIGHT - h
-        );
-    }
-    let _ = writeln!(
-        html,
-        "<line x1=\"0\" y1=\"{HEIGHT}\" x2=\"{WIDTH}\" y2=\"{HEIGHT}\" stroke=\"#888\"/>\
-         <text x=\"0\" y=\"{}\" font-size=\"12\">0 s</text>\
-         <text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">{end:.2} s</text></svg>",
-        HEIGHT + 15.0,
-        WIDTH,
-        HEIGHT + 15.0
-    );
-}
-
-/// A heap profile's memory over time: live bytes of the tracked blocks and resident
-/// memory, as lines, from the timeline the session kept (every 100 ms).
-fn heap_section(profile: &Profile, html: &mut String) {
-    let Some(heap) = &profile.heap else {
-        return;
-    };
-    let points = &heap.timeline;
-    let _ = writeln!(html, "<h2>Memory over time</h2>");
-    if points.is_empty() {
-        let _ = writeln!(html, "<p>No timeline was kept.</p>");
-        return;
-    }
-    const WIDTH: f64 = 900.0;
-    const HEIGHT: f64 = 160.0;
-    let end = points.last().map_or(0.0, |p| p.at.as_secs_f64()).max(1e-3);
-    let top = points
-        .iter()
-        .map(|p| p.live_bytes.max(0) as u64)
-        .chain(points.iter().map(|p| p.rss_bytes))
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-    let line = |value: &dyn Fn(&crate::HeapPoint) -> f64| -> String {
-        points
-            .iter()
-            .map(|p| {
-                let x = p.at.as_secs_f64() / end * WIDTH;
-                let y = HEIGHT - value(p) / top * HEIGHT;
-                format!("{x:.1},{y:.1}")
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let peak_live = points.iter().map(|p| p.live_bytes).max().unwrap_or(0);
-    let peak_rss = points.iter().map(|p| p.rss_bytes).max().unwrap_or(0);
-    let _ = writeln!(
-        html,
-        "<p>Live bytes of the tracked blocks (<span style=\"color:#d9622b\">orange</span>, at \
-         most {peak_live}) and resident memory (<span style=\"color:#2b6cd9\">blue</span>, at \
-         most {peak_rss} bytes), every 100 ms.</p>\n\
-         <svg id=\"heap-timeline\" width=\"{WIDTH}\" height=\"{}\" role=\"img\">\n\
-         <polyline fill=\"none\" stroke=\"#2b6cd9\" points=\"{}\"/>\n\
-         <polyline fill=\"none\" stroke=\"#d9622b\" points=\"{}\"/>\n\
-         <line x1=\"0\" y1=\"{HEIGHT}\" x2=\"{WIDTH}\" y2=\"{HEIGHT}\" stroke=\"#888\"/>\
-         <text x=\"0\" y=\"{}\" font-size=\"12\">0 s</text>\
-         <text x=\"{WIDTH}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">{end:.2} s</text></svg>",
-        HEIGHT + 20.0,
-        line(&|p| p.rss_bytes as f64),
-        line(&|p| p.live_bytes.max(0) as f64),
-        HEIGHT + 15.0,
-        HEIGHT + 15.0,
-    );
-}
-
-fn flamegraph_sections(profile: &Profile, options: &Options, html: &mut String) -> io::Result<()> {
-    for (index, value_type) in profile.value_types.iter().enumerate() {
-        if crate::heap::is_bucket(&value_type.kind) {
-            continue;
-        }
-        let weighting = Weighting {
-            value: index,
-            ..options.weighting
-        };
-        let mut bytes = Vec::new();
-        svg::write(profile, weighting, &options.title, &mut bytes)?;
-        let _ = writeln!(
-            html,
-            "<h2>Flamegraph by {kind}</h2>\n<p>Click to zoom, Ctrl-F or \"Search\" to find a \
-             function.</p>\n<object class=\"flamegraph\" type=\"image/svg+xml\" \
-             data=\"data:image/svg+xml;base64,{}\"></object>",
-            base64::engine::general_purpose::STANDARD.encode(&bytes),
-            kind = escape(&value_type.kind)
-        );
-    }
-    Ok(())
-}
-
-/// Functions by self weight (their own frames at the top of a stack) and total weight
-/// (stacks they appear in), by the weighing value.
-fn functions_section(profile: &Profile, weighting: Weighting, html: &mut String) {
-    let mut functions: HashMap<&str, (i64, i64)> = HashMap::new();
-    for sample in &profile.samples {
-        let weight = sample.values[weighting.value];
-        let mut seen: Vec<&str> = Vec::new();
-        for (position, &id) in sample.stack.iter().enumerate() {
-            for (depth, frame) in profile.locations[id].frames.iter().enumerate() {
-                let name = frame.function.as_str();
-                let entry = functions.entry(name).or_default();
-                if position == 0 && depth == 0 {
-                    entry.0 += weight;
-                }
-                if !seen.contains(&name) {
-                    seen.push(name);
-                    entry.1 += weight;
-                }
-            }
-        }
-    }
-    let mut rows: Vec<(&str, (i64, i64))> = functions.into_iter().collect();
-    rows.sort_by(|a, b| {
-        b.1 .0
-            .cmp(&a.1 .0)
-            .then(b.1 .1.cmp(&a.1 .1))
-            .then(a.0.cmp(b.0))
-    });
-    let kind = profile
-        .value_types
-        .get(weighting.value)
-        .map_or("events", |t| t.kind.as_str());
-    let _ = writeln!(
-        html,
-        "<h2>Functions by {kind}</h2>\n<input id=\"search\" type=\"search\" \
-         placeholder=\"Search functions\" aria-label=\"Search functions\"> \
-         <span id=\"matches\"></span>\n<table id=\"functions\">\n<thead><tr><th>function</th>\
-         <th>self</th><th>total</th></tr></thead>\n<tbody>",
-        kind = escape(kind)
-    );
-    for (name, (own, total)) in rows.iter().take(FUNCTION_ROWS) {
-        let name = escape(name);
-        let _ = writeln!(
-            html,
-            "<tr data-name=\"{name}\"><td>{name}</td><td class=\"n\">{own}</td>\
-             <td class=\"n\">{total}</td></tr>"
-        );
-    }
-    html.push_str("</tbody>\n</table>\n");
-    if rows.len() > FUNCTION_ROWS {
-        let _ = writeln!(
-            html,
-            "<p>{} more functions, each lighter than these (the JSON output has them all).</p>",
-            rows.len() - FUNCTION_ROWS
-        );
-    }
+    html.push_str("</table>\n</section>\n");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::writers::tests::{example, golden};
+    use crate::writers::Weighting;
+
+    fn report(profile: &Profile, title: &str) -> String {
+        let options = Options {
+            weighting: Weighting::default(),
+            title: title.into(),
+            ..Options::default()
+        };
+        let mut out = Vec::new();
+        write(profile, &options, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
 
     #[test]
     fn dates_in_utc() {
@@ -400,66 +486,82 @@ mod tests {
     }
 
     #[test]
-    fn a_heap_profile_draws_memory_over_time() {
-        use crate::{HeapPoint, HeapTotals};
-        let mut profile = example();
-        profile.heap = Some(HeapTotals {
-            timeline: (0..5)
-                .map(|i| HeapPoint {
-                    at: std::time::Duration::from_millis(100 * i),
-                    live_bytes: 1000 * i as i64,
-                    allocs: 10 * i,
-                    frees: 5 * i,
-                    rss_bytes: 8192,
-                })
-                .collect(),
-            ..HeapTotals::default()
-        });
-        let mut out = Vec::new();
-        write(&profile, &Options::default(), &mut out).unwrap();
-        let html = String::from_utf8(out).unwrap();
-        let chart = html
-            .split("id=\"heap-timeline\"")
-            .nth(1)
-            .expect("the chart");
-        // Two lines: resident memory, the larger, along the top; live bytes ending
-        // at 4000 of 8192 on the scale.
-        assert_eq!(chart.matches("<polyline").count(), 2);
-        assert!(chart.contains("0.0,0.0 225.0,0.0"), "{chart}");
-        assert!(chart.contains("900.0,81.9\"/>"), "{chart}");
-        assert!(html.contains("at most 4000)"));
-    }
-
-    #[test]
     fn the_example_as_a_report() {
-        let profile = example();
-        let options = Options {
-            weighting: Weighting::default(),
-            title: "example <run>".into(),
-            ..Options::default()
-        };
-        let mut out = Vec::new();
-        write(&profile, &options, &mut out).unwrap();
-        golden("example.html", &out);
-        let html = String::from_utf8(out).unwrap();
+        let html = report(&example(), "example <run>");
+        golden("example.html", html.as_bytes());
         assert!(html.contains("<title>cargo-trace: example &lt;run&gt;</title>"));
-        // A flamegraph per value type, the counters, the timeline's three intervals.
-        assert_eq!(html.matches("data:image/svg+xml;base64,").count(), 2);
-        assert!(html.contains("read fault</span></th><td class=\"n\">2</td>"));
-        assert_eq!(html.matches("<rect ").count(), 3);
-        // Nothing from the network: no URL anywhere outside the embedded images.
+        assert!(html.contains(
+            "<p id=\"headline\">events: 11 · bytes: 571 B · 5 distinct stacks from 1 process, \
+             traced for 1.50 s</p>"
+        ));
+        // Printed, a flamegraph per value; the profile embedded once, no image in it.
+        assert_eq!(html.matches("class=\"flamegraph\"").count(), 2);
+        assert_eq!(html.matches("id=\"profile-data\"").count(), 1);
+        assert!(!html.contains("data:"));
+        assert!(html.contains("walks ended early: read fault</span></th><td class=\"n\">2</td>"));
+        assert!(html.contains(
+            "known stacks full</span></th><td class=\"n\">3 (raise with --max-stacks)</td>"
+        ));
+        // Nothing from the network.
         assert!(
             !html.contains("http:") && !html.contains("https:"),
             "{html}"
         );
-        // Functions by self weight: the inlined helper is the heaviest leaf.
-        let first_row = html.split("<tbody>").nth(1).unwrap();
+        assert!(!html.contains("<script src") && !html.contains("<link"));
+    }
+
+    #[test]
+    fn the_heap_example_as_a_report() {
+        let profile = crate::writers::examples::heap();
+        let html = report(&profile, "heap example");
+        golden("example-heap.html", html.as_bytes());
         assert!(
-            first_row
-                .trim_start()
-                .starts_with("<tr data-name=\"demo::inlined_helper\">"),
-            "{first_row}"
+            html.contains(
+                "<p id=\"headline\">7.4 MiB allocated in 1,850 allocations; peak 3.7 MiB \
+                 live; 3.4 MiB leaked in 104 blocks; 980 temporary allocations (freed within \
+                 1 ms); 5 distinct stacks from 2 processes, traced for 1.50 s</p>"
+            ),
+            "{html}"
         );
-        assert!(html.contains("&lt;[u8; 4] as demo::Fill&gt;::fill"));
+        for id in ["memory-view", "leaks-view", "sizes-view", "lifetimes-view"] {
+            assert!(html.contains(&format!("id=\"{id}\"")), "{id}");
+        }
+        // The printed flamegraphs are of the values a person reads, by their names.
+        let printed: Vec<&str> = html
+            .split("<h3>Flamegraph: ")
+            .skip(1)
+            .filter_map(|h| h.split('<').next())
+            .collect();
+        assert_eq!(
+            printed,
+            [
+                "allocations",
+                "bytes allocated",
+                "frees",
+                "leaked bytes",
+                "temporary allocations",
+                "bytes live at the peak"
+            ]
+        );
+        assert!(html.contains(
+            "The page's switch draws the flamegraphs of bytes freed, leaked blocks too."
+        ));
+        // Nor the raw names of the values, nor the histograms' buckets.
+        let page = html.split("<script").next().unwrap();
+        assert!(!page.contains("Flamegraph: ages") && !page.contains("bucket"));
+        assert!(!page.contains("alloc_space") && !page.contains("leaked_age"));
+        assert!(page.contains("Nothing to draw for untracked blocks"));
+    }
+
+    #[test]
+    fn the_uprobes_page_is_not_called_jit_code() {
+        let mut profile = example();
+        profile.summary.without_table = vec![(
+            "[uprobes]".into(),
+            "anonymous memory (JIT code has no .eh_frame)".into(),
+        )];
+        let html = report(&profile, "t");
+        assert!(!html.contains("JIT"), "{html}");
+        assert!(html.contains("the kernel&#39;s page for uprobes&#39; out-of-line steps"));
     }
 }

@@ -5,6 +5,8 @@
 //! caller's business.
 
 pub mod csv;
+#[cfg(test)]
+pub(crate) mod examples;
 pub mod folded;
 pub mod heap_report;
 pub mod heaptrack;
