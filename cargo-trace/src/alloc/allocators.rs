@@ -119,21 +119,29 @@ impl Allocator {
 }
 
 /// Whether the executable at `path` carries an allocator of its own (jemalloc with a
-/// prefix, mimalloc, or an unprefixed malloc linked in): its calls to it are internal,
-/// so no preloaded library sees them.
+/// prefix, mimalloc, or an unprefixed malloc linked in), or calls an allocator
+/// library's own API (`mi_malloc`, `je_mallocx`): calls no wrapper of the malloc API
+/// sees.
 pub fn carries_allocator(path: &Path) -> Result<bool> {
-    let symbols = defined_functions(path)
-        .with_context(|| format!("reading the symbols of {}", path.display()))?;
-    let defines = |prefix: &str, api: &[(&str, AllocKind)]| {
-        api.iter()
-            .any(|(name, _)| symbols.contains(&format!("{prefix}{name}")))
-    };
-    Ok(JEMALLOC_PREFIXES
+    let (defined, imported) =
+        functions(path).with_context(|| format!("reading the symbols of {}", path.display()))?;
+    fn names<'a>(
+        prefix: &'a str,
+        api: &'static [(&str, AllocKind)],
+    ) -> impl Iterator<Item = String> + 'a {
+        api.iter().map(move |(name, _)| format!("{prefix}{name}"))
+    }
+    let allocators = JEMALLOC_PREFIXES
         .iter()
         .filter(|prefix| !prefix.is_empty())
-        .any(|prefix| defines(prefix, JEMALLOC_API))
-        || defines("", MIMALLOC_API)
-        || symbols.contains("malloc"))
+        .flat_map(|prefix| names(prefix, JEMALLOC_API).chain(names(prefix, MALLOC_API)))
+        .chain(names("", MIMALLOC_API))
+        .chain(names("", JEMALLOC_API));
+    let mut own = false;
+    for name in allocators {
+        own |= defined.contains(&name) || imported.contains(&name);
+    }
+    Ok(own || defined.contains("malloc"))
 }
 
 /// One function to probe: where, and how its arguments read.
@@ -448,11 +456,28 @@ fn null_test_length(code: &[u8]) -> u64 {
 
 /// The names of the functions an ELF file defines (`.symtab` and `.dynsym`; a versioned
 /// name also by its bare name).
-fn defined_functions(path: &Path) -> Result<HashSet<String>> {
+/// The functions `path` defines, and those it imports by name.
+fn functions(path: &Path) -> Result<(HashSet<String>, HashSet<String>)> {
     let file = std::fs::File::open(path)?;
     // SAFETY: a read-only private map of a file we only read.
     let map = unsafe { memmap2::Mmap::map(&file) }?;
     let elf = object::File::parse(&*map)?;
+    let defined = defined_in(&elf);
+    let imported = elf
+        .dynamic_symbols()
+        .filter(|symbol| symbol.is_undefined())
+        .filter_map(|symbol| symbol.name().ok())
+        .map(|name| name.split('@').next().unwrap_or(name).to_string())
+        .collect();
+    Ok((defined, imported))
+}
+
+fn defined_functions(path: &Path) -> Result<HashSet<String>> {
+    Ok(functions(path)?.0)
+}
+
+/// The functions `elf` defines, by name (versions dropped).
+fn defined_in(elf: &object::File<'_>) -> HashSet<String> {
     let mut names = HashSet::new();
     for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
         if symbol.is_undefined() || symbol.kind() != SymbolKind::Text {
@@ -462,7 +487,7 @@ fn defined_functions(path: &Path) -> Result<HashSet<String>> {
             names.insert(name.split('@').next().unwrap_or(name).to_string());
         }
     }
-    Ok(names)
+    names
 }
 
 #[cfg(test)]
