@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use cargo_trace_tests::expected::{self, HeapSite};
 use cargo_trace_tests::fixtures;
-use common::{bpf_available, quoted, trace, Run};
+use common::{bpf_available, csv_fields, quoted, trace, Run};
 
 /// One CSV row of `--csv`: its stack's frames (root first) and values by column name.
 #[derive(Clone)]
@@ -27,27 +27,6 @@ impl Row {
             .get(name)
             .unwrap_or_else(|| panic!("no column {name}"))
     }
-}
-
-/// RFC 4180 fields of one line (quoted fields may hold commas and doubled quotes).
-fn csv_fields(line: &str) -> Vec<String> {
-    let mut fields = Vec::new();
-    let mut field = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    while let Some(c) = chars.next() {
-        match (c, quoted) {
-            ('"', true) if chars.peek() == Some(&'"') => {
-                field.push('"');
-                chars.next();
-            }
-            ('"', _) => quoted = !quoted,
-            (',', false) => fields.push(std::mem::take(&mut field)),
-            _ => field.push(c),
-        }
-    }
-    fields.push(field);
-    fields
 }
 
 fn read_csv(run: &Run, name: &str) -> Vec<Row> {

@@ -25,6 +25,7 @@
  * sent (at most MAX_MAPSETS), the tables memfd's mapping (read-only, shared).
  * region->private_bytes says how much of it is in use.
  */
+#include <fcntl.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -441,21 +442,116 @@ static void thread_ended(void *value)
 	self = NULL;
 }
 
-/* The thread's stack, where the walk reads directly. */
+/*
+ * The thread's stack, where the walk reads directly: the mapping that holds
+ * the stack pointer now. Not pthread_getattr_np: it takes the thread's lock
+ * and, for the main thread, reads /proc/self/maps with stdio, which
+ * allocates: a malloc made inside it (Rust's runtime asks for the main
+ * thread's stack before main) would wait for that lock for good. The kernel
+ * is asked instead, with system calls only: PROCMAP_QUERY (Linux 6.11+) for
+ * the one mapping, else /proc/self/maps read by hand.
+ */
+struct ctp_procmap_query {
+	uint64_t size;
+	uint64_t query_flags;
+	uint64_t query_addr;
+	uint64_t vma_start;
+	uint64_t vma_end;
+	uint64_t vma_flags;
+	uint64_t vma_page_size;
+	uint64_t vma_offset;
+	uint64_t inode;
+	uint32_t dev_major;
+	uint32_t dev_minor;
+	uint32_t vma_name_size;
+	uint32_t build_id_size;
+	uint64_t vma_name_addr;
+	uint64_t build_id_addr;
+};
+
+/* _IOWR(0x9f, 17, struct procmap_query) */
+#define CTP_PROCMAP_QUERY (0xc0000000UL | (sizeof(struct ctp_procmap_query) << 16) | (0x9fUL << 8) | 17)
+
+static uint64_t parse_hex(const char **text, const char *end)
+{
+	uint64_t value = 0;
+	const char *p = *text;
+
+	for (; p < end; p++) {
+		char c = *p;
+		unsigned digit;
+		if (c >= '0' && c <= '9')
+			digit = (unsigned)(c - '0');
+		else if (c >= 'a' && c <= 'f')
+			digit = (unsigned)(c - 'a' + 10);
+		else
+			break;
+		value = value << 4 | digit;
+	}
+	*text = p;
+	return value;
+}
+
+/* The mapping of /proc/self/maps (fd) holding addr, read a page at a time. */
+static int stack_from_maps_text(int fd, uint64_t addr, uint64_t *lo, uint64_t *hi)
+{
+	char buffer[4096];
+	size_t kept = 0;
+
+	for (;;) {
+		ssize_t n = syscall(SYS_read, fd, buffer + kept, sizeof(buffer) - kept);
+		if (n <= 0)
+			return -1;
+		size_t len = kept + (size_t)n;
+		const char *line = buffer;
+		const char *end = buffer + len;
+		for (;;) {
+			const char *newline = memchr(line, '\n', (size_t)(end - line));
+			if (!newline)
+				break;
+			const char *p = line;
+			uint64_t start = parse_hex(&p, newline);
+			if (p < newline && *p == '-') {
+				p++;
+				uint64_t stop = parse_hex(&p, newline);
+				if (start <= addr && addr < stop) {
+					*lo = start;
+					*hi = stop;
+					return 0;
+				}
+			}
+			line = newline + 1;
+		}
+		kept = (size_t)(end - line);
+		if (kept == sizeof(buffer))
+			return -1; /* a line longer than the buffer: give up */
+		memmove(buffer, line, kept);
+	}
+}
+
 static void find_stack(struct thread *t)
 {
-	pthread_attr_t attr;
-	void *addr;
-	size_t size;
+	uint64_t here = (uint64_t)(uintptr_t)__builtin_frame_address(0);
+	int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
 
 	t->stack_lo = t->stack_hi = 0;
-	if (pthread_getattr_np(pthread_self(), &attr))
+	if (fd < 0)
 		return;
-	if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
-		t->stack_lo = (uint64_t)addr;
-		t->stack_hi = (uint64_t)addr + size;
+	struct ctp_procmap_query query = {
+		.size = sizeof(query),
+		.query_addr = here,
+	};
+	if (syscall(SYS_ioctl, fd, CTP_PROCMAP_QUERY, &query) == 0) {
+		t->stack_lo = query.vma_start;
+		t->stack_hi = query.vma_end;
+	} else {
+		uint64_t lo, hi;
+		if (stack_from_maps_text(fd, here, &lo, &hi) == 0) {
+			t->stack_lo = lo;
+			t->stack_hi = hi;
+		}
 	}
-	pthread_attr_destroy(&attr);
+	syscall(SYS_close, fd);
 }
 
 /* A ring for the calling thread and its state; NULL when there is none. */

@@ -110,6 +110,8 @@ pub struct InProcessCollector {
     probe: usize,
     heap: HeapSettings,
     target: Option<u32>,
+    /// Report what recording cost (`--bpf-stats`).
+    report_cost: bool,
 }
 
 impl InProcessCollector {
@@ -118,6 +120,7 @@ impl InProcessCollector {
         heap: &HeapSettings,
         probe: usize,
         tables: SharedTables,
+        report_cost: bool,
     ) -> Result<InProcessCollector> {
         let server = Server::new().context("starting the in-process heap recorder")?;
         let environment = server.environment(std::env::var_os("LD_PRELOAD"));
@@ -144,6 +147,7 @@ impl InProcessCollector {
             probe,
             heap: heap.clone(),
             target: None,
+            report_cost,
         })
     }
 
@@ -301,6 +305,39 @@ impl Collector for InProcessCollector {
 
     fn heap_live(&self) -> Result<Vec<HeapCount>> {
         Ok(heap_counts(&self.state().recorder, self.probe))
+    }
+
+    fn cost_report(&self) -> Result<Vec<String>> {
+        if !self.report_cost {
+            return Ok(Vec::new());
+        }
+        let state = self.state();
+        let counters = state.recorder.counters();
+        let mut lines = vec![format!(
+            "in-process: {} walks, {} answered by the memo, {} frames walked in the others \
+             ({} ns per frame), {} waits for a full ring, {} mappings asked for",
+            counters.walks,
+            counters.memo_hits,
+            counters.walked_frames,
+            counters
+                .walk_ns
+                .checked_div(counters.walked_frames)
+                .unwrap_or(0),
+            counters.waits,
+            counters.lookups,
+        )];
+        for memory in state.recorder.library_memory() {
+            lines.push(format!(
+                "in-process: process {}: shared region {} KiB used of {} KiB, other {} KiB \
+                 (at most {} KiB)",
+                memory.pid,
+                memory.region_used >> 10,
+                memory.region_bound >> 10,
+                memory.private_bytes >> 10,
+                memory.private_bound >> 10,
+            ));
+        }
+        Ok(lines)
     }
 }
 

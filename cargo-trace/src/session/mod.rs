@@ -121,6 +121,7 @@ fn collectors(
             &settings.heap,
             probe,
             tables.clone(),
+            settings.bpf_stats,
         )?));
     }
     if in_process.is_none() || probes.iter().any(|probe| !probe.is_heap()) {

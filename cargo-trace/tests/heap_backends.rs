@@ -1,0 +1,137 @@
+//! The two ways of recording the heap agree: a launched target recorded in the process
+//! by the preloaded library (the default) and the same program probed by the BPF heap
+//! programs (`--no-preload`, which probes libc's functions themselves) give every site of
+//! the fixtures the same values under the same chain of callers.
+//!
+//! The innermost frame differs by design (the library's wrapper of malloc, or libc's
+//! malloc where the BPF probe fires) and is left out of the comparison; so are the values
+//! that depend on when a call ran (temporaries, lifetimes, ages), whose clocks differ.
+//! Only stacks through the fixtures' own sites are compared: the BPF probes also see
+//! libc's calls to its own malloc (stdio's buffers), which no wrapper does.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use cargo_trace_tests::expected::{self, HeapSite};
+use cargo_trace_tests::fixtures;
+use common::{bpf_available, quoted, trace, Run};
+
+/// The values compared: those that do not depend on the clock.
+const COMPARED: &[&str] = &[
+    "allocs",
+    "alloc_space",
+    "frees",
+    "freed_space",
+    "leaked_blocks",
+    "leaked_bytes",
+    "peak_bytes",
+    "untracked",
+];
+
+/// Each site's stacks (callers of the innermost frame, root first) and their values.
+type BySite = BTreeMap<String, BTreeMap<Vec<String>, BTreeMap<String, i64>>>;
+
+fn run(name: &str, command: &str, extra: &[&str]) -> Run {
+    let mut args = vec!["--csv", "heap.csv"];
+    args.extend(extra);
+    let run = trace(name, &["alloc"], command, &args);
+    assert!(run.status.success(), "{name}: {}", run.stderr);
+    run
+}
+
+/// The compared values of every stack through a site of `sites`, from `run`'s CSV.
+fn by_site(run: &Run, sites: &[HeapSite]) -> BySite {
+    let text = std::fs::read_to_string(run.scratch.path("heap.csv"))
+        .unwrap_or_else(|e| panic!("no CSV: {e}\n{}", run.stderr));
+    let mut lines = text.lines();
+    let header = common::csv_fields(lines.next().expect("a header"));
+    let mut found = BySite::new();
+    for line in lines {
+        let fields = common::csv_fields(line);
+        let frames: Vec<String> = fields[3].split(';').map(str::to_string).collect();
+        let Some(site) = sites.iter().find(|s| frames.contains(&s.function)) else {
+            continue;
+        };
+        assert!(fields[2].is_empty(), "a truncated stack: {line}");
+        // Root first: the innermost frame is the last.
+        let callers = frames[..frames.len() - 1].to_vec();
+        let values = found
+            .entry(site.function.clone())
+            .or_default()
+            .entry(callers)
+            .or_default();
+        for (name, value) in header.iter().zip(&fields) {
+            if COMPARED.contains(&name.as_str()) {
+                *values.entry(name.clone()).or_default() += value.parse::<i64>().unwrap();
+            }
+        }
+        for bucket in header
+            .iter()
+            .zip(&fields)
+            .filter(|(n, _)| n.starts_with("size_bucket_"))
+        {
+            *values.entry(bucket.0.clone()).or_default() += bucket.1.parse::<i64>().unwrap();
+        }
+    }
+    found
+}
+
+fn check_same(name: &str, command: &str) {
+    if !bpf_available(name) {
+        return;
+    }
+    let in_process = run(&format!("{name}-in-process"), command, &["--bpf-stats"]);
+    assert!(
+        in_process.stderr.contains("in-process:") && !in_process.stderr.contains("bpf on_"),
+        "{name}: not recorded in the process:\n{}",
+        in_process.stderr
+    );
+    let bpf = run(
+        &format!("{name}-bpf"),
+        command,
+        &["--no-preload", "--bpf-stats"],
+    );
+    assert!(bpf.stderr.contains("bpf on_alloc: "), "{}", bpf.stderr);
+    let sites = expected::parse_heap_sites(&in_process.stdout).expect("the fixture's sites");
+    assert!(!sites.is_empty(), "{}", in_process.stdout);
+    let (ours, theirs) = (by_site(&in_process, &sites), by_site(&bpf, &sites));
+    for site in &sites {
+        assert!(
+            ours.contains_key(&site.function),
+            "{name}: {} not seen",
+            site.function
+        );
+    }
+    assert_eq!(ours, theirs, "{name}: the two recordings differ");
+}
+
+/// Every function of libc's malloc API, from C.
+#[test]
+fn every_libc_function_alike_in_process_and_in_bpf() {
+    check_same("backends-alloc-c", &quoted(&fixtures::c_fixture("alloc_c")));
+}
+
+/// Rust's global allocator (the system's), through Vec, Box, String and their growth.
+#[test]
+fn rust_sites_alike_in_process_and_in_bpf() {
+    check_same(
+        "backends-alloc-sites",
+        &quoted(&fixtures::rust_fixture("alloc_sites")),
+    );
+}
+
+/// Threads that free what others allocated, and a process that forks and execs.
+#[test]
+fn threads_and_children_alike_in_process_and_in_bpf() {
+    let free_log = quoted(&fixtures::c_fixture("free_log"));
+    check_same("backends-threads", &format!("{free_log} thread"));
+    let alloc_c = quoted(&fixtures::c_fixture("alloc_c"));
+    check_same(
+        "backends-children",
+        &format!(
+            "sh -c {}",
+            common::shell_quote(&format!("{alloc_c} && {alloc_c}"))
+        ),
+    );
+}
