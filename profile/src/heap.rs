@@ -77,6 +77,21 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// Every metric, in the order of their value types.
+    pub const ALL: [Metric; 6] = [
+        Metric::Allocs,
+        Metric::Bytes,
+        Metric::LeakedBlocks,
+        Metric::LeakedBytes,
+        Metric::Temporaries,
+        Metric::PeakBytes,
+    ];
+
+    /// The metric that weighs by value type `kind`, if one does.
+    pub fn of_kind(kind: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.value_kind() == kind)
+    }
+
     /// The value type it weighs by.
     pub fn value_kind(self) -> &'static str {
         match self {
@@ -132,15 +147,9 @@ mod tests {
     #[test]
     fn every_metric_has_a_value_type() {
         let kinds: Vec<String> = value_types().into_iter().map(|t| t.kind).collect();
-        for metric in [
-            Metric::Allocs,
-            Metric::Bytes,
-            Metric::LeakedBlocks,
-            Metric::LeakedBytes,
-            Metric::PeakBytes,
-            Metric::Temporaries,
-        ] {
+        for metric in Metric::ALL {
             assert!(kinds.iter().any(|k| k == metric.value_kind()), "{metric:?}");
+            assert_eq!(Metric::of_kind(metric.value_kind()), Some(metric));
         }
         assert_eq!(kinds.len(), COUNTERS.len() + 2 * BUCKETS);
     }
