@@ -14,6 +14,8 @@
 import { chromium } from 'playwright-core';
 
 const [url, userDataDir, shots] = process.argv.slice(2);
+// How long the app may take to import the file and draw a profile (SPEEDSCOPE_TIMEOUT_MS).
+const TIMEOUT = Number(process.env.SPEEDSCOPE_TIMEOUT_MS ?? 60000);
 if (!shots) {
   console.error('usage: node read.mjs URL USER_DATA_DIR SHOTS');
   process.exit(2);
@@ -49,7 +51,7 @@ try {
   await page.goto(url);
   // The app names the page after the file once it has imported it.
   await page.waitForFunction(() => document.title.endsWith(' - speedscope'), null, {
-    timeout: 30000,
+    timeout: TIMEOUT,
   });
 
   // The toolbar's profile name and "(position/count)", and the table's symbols.
@@ -68,6 +70,19 @@ try {
       }
       // The sandwich table's rows: a color swatch before each symbol (the profile menu's
       // rows have none).
+      if (name === null) {
+        // One profile: its name is the toolbar's own text, between the view buttons and
+        // the file buttons.
+        const views = [...document.querySelectorAll('div')].find(
+          (div) => div.children.length === 1 && div.textContent.trim().endsWith('Sandwich'),
+        );
+        const toolbar = views?.parentElement?.parentElement;
+        name = [...(toolbar?.childNodes ?? [])]
+          .filter((node) => node.nodeType === Node.TEXT_NODE)
+          .map((node) => node.textContent)
+          .join('')
+          .trim();
+      }
       const rows = [];
       for (const row of document.querySelectorAll('tr')) {
         const cells = [...row.querySelectorAll('td')].map((cell) => cell.textContent.trim());
@@ -82,7 +97,7 @@ try {
       () =>
         [...document.querySelectorAll('td > span[style*="background-color"]')].length > 0,
       null,
-      { timeout: 30000 },
+      { timeout: TIMEOUT },
     );
   const switchTo = async (key, position) => {
     await page.keyboard.press(key);
@@ -92,7 +107,7 @@ try {
           new RegExp(`^\\(${wanted}/\\d+\\)$`).test(s.textContent.trim()),
         ),
       position,
-      { timeout: 30000 },
+      { timeout: TIMEOUT },
     );
   };
 

@@ -15,6 +15,7 @@
 //! the folded output (`[truncated: REASON]`, `[no stack]`); kernel frames carry
 //! inferno's `_[k]` suffix.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
@@ -24,49 +25,54 @@ use super::Weighting;
 use crate::heap::{self, Metric};
 use crate::{Profile, Sample, ValueType, MERGED_PID};
 
+/// One profile of the file: a value of one process's samples.
+struct View<'a> {
+    name: String,
+    value_type: &'a ValueType,
+    value: usize,
+    /// The samples that weigh something.
+    samples: Vec<&'a Sample>,
+    total: i64,
+}
+
+/// Writes the file as it goes: a profile of 100 k stacks 300 frames deep is some 100 MB
+/// of frame indexes per view.
 pub fn write(profile: &Profile, weighting: Weighting, out: &mut dyn Write) -> io::Result<()> {
-    let mut frames = Frames::default();
-    let mut profiles = Vec::new();
-    let mut opening: Option<(i64, usize)> = None;
-    for ((probe, pid), samples) in groups(profile) {
-        for value in views(profile, &samples) {
-            let mut stacks: Vec<Vec<usize>> = Vec::new();
-            let mut weights: Vec<i64> = Vec::new();
-            for sample in samples.iter().filter(|s| s.values[value] != 0) {
-                stacks.push(frames.stack(profile, sample));
-                weights.push(sample.values[value]);
-            }
-            let total: i64 = weights.iter().sum();
-            if value == weighting.value && opening.is_none_or(|(most, _)| total > most) {
-                opening = Some((total, profiles.len()));
-            }
+    let frames = Frames::of(profile);
+    let mut views: Vec<View> = Vec::new();
+    for ((probe, pid), mut samples) in groups(profile) {
+        // In the order of their frames, so that the app's time-ordered view merges the
+        // stacks that share a beginning, as a flamegraph does: in the order of the
+        // profile, 100 k stacks 300 frames deep make a tree of 30 M nodes, which the app
+        // cannot hold.
+        samples.sort_by(|a, b| frames.stack(a).cmp(frames.stack(b)));
+        for value in views_of(profile, &samples) {
             let value_type = &profile.value_types[value];
-            profiles.push(json!({
-                "type": "sampled",
-                "name": format!(
+            let samples: Vec<&Sample> = samples
+                .iter()
+                .copied()
+                .filter(|s| s.values[value] > 0)
+                .collect();
+            views.push(View {
+                name: format!(
                     "{} — {}",
                     process_name(profile, probe, pid),
                     describe(value_type)
                 ),
-                "unit": unit(value_type),
-                "startValue": 0,
-                "endValue": total,
-                "samples": stacks,
-                "weights": weights,
-            }));
+                value_type,
+                value,
+                total: samples.iter().map(|s| s.values[value]).sum(),
+                samples,
+            });
         }
     }
-    if profiles.is_empty() {
-        profiles.push(json!({
-            "type": "sampled",
-            "name": format!("{}: no events", profile.probes.join(" ")),
-            "unit": "none",
-            "startValue": 0,
-            "endValue": 0,
-            "samples": [],
-            "weights": [],
-        }));
-    }
+    // The view of the value the writers weigh by, of the process with the most.
+    let opening = views
+        .iter()
+        .enumerate()
+        .filter(|(_, view)| view.value == weighting.value)
+        .max_by_key(|&(index, view)| (view.total, Reverse(index)))
+        .map_or(0, |(index, _)| index);
     let name = match &profile.metadata.command {
         Some(command) => format!("{} ({})", command.join(" "), profile.probes.join(" ")),
         None => format!(
@@ -75,16 +81,77 @@ pub fn write(profile: &Profile, weighting: Weighting, out: &mut dyn Write) -> io
             profile.probes.join(" ")
         ),
     };
-    let document = json!({
+
+    let mut out = io::BufWriter::new(out);
+    let header = json!({
         "$schema": "https://www.speedscope.app/file-format-schema.json",
         "exporter": format!("cargo-trace {}", env!("CARGO_PKG_VERSION")),
         "name": name,
-        "activeProfileIndex": opening.map_or(0, |(_, index)| index),
+        "activeProfileIndex": opening,
         "shared": { "frames": frames.list },
-        "profiles": profiles,
     });
-    serde_json::to_writer(&mut *out, &document)?;
-    writeln!(out)
+    // The header's fields, then the profiles written one number at a time.
+    let mut header = serde_json::to_vec(&header)?;
+    header.pop(); // its closing brace: the profiles follow
+    out.write_all(&header)?;
+    out.write_all(b",\"profiles\":[")?;
+    for (index, view) in views.iter().enumerate() {
+        if index > 0 {
+            out.write_all(b",")?;
+        }
+        write!(out, "{{\"type\":\"sampled\",\"name\":")?;
+        serde_json::to_writer(&mut out, &view.name)?;
+        write!(
+            out,
+            ",\"unit\":\"{}\",\"startValue\":0,\"endValue\":{},\"samples\":[",
+            unit(view.value_type),
+            view.total
+        )?;
+        for (index, sample) in view.samples.iter().enumerate() {
+            if index > 0 {
+                out.write_all(b",")?;
+            }
+            frames.write_stack(&mut out, sample)?;
+        }
+        out.write_all(b"],\"weights\":[")?;
+        for (index, sample) in view.samples.iter().enumerate() {
+            if index > 0 {
+                out.write_all(b",")?;
+            }
+            write_number(&mut out, sample.values[view.value] as u64)?;
+        }
+        out.write_all(b"]}")?;
+    }
+    if views.is_empty() {
+        let empty = json!({
+            "type": "sampled",
+            "name": format!("{}: no events", profile.probes.join(" ")),
+            "unit": "none",
+            "startValue": 0,
+            "endValue": 0,
+            "samples": [],
+            "weights": [],
+        });
+        serde_json::to_writer(&mut out, &empty)?;
+    }
+    out.write_all(b"]}\n")?;
+    out.flush()
+}
+
+/// `n` in decimal, without `write!`'s formatting machinery: a big file holds hundreds of
+/// millions of them.
+fn write_number(out: &mut dyn Write, mut n: u64) -> io::Result<()> {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.write_all(&digits[start..])
 }
 
 /// The samples by probe and process: the probes in their order, the target's process
@@ -108,11 +175,12 @@ fn groups(profile: &Profile) -> BTreeMap<(usize, (u8, u32)), Vec<&Sample>> {
 }
 
 /// The values of `samples` worth a view, in the order of the profile's values.
-fn views(profile: &Profile, samples: &[&Sample]) -> Vec<usize> {
+fn views_of(profile: &Profile, samples: &[&Sample]) -> Vec<usize> {
     let mut totals = vec![0i128; profile.value_types.len()];
     for sample in samples {
         for (total, &value) in totals.iter_mut().zip(&sample.values) {
-            *total += i128::from(value);
+            // A view draws what weighs something (a sampled estimate can be below 0).
+            *total += i128::from(value.max(0));
         }
     }
     let total = |value: usize| totals[value];
@@ -188,54 +256,100 @@ fn unit(value_type: &ValueType) -> &'static str {
     }
 }
 
-/// The frames shared by the profiles, each once.
-#[derive(Default)]
+/// The frames shared by the profiles, each once, and each location's frames by index.
 struct Frames {
     list: Vec<serde_json::Value>,
-    ids: HashMap<(String, Option<String>, Option<u32>), usize>,
+    /// The frames of each location, outermost first.
+    of_location: Vec<Vec<usize>>,
+    /// `[truncated: REASON]` by reason.
+    truncated: HashMap<String, usize>,
+    /// `[no stack]`, when a sample has none.
+    no_stack: Option<usize>,
 }
 
 impl Frames {
-    fn id(&mut self, name: String, file: Option<String>, line: Option<u32>) -> usize {
-        let key = (name, file, line);
-        if let Some(&id) = self.ids.get(&key) {
-            return id;
+    fn of(profile: &Profile) -> Frames {
+        let mut list = Vec::new();
+        let mut ids: HashMap<(String, Option<String>, Option<u32>, bool), usize> = HashMap::new();
+        let mut id = |name: &str, file: Option<&str>, line: Option<u32>, kernel: bool| {
+            let key = (name.to_string(), file.map(str::to_string), line, kernel);
+            *ids.entry(key).or_insert_with(|| {
+                let name = if kernel {
+                    format!("{name}_[k]")
+                } else {
+                    name.to_string()
+                };
+                let mut value = json!({ "name": name });
+                if let Some(file) = file {
+                    value["file"] = json!(file);
+                }
+                if let Some(line) = line {
+                    value["line"] = json!(line);
+                }
+                list.push(value);
+                list.len() - 1
+            })
+        };
+        let mut truncated = HashMap::new();
+        for reason in profile.samples.iter().filter_map(|s| s.truncated.as_ref()) {
+            let frame = id(&format!("[truncated: {reason}]"), None, None, false);
+            truncated.insert(reason.clone(), frame);
         }
-        let id = self.list.len();
-        let (name, file, line) = key.clone();
-        let mut value = json!({ "name": name });
-        if let Some(file) = file {
-            value["file"] = json!(file);
+        let no_stack = profile
+            .samples
+            .iter()
+            .any(|s| s.stack.is_empty())
+            .then(|| id("[no stack]", None, None, false));
+        let of_location = profile
+            .locations
+            .iter()
+            .map(|location| {
+                location
+                    .frames
+                    .iter()
+                    .rev()
+                    .map(|f| id(&f.function, f.file.as_deref(), f.line, location.kernel))
+                    .collect()
+            })
+            .collect();
+        Frames {
+            list,
+            of_location,
+            truncated,
+            no_stack,
         }
-        if let Some(line) = line {
-            value["line"] = json!(line);
-        }
-        self.list.push(value);
-        self.ids.insert(key, id);
-        id
     }
 
     /// The frames of a sample's stack, root first.
-    fn stack(&mut self, profile: &Profile, sample: &Sample) -> Vec<usize> {
-        let mut stack = Vec::new();
-        if let Some(reason) = &sample.truncated {
-            stack.push(self.id(format!("[truncated: {reason}]"), None, None));
-        }
-        for &id in sample.stack.iter().rev() {
-            let location = &profile.locations[id];
-            for f in location.frames.iter().rev() {
-                let name = if location.kernel {
-                    format!("{}_[k]", f.function)
-                } else {
-                    f.function.clone()
-                };
-                stack.push(self.id(name, f.file.clone(), f.line));
+    fn stack<'a>(&'a self, sample: &'a Sample) -> impl Iterator<Item = usize> + 'a {
+        let truncated = sample
+            .truncated
+            .as_deref()
+            .map(|reason| self.truncated[reason]);
+        let no_stack = (sample.stack.is_empty() && sample.truncated.is_none())
+            .then(|| self.no_stack.expect("a frame for samples without a stack"));
+        truncated
+            .into_iter()
+            .chain(
+                sample
+                    .stack
+                    .iter()
+                    .rev()
+                    .flat_map(|&location| self.of_location[location].iter().copied()),
+            )
+            .chain(no_stack)
+    }
+
+    /// The frames of a sample's stack, root first, as a JSON array.
+    fn write_stack(&self, out: &mut dyn Write, sample: &Sample) -> io::Result<()> {
+        out.write_all(b"[")?;
+        for (index, id) in self.stack(sample).enumerate() {
+            if index > 0 {
+                out.write_all(b",")?;
             }
+            write_number(out, id as u64)?;
         }
-        if stack.is_empty() {
-            stack.push(self.id("[no stack]".to_string(), None, None));
-        }
-        stack
+        out.write_all(b"]")
     }
 }
 
@@ -300,10 +414,12 @@ mod tests {
             file["name"],
             "./demo arg (uprobe:libc:malloc profile:hz:99)"
         );
-        // The malloc probe's events: two weighed stacks (the zero-weight one is left out).
-        assert_eq!(file["profiles"][0]["weights"], json!([5, 2]));
+        // The malloc probe's events: two weighed stacks (the zero-weight one is left out),
+        // in the order of their frames.
+        assert_eq!(file["profiles"][0]["weights"], json!([2, 5]));
+        assert_eq!(stack(&file, 0, 0)[0], "[truncated: read fault]");
         assert_eq!(
-            stack(&file, 0, 0),
+            stack(&file, 0, 1),
             [
                 "__libc_start_call_main",
                 "demo::main",
@@ -311,9 +427,11 @@ mod tests {
                 "demo::inlined_helper"
             ]
         );
-        assert_eq!(stack(&file, 0, 1)[0], "[truncated: read fault]");
-        assert_eq!(stack(&file, 2, 1), ["[no stack]"]);
-        assert_eq!(stack(&file, 2, 0).last(), Some(&"do_syscall_64_[k]"));
+        // Stacks that begin alike are next to each other, shorter first.
+        assert_eq!(file["profiles"][1]["weights"], json!([64, 7, 500]));
+        assert_eq!(stack(&file, 1, 1), ["__libc_start_call_main", "demo::main"]);
+        assert_eq!(stack(&file, 2, 0), ["[no stack]"]);
+        assert_eq!(stack(&file, 2, 1).last(), Some(&"do_syscall_64_[k]"));
     }
 
     /// A heap profile: each process's metrics, the process that started first, the one
