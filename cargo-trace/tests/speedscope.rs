@@ -373,6 +373,21 @@ fn a_profile_at_real_size_in_the_app() {
     );
 }
 
+/// `cargo trace PROBE --speedscope` on `/bin/sh -c SCRIPT`, and its file in the app
+/// ([`check_drawn`]).
+fn shell_in_app(app: &App, name: &str, probe: &str, script: &str) -> (common::Run, Vec<Drawn>) {
+    let file = format!("{name}.speedscope.json");
+    let run = trace(
+        &format!("speedscope-{name}"),
+        &[probe],
+        &format!("/bin/sh -c {}", shell_quote(script)),
+        &["--speedscope", &file],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let drawn = check_drawn(app, &run.scratch.path(&file), name);
+    (run, drawn)
+}
+
 /// A CPU profile of a shell and the two children it starts: each child's profile
 /// shows the fixture's hot function.
 #[test]
@@ -385,14 +400,7 @@ fn a_cpu_profile_per_process_in_the_app() {
     };
     let fixture = quoted(&fixtures::rust_fixture("cpu_split"));
     let script = format!("{fixture} 0.3 & {fixture} 0.3; wait");
-    let run = trace(
-        "speedscope-cpu",
-        &["profile:hz:99"],
-        &format!("/bin/sh -c {}", shell_quote(&script)),
-        &["--speedscope", "cpu.speedscope.json"],
-    );
-    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
-    let drawn = check_drawn(&app, &run.scratch.path("cpu.speedscope.json"), "cpu");
+    let (_, drawn) = shell_in_app(&app, "cpu", "profile:hz:99", &script);
     let hot: Vec<&str> = drawn
         .iter()
         .filter(|d| d.functions().contains("cpu_split::hot"))
@@ -419,17 +427,10 @@ fn a_heap_profile_per_process_in_the_app() {
     };
     let fixture = quoted(&fixtures::c_fixture("exit_leak"));
     let script = format!("{fixture}; {fixture}");
-    let run = trace(
-        "speedscope-heap",
-        &["alloc"],
-        &format!("/bin/sh -c {}", shell_quote(&script)),
-        &["--speedscope", "heap.speedscope.json"],
-    );
-    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    let (run, drawn) = shell_in_app(&app, "heap", "alloc", &script);
     let sites = expected::parse_heap_sites(&run.stdout).unwrap();
     assert_eq!(sites.len(), 2, "{}", run.stdout);
     let site = &sites[0];
-    let drawn = check_drawn(&app, &run.scratch.path("heap.speedscope.json"), "heap");
     let leaks: Vec<&Drawn> = drawn
         .iter()
         .filter(|d| d.name.ends_with(" — bytes leaked") && d.functions().contains(&*site.function))

@@ -554,6 +554,17 @@ mod tests {
             .collect()
     }
 
+    /// The period's type, unit and amount.
+    fn period(pprof: &proto::Profile) -> (&str, &str, i64) {
+        let text = |index: i64| pprof.string_table[index as usize].as_str();
+        let period_type = pprof.period_type.as_ref().unwrap();
+        (
+            text(period_type.r#type),
+            text(period_type.unit),
+            pprof.period,
+        )
+    }
+
     /// The `bytes` labels of the samples.
     fn block_sizes(pprof: &proto::Profile) -> Vec<Option<i64>> {
         pprof
@@ -619,15 +630,7 @@ mod tests {
         let pid = |s: &proto::Sample| s.label.iter().find(|l| text(l.key) == "pid").unwrap().num;
         assert_eq!(pid(&pprof.sample[2]), 43);
         // Every allocation counted: one byte stands for one.
-        let period_type = pprof.period_type.as_ref().unwrap();
-        assert_eq!(
-            (
-                text(period_type.r#type),
-                text(period_type.unit),
-                pprof.period
-            ),
-            ("space", "bytes", 1)
-        );
+        assert_eq!(period(&pprof), ("space", "bytes", 1));
         let comments: Vec<&str> = pprof.comment.iter().map(|&c| text(c)).collect();
         assert!(
             comments
@@ -644,22 +647,11 @@ mod tests {
         heap.sampling_mode = Some(SamplingMode::PerBytes(524_288));
         heap.sampling = Some("an allocation of s bytes counted with a chance of s/524288".into());
         let pprof = encode(&profile);
+        assert_eq!(period(&pprof), ("space", "bytes", 524_288));
         let text = |index: i64| pprof.string_table[index as usize].as_str();
-        let period_type = pprof.period_type.as_ref().unwrap();
-        assert_eq!((text(period_type.r#type), pprof.period), ("space", 524_288));
         assert!(pprof.comment.iter().any(|&c| text(c).contains("s/524288")));
         profile.heap.as_mut().unwrap().sampling_mode = Some(SamplingMode::EveryNth(10));
-        let pprof = encode(&profile);
-        let text = |index: i64| pprof.string_table[index as usize].as_str();
-        let period_type = pprof.period_type.as_ref().unwrap();
-        assert_eq!(
-            (
-                text(period_type.r#type),
-                text(period_type.unit),
-                pprof.period
-            ),
-            ("alloc_objects", "count", 10)
-        );
+        assert_eq!(period(&encode(&profile)), ("alloc_objects", "count", 10));
     }
 
     /// Beside the most values other probes have (clock and off-CPU together), Go's four
