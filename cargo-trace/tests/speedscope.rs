@@ -325,9 +325,9 @@ fn the_golden_files_in_the_app() {
     let Some(app) = app() else {
         return;
     };
-    check_drawn(&app, &golden("example.speedscope.json"), "example");
+    check_drawn(&app, &golden("example.speedscope.json"), "golden-example");
 
-    let heap = check_drawn(&app, &golden("heap-example.speedscope.json"), "heap");
+    let heap = check_drawn(&app, &golden("heap-example.speedscope.json"), "golden-heap");
     let profile = |name: &str| {
         heap.iter()
             .find(|d| d.name == name)
