@@ -46,6 +46,12 @@ pub fn is_bucket(kind: &str) -> bool {
     kind.starts_with(SIZE_BUCKET) || kind.starts_with(LIFETIME_BUCKET)
 }
 
+/// Whether a value type is one of a heap sample's ([`value_types`]), rather than one of
+/// another probe's in the same session.
+pub fn is_heap_value(kind: &str) -> bool {
+    is_bucket(kind) || COUNTERS.iter().any(|&(counter, _)| counter == kind)
+}
+
 /// The value types of a heap sample, in order: counters, then the size histogram's
 /// buckets, then the lifetime histogram's.
 pub fn value_types() -> Vec<ValueType> {
@@ -152,5 +158,7 @@ mod tests {
             assert_eq!(Metric::of_kind(metric.value_kind()), Some(metric));
         }
         assert_eq!(kinds.len(), COUNTERS.len() + 2 * BUCKETS);
+        assert!(kinds.iter().all(|kind| is_heap_value(kind)));
+        assert!(!is_heap_value("samples") && !is_heap_value("cpu"));
     }
 }

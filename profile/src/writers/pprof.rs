@@ -87,10 +87,9 @@ impl SampleTypes {
             })
             .collect();
         // The values of the session's other probes, beside the heap's (e.g. a clock's).
-        let heap_kinds: Vec<String> = heap::value_types().into_iter().map(|t| t.kind).collect();
         columns.extend(
             (profile.value_types.iter().cloned().zip(0..))
-                .filter(|(t, _)| !heap_kinds.contains(&t.kind)),
+                .filter(|(t, _)| !heap::is_heap_value(&t.kind)),
         );
         for source in HEAP_EXTRAS {
             if columns.len() >= MAX_SAMPLE_TYPES {

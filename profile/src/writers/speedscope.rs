@@ -184,10 +184,9 @@ fn views_of(profile: &Profile, samples: &[&Sample]) -> Vec<usize> {
         }
     }
     let total = |value: usize| totals[value];
-    let heap_kinds: Vec<String> = heap::value_types().into_iter().map(|t| t.kind).collect();
     let mut views: Vec<usize> = Vec::new();
     for (value, value_type) in profile.value_types.iter().enumerate() {
-        let heap_value = heap_kinds.contains(&value_type.kind);
+        let heap_value = heap::is_heap_value(&value_type.kind);
         if (heap_value && Metric::of_kind(&value_type.kind).is_none()) || total(value) == 0 {
             continue;
         }
@@ -198,7 +197,7 @@ fn views_of(profile: &Profile, samples: &[&Sample]) -> Vec<usize> {
         // One of the values that are multiples of each other: the first, or one the app
         // shows in a unit where the first has none.
         let multiple = views.iter().position(|&view| {
-            !heap_kinds.contains(&profile.value_types[view].kind)
+            !heap::is_heap_value(&profile.value_types[view].kind)
                 && samples.iter().all(|s| {
                     i128::from(s.values[value]) * total(view)
                         == i128::from(s.values[view]) * total(value)
