@@ -87,7 +87,11 @@ fn pprof_agrees_with_the_folded_stacks() {
     let speedscope: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.scratch.path("out.speedscope.json")).unwrap())
             .unwrap();
-    assert_eq!(speedscope["profiles"][0]["endValue"], total);
+    // speedscope's one view of the clock: its samples as the CPU time they stand for.
+    let profiles = speedscope["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 1, "{profiles:?}");
+    assert_eq!(profiles[0]["unit"], "nanoseconds");
+    assert_eq!(profiles[0]["endValue"], total * 10_101_010);
 
     if !go_pprof::available() {
         return;
