@@ -333,7 +333,7 @@ fn the_golden_files_in_the_app() {
             .find(|d| d.name == name)
             .unwrap_or_else(|| panic!("no profile {name}: {heap:?}"))
     };
-    let leaked = profile("./leaky (pid 42) — bytes leaked");
+    let leaked = profile("leaky (pid 42) — bytes leaked");
     assert_eq!(
         leaked.total("leak_site"),
         format!("{} (100%)", app_bytes(150 * 1013))

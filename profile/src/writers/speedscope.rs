@@ -2,8 +2,8 @@
 //! the speedscope app reads it.
 //!
 //! One "sampled" profile per process (per probe and process when the session had several
-//! probes) and per value worth a view of its own, named for a person ("./server (pid 42)
-//! — bytes leaked"); the app switches between them (its profile menu, `n` and `p`). The
+//! probes) and per value worth a view of its own, named for a person ("server (pid 42) —
+//! bytes leaked"); the app switches between them (its profile menu, `n` and `p`). The
 //! values worth a view: a heap profile's metrics (allocations, bytes allocated, blocks and
 //! bytes leaked, temporaries, bytes at the peak), not its histogram buckets; of the other
 //! values, one of each set that are multiples of each other (a clock's samples and CPU
@@ -217,10 +217,16 @@ fn views_of(profile: &Profile, samples: &[&Sample]) -> Vec<usize> {
     views
 }
 
-/// How the profiles name a process: by its command when it is the target.
+/// How the profiles name a process: by its program's file name when it is the target.
 fn process_name(profile: &Profile, probe: usize, (rank, pid): (u8, u32)) -> String {
     let process = match (rank, &profile.metadata.command) {
-        (0, Some(command)) => format!("{} (pid {pid})", command[0]),
+        (0, Some(command)) => {
+            let program = std::path::Path::new(&command[0]).file_name();
+            let program = program.map_or(command[0].as_str(), |name| {
+                name.to_str().unwrap_or(command[0].as_str())
+            });
+            format!("{program} (pid {pid})")
+        }
         (2, _) => "exited processes, added up".to_string(),
         _ => format!("pid {pid}"),
     };
@@ -403,9 +409,9 @@ mod tests {
         assert_eq!(
             profiles(&file),
             [
-                named("./demo (pid 42), uprobe:libc:malloc — events", 7, "none"),
-                named("./demo (pid 42), uprobe:libc:malloc — bytes", 571, "bytes"),
-                named("./demo (pid 42), profile:hz:99 — events", 4, "none"),
+                named("demo (pid 42), uprobe:libc:malloc — events", 7, "none"),
+                named("demo (pid 42), uprobe:libc:malloc — bytes", 571, "bytes"),
+                named("demo (pid 42), profile:hz:99 — events", 4, "none"),
             ]
         );
         assert_eq!(file["activeProfileIndex"], 0);
@@ -447,16 +453,12 @@ mod tests {
         assert_eq!(
             profiles(&file),
             [
-                named("./leaky (pid 42) — allocations", 1200, "none"),
-                named("./leaky (pid 42) — bytes allocated", 266_600, "bytes"),
-                named("./leaky (pid 42) — blocks leaked", 150, "none"),
-                named("./leaky (pid 42) — bytes leaked", 151_950, "bytes"),
-                named("./leaky (pid 42) — temporary allocations", 990, "none"),
-                named(
-                    "./leaky (pid 42) — bytes live at the peak",
-                    203_240,
-                    "bytes"
-                ),
+                named("leaky (pid 42) — allocations", 1200, "none"),
+                named("leaky (pid 42) — bytes allocated", 266_600, "bytes"),
+                named("leaky (pid 42) — blocks leaked", 150, "none"),
+                named("leaky (pid 42) — bytes leaked", 151_950, "bytes"),
+                named("leaky (pid 42) — temporary allocations", 990, "none"),
+                named("leaky (pid 42) — bytes live at the peak", 203_240, "bytes"),
                 named("pid 43 — allocations", 12, "none"),
                 named("pid 43 — bytes allocated", 8352, "bytes"),
                 named("pid 43 — blocks leaked", 2, "none"),
