@@ -13,6 +13,9 @@
 #   firefox-esr the report's views are checked in Firefox too, headless
 #   heaptrack   heaptrack_print reads the --heaptrack output in the tests; the heap
 #               benchmark runs heaptrack itself
+# and, from the npm registry with the machine's node and npm (`npm ci`, the versions of
+# cargo-trace/tests/speedscope-app/package-lock.json), the speedscope app and
+# playwright-core, which opens --speedscope files in the app in chromium in the tests
 # and what the security tests use, present on Debian but not on every minimal image:
 #   passwd (useradd), util-linux (setpriv), perl-base (perl)
 # apt-get update runs only when a package is missing, so a prepared machine
@@ -87,6 +90,19 @@ if ((${#missing[@]} > 0)); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The speedscope app and its driver, once per change of the lock file.
+app=$(cd "$(dirname "$0")/.." && pwd)/cargo-trace/tests/speedscope-app
+if [[ ! $app/node_modules/.package-lock.json -nt $app/package-lock.json ]]; then
+    if ! command -v npm >/dev/null; then
+        echo "setup.sh: installing nodejs npm"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    fi
+    echo "setup.sh: installing the speedscope app (npm ci in $app)"
+    npm ci --prefix "$app" --no-audit --no-fund --loglevel=error >/dev/null
 fi
 
 mount_if_absent() {

@@ -9,41 +9,8 @@ use std::process::Command;
 
 use cargo_trace_tests::fixtures;
 use cargo_trace_tests::pprof::{self, text};
+use common::go_pprof;
 use common::{bpf_available, quoted, trace};
-
-/// Whether `go tool pprof` runs here; .ci/setup.sh installs it (Debian's golang-go), so
-/// under CI its absence is a failure.
-fn go_pprof_available() -> bool {
-    let works = Command::new("go")
-        .args(["tool", "pprof", "-h"])
-        .output()
-        .is_ok_and(|output| !output.stdout.is_empty() || !output.stderr.is_empty());
-    if !works {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "go tool pprof is missing: .ci/setup.sh installs golang-go"
-        );
-        eprintln!("skipping the go tool pprof checks: no `go` (bash .ci/setup.sh installs it)");
-    }
-    works
-}
-
-fn go_pprof(args: &[&str], file: &std::path::Path) -> String {
-    let output = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .arg(file)
-        // No symbolization service and no binaries: the profile holds every name.
-        .env("PPROF_BINARY_PATH", "/nonexistent")
-        .output()
-        .expect("run go tool pprof");
-    assert!(
-        output.status.success(),
-        "go tool pprof {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("utf-8")
-}
 
 /// A frame of the folded output as pprof names it: without the kernel suffix.
 fn pprof_name(folded_frame: &str) -> &str {
@@ -120,13 +87,17 @@ fn pprof_agrees_with_the_folded_stacks() {
     let speedscope: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.scratch.path("out.speedscope.json")).unwrap())
             .unwrap();
-    assert_eq!(speedscope["profiles"][0]["endValue"], total);
+    // speedscope's one view of the clock: its samples as the CPU time they stand for.
+    let profiles = speedscope["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 1, "{profiles:?}");
+    assert_eq!(profiles[0]["unit"], "nanoseconds");
+    assert_eq!(profiles[0]["endValue"], total * 10_101_010);
 
-    if !go_pprof_available() {
+    if !go_pprof::available() {
         return;
     }
     // go tool pprof: the same total, the same hottest function, the inlined frame.
-    let top = go_pprof(&["-top", "-nodecount=1"], &file);
+    let top = go_pprof::run(&["-top", "-nodecount=1"], &file);
     assert!(
         top.contains(&format!("Total samples = {total}")),
         "pprof's total is not {total}:\n{top}"
@@ -138,13 +109,11 @@ fn pprof_agrees_with_the_folded_stacks() {
             .or_default() += count;
     }
     let (hottest, flat) = leaves.iter().max_by_key(|(_, count)| **count).unwrap();
-    let first_row = top
-        .lines()
-        .skip_while(|line| !line.trim_start().starts_with("flat"))
-        .nth(1)
+    let first_row = go_pprof::top_rows(&top)
+        .into_iter()
+        .next()
         .unwrap_or_else(|| panic!("no rows in:\n{top}"));
-    let fields: Vec<&str> = first_row.split_whitespace().collect();
-    assert_eq!(fields[0], flat.to_string(), "{first_row}");
+    assert_eq!(first_row.flat, flat.to_string(), "{first_row:?}");
     assert_eq!(
         *hottest,
         "cpu_split::xorshift_rounds",
@@ -152,11 +121,11 @@ fn pprof_agrees_with_the_folded_stacks() {
         folded = leaves
     );
     assert!(
-        first_row.contains("cpu_split::xorshift_rounds"),
-        "pprof's hottest function: {first_row}"
+        first_row.function.contains("cpu_split::xorshift_rounds"),
+        "pprof's hottest function: {first_row:?}"
     );
     // The inlined function is shown inside the function it was inlined into.
-    let traces = go_pprof(&["-traces"], &file);
+    let traces = go_pprof::run(&["-traces"], &file);
     let inlined = traces
         .lines()
         .map(str::trim)

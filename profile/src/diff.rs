@@ -51,7 +51,7 @@ pub fn draw(lines: &str, title: String) -> Result<Vec<u8>, DiffError> {
 }
 
 /// The profile in `bytes` (the file `name`) as folded text: folded stacks as they are, a
-/// (gzipped) pprof file folded by its first value.
+/// (gzipped) pprof file folded by its default value ([`default_value`]).
 pub fn fold(name: &str, bytes: Vec<u8>) -> Result<String, DiffError> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
         let not_pprof = |reason: String| DiffError::NotPprof {
@@ -80,14 +80,30 @@ pub fn fold(name: &str, bytes: Vec<u8>) -> Result<String, DiffError> {
     Ok(text)
 }
 
-/// pprof samples folded by their first value, root first, inline frames expanded.
+/// The index of the value that `go tool pprof` shows by default: the default sample type
+/// if the file names one (the first of a CPU profile's, `inuse_space` of a heap profile's),
+/// else the last sample type, as pprof does.
+fn default_value(profile: &proto::Profile) -> usize {
+    let text = |index: i64| string(profile, index);
+    let default = text(profile.default_sample_type);
+    profile
+        .sample_type
+        .iter()
+        .position(|t| !default.is_empty() && text(t.r#type) == default)
+        .unwrap_or(profile.sample_type.len().saturating_sub(1))
+}
+
+fn string(profile: &proto::Profile, index: i64) -> &str {
+    profile
+        .string_table
+        .get(usize::try_from(index).unwrap_or(usize::MAX))
+        .map_or("", String::as_str)
+}
+
+/// pprof samples folded by their default value, root first, inline frames expanded.
 fn fold_pprof(profile: &proto::Profile) -> String {
-    let text = |index: i64| {
-        profile
-            .string_table
-            .get(usize::try_from(index).unwrap_or(usize::MAX))
-            .map_or("", String::as_str)
-    };
+    let text = |index: i64| string(profile, index);
+    let value = default_value(profile);
     let functions: BTreeMap<u64, &str> = profile
         .function
         .iter()
@@ -103,7 +119,7 @@ fn fold_pprof(profile: &proto::Profile) -> String {
         profile.location.iter().map(|l| (l.id, l)).collect();
     let mut lines: BTreeMap<String, i64> = BTreeMap::new();
     for sample in &profile.sample {
-        let Some(&weight) = sample.value.first() else {
+        let Some(&weight) = sample.value.get(value) else {
             continue;
         };
         let mut frames: Vec<String> = Vec::new();
@@ -144,6 +160,36 @@ mod tests {
         crate::writers::folded::write(&profile, Weighting::default(), &mut folded).unwrap();
         let decoded = pprof::encode(&profile);
         assert_eq!(fold_pprof(&decoded), String::from_utf8(folded).unwrap());
+    }
+
+    /// A heap profile folds by what is in use, as `go tool pprof` shows it by default.
+    #[test]
+    fn a_heap_pprof_file_folds_by_its_bytes_in_use() {
+        let profile = crate::writers::tests::leaky_example();
+        let decoded = pprof::encode(&profile);
+        assert_eq!(
+            decoded.string_table[decoded.sample_type[default_value(&decoded)].r#type as usize],
+            "inuse_space"
+        );
+        let weighting = Weighting {
+            value: profile.value_index(crate::heap::LEAKED_BYTES).unwrap(),
+            line_numbers: false,
+        };
+        let mut folded = Vec::new();
+        crate::writers::folded::write(&profile, weighting, &mut folded).unwrap();
+        let folded = String::from_utf8(folded).unwrap();
+        assert_eq!(fold_pprof(&decoded), folded);
+        assert!(
+            folded.contains("main;leak_site;malloc 151950\n"),
+            "{folded}"
+        );
+        // Without a default sample type, pprof shows the last.
+        let mut without_default = decoded;
+        without_default.default_sample_type = 0;
+        assert_eq!(
+            default_value(&without_default),
+            without_default.sample_type.len() - 1
+        );
     }
 
     #[test]

@@ -46,6 +46,12 @@ pub fn is_bucket(kind: &str) -> bool {
     kind.starts_with(SIZE_BUCKET) || kind.starts_with(LIFETIME_BUCKET)
 }
 
+/// Whether a value type is one of a heap sample's ([`value_types`]), rather than one of
+/// another probe's in the same session.
+pub fn is_heap_value(kind: &str) -> bool {
+    is_bucket(kind) || COUNTERS.iter().any(|&(counter, _)| counter == kind)
+}
+
 /// The value types of a heap sample, in order: counters, then the size histogram's
 /// buckets, then the lifetime histogram's.
 pub fn value_types() -> Vec<ValueType> {
@@ -77,6 +83,21 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// Every metric, in the order of their value types.
+    pub const ALL: [Metric; 6] = [
+        Metric::Allocs,
+        Metric::Bytes,
+        Metric::LeakedBlocks,
+        Metric::LeakedBytes,
+        Metric::Temporaries,
+        Metric::PeakBytes,
+    ];
+
+    /// The metric that weighs by value type `kind`, if one does.
+    pub fn of_kind(kind: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.value_kind() == kind)
+    }
+
     /// The value type it weighs by.
     pub fn value_kind(self) -> &'static str {
         match self {
@@ -132,16 +153,12 @@ mod tests {
     #[test]
     fn every_metric_has_a_value_type() {
         let kinds: Vec<String> = value_types().into_iter().map(|t| t.kind).collect();
-        for metric in [
-            Metric::Allocs,
-            Metric::Bytes,
-            Metric::LeakedBlocks,
-            Metric::LeakedBytes,
-            Metric::PeakBytes,
-            Metric::Temporaries,
-        ] {
+        for metric in Metric::ALL {
             assert!(kinds.iter().any(|k| k == metric.value_kind()), "{metric:?}");
+            assert_eq!(Metric::of_kind(metric.value_kind()), Some(metric));
         }
         assert_eq!(kinds.len(), COUNTERS.len() + 2 * BUCKETS);
+        assert!(kinds.iter().all(|kind| is_heap_value(kind)));
+        assert!(!is_heap_value("samples") && !is_heap_value("cpu"));
     }
 }

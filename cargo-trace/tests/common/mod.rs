@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
+pub mod go_pprof;
+
 /// Whether the tests that load BPF programs can run; prints why not when they can't.
 /// CI runs as root, where they always run: under `CI=true` a missing root fails the test.
 pub fn bpf_available(test: &str) -> bool {

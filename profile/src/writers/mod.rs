@@ -361,6 +361,157 @@ pub(crate) mod tests {
         profile
     }
 
+    /// One heap site of [`leaky_example`]: its counts, the bit lengths of its blocks'
+    /// sizes with how many of each, and the same of the lifetimes of those freed.
+    struct HeapSite {
+        allocs: i64,
+        bytes: i64,
+        frees: i64,
+        freed_bytes: i64,
+        temporaries: i64,
+        peak_bytes: i64,
+        leaked_age_us: i64,
+        sizes: &'static [(usize, i64)],
+        lifetimes: &'static [(usize, i64)],
+    }
+
+    /// A heap profile of a program and the child it started: the program's `leak_site`
+    /// allocates 200 blocks of 1013 bytes and frees 50, its `churn` 1000 blocks of 64
+    /// bytes, 990 of them temporaries, all freed; the child's `mixed_sizes` 10 blocks of
+    /// 16 bytes, all freed, and 2 of 4096, both leaked.
+    pub(crate) fn leaky_example() -> Profile {
+        use crate::heap::{self, *};
+        use crate::{HeapProcess, HeapTotals};
+        let location = |address, mapping, function: &str| Location {
+            address,
+            mapping: Some(mapping),
+            frames: vec![frame(function, Some("src/main.c"), None)],
+            kernel: false,
+        };
+        let locations = vec![
+            location(0x7fff_f7e9_0100, 1, "malloc"),
+            location(0x5555_5555_1100, 0, "leak_site"),
+            location(0x5555_5555_1200, 0, "churn"),
+            location(0x5555_5555_1300, 0, "mixed_sizes"),
+            location(0x5555_5555_1400, 0, "main"),
+            location(0x7fff_f7e2_9d90, 1, "__libc_start_call_main"),
+        ];
+        let value_types = heap::value_types();
+        let index = |kind: &str| value_types.iter().position(|t| t.kind == kind).unwrap();
+        let sample = |pid, site: usize, s: HeapSite| {
+            let mut values = vec![0; value_types.len()];
+            let leaked = s.allocs - s.frees;
+            for (kind, value) in [
+                (ALLOCS, s.allocs),
+                (ALLOC_SPACE, s.bytes),
+                (FREES, s.frees),
+                (FREED_SPACE, s.freed_bytes),
+                (LEAKED_BLOCKS, leaked),
+                (LEAKED_BYTES, s.bytes - s.freed_bytes),
+                (TEMPORARIES, s.temporaries),
+                (PEAK_BYTES, s.peak_bytes),
+                (LEAKED_AGE, s.leaked_age_us),
+            ] {
+                values[index(kind)] = value;
+            }
+            for &(k, n) in s.sizes {
+                values[index(&format!("{SIZE_BUCKET}{k}"))] = n;
+            }
+            for &(k, n) in s.lifetimes {
+                values[index(&format!("{LIFETIME_BUCKET}{k}"))] = n;
+            }
+            Sample {
+                probe: 0,
+                pid,
+                stack: vec![0, site, 4, 5],
+                truncated: None,
+                values,
+            }
+        };
+        let samples = vec![
+            sample(
+                42,
+                1,
+                HeapSite {
+                    allocs: 200,
+                    bytes: 200 * 1013,
+                    frees: 50,
+                    freed_bytes: 50 * 1013,
+                    temporaries: 0,
+                    peak_bytes: 200 * 1013,
+                    leaked_age_us: 150 * 1_200_000,
+                    sizes: &[(10, 200)],
+                    lifetimes: &[(30, 50)],
+                },
+            ),
+            sample(
+                42,
+                2,
+                HeapSite {
+                    allocs: 1000,
+                    bytes: 64_000,
+                    frees: 1000,
+                    freed_bytes: 64_000,
+                    temporaries: 990,
+                    peak_bytes: 640,
+                    leaked_age_us: 0,
+                    sizes: &[(7, 1000)],
+                    lifetimes: &[(10, 990), (21, 10)],
+                },
+            ),
+            sample(
+                43,
+                3,
+                HeapSite {
+                    allocs: 12,
+                    bytes: 10 * 16 + 2 * 4096,
+                    frees: 10,
+                    freed_bytes: 160,
+                    temporaries: 0,
+                    peak_bytes: 8352,
+                    leaked_age_us: 2 * 300_000,
+                    sizes: &[(5, 10), (13, 2)],
+                    lifetimes: &[(25, 10)],
+                },
+            ),
+        ];
+        let process = |pid, allocs, bytes, frees, freed_bytes, peak_bytes| HeapProcess {
+            probe: 0,
+            pid,
+            allocs,
+            bytes,
+            frees,
+            freed_bytes,
+            live_bytes: bytes as i64 - freed_bytes as i64,
+            peak_bytes,
+            unknown_frees: 0,
+        };
+        let mut profile = example();
+        Profile {
+            value_types,
+            probes: vec!["alloc".into()],
+            samples,
+            locations,
+            heap: Some(HeapTotals {
+                processes: vec![
+                    process(42, 1200, 266_600, 1050, 114_650, 203_240),
+                    process(43, 12, 8352, 10, 160, 8352),
+                ],
+                temporary_threshold: Duration::from_millis(1),
+                ..HeapTotals::default()
+            }),
+            summary: Summary::default(),
+            metadata: Metadata {
+                command: Some(vec!["./leaky".into()]),
+                executable: Some("/work/demo".into()),
+                period: None,
+                timeline: Vec::new(),
+                ..std::mem::take(&mut profile.metadata)
+            },
+            ..profile
+        }
+    }
+
     /// Compares `actual` with the golden file `name`, or rewrites it with `UPDATE_GOLDEN=1`.
     pub(crate) fn golden(name: &str, actual: &[u8]) {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
