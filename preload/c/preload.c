@@ -266,6 +266,7 @@ __attribute__((constructor)) static void preload_init(void)
 {
 	if (!next.malloc)
 		resolve();
+	record_image_started();
 	const char *value = getenv("CARGO_TRACE_FREE_LOG");
 	logging = value && value[0] == '1' && pthread_key_create(&exit_key, tell_at_exit) == 0;
 	if (logging)

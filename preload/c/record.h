@@ -113,6 +113,10 @@ struct thread {
 
 #define THREAD_BYTES ((sizeof(struct thread) + 4095) & ~4095UL)
 
+/* This process is a forked child that has not exec'd (its connection is not an
+ * image's). */
+static int forked_image;
+
 /* The process's connection and region (reset in a forked child). */
 static struct {
 	int state; /* enum conn_state */
@@ -329,6 +333,7 @@ static int connect_now(void)
 		.version = CTP_VERSION,
 		.pid = conn.pid,
 		.region_bytes = bytes,
+		.flags = forked_image ? CTP_HELLO_FORKED : 0,
 	};
 	char control[CMSG_SPACE(sizeof(int))];
 	memset(control, 0, sizeof(control));
@@ -1004,6 +1009,7 @@ static void record_forked_child(void)
 {
 	if (!recording_mode)
 		return;
+	forked_image = 1;
 	if (conn.state == CONN_UP) {
 		close(conn.fd);
 		conn.state = CONN_NONE;
@@ -1033,4 +1039,12 @@ static void record_init(void)
 		return;
 	pthread_atfork(NULL, NULL, record_forked_child);
 	recording_mode = 1;
+}
+
+/* A process image connects at its start, whether it allocates or not: cargo-trace
+ * tells an image that ran without the library by its silence. */
+static void record_image_started(void)
+{
+	if (recording_mode)
+		ensure_connected();
 }

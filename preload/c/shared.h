@@ -32,7 +32,7 @@
 
 enum ctp_limits {
 	CTP_MAGIC = 0x52505443, /* "CTPR" */
-	CTP_VERSION = 1,
+	CTP_VERSION = 2,
 	CTP_MAX_FRAMES = 512,
 	CTP_RINGS = 256,
 	CTP_RING_EVENTS = 4096,
@@ -245,6 +245,15 @@ struct ctp_msg_hello {
 	uint32_t version;
 	uint32_t pid;
 	uint64_t region_bytes;
+	uint32_t flags; /* enum ctp_hello_flags */
+	uint32_t pad;
+};
+
+/* Where a connection comes from. CTP_HELLO_FORKED: a forked child of a process
+ * that recorded, before any exec, not a process image of its own (an image
+ * connects at its start). */
+enum ctp_hello_flags {
+	CTP_HELLO_FORKED = 1,
 };
 
 /* What the library records (bpf_prog::AllocOptions that apply in-process). */

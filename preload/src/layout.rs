@@ -380,6 +380,8 @@ pub struct MsgHello {
     pub version: u32,
     pub pid: u32,
     pub region_bytes: u64,
+    pub flags: u32,
+    pub pad: u32,
 }
 mirror!(
     MsgHello = ctp_msg_hello {
@@ -387,9 +389,14 @@ mirror!(
         kind: u32,
         version: u32,
         pid: u32,
-        region_bytes: u64
+        region_bytes: u64,
+        flags: u32,
+        pad: u32
     }
 );
+
+/// `CTP_HELLO_FORKED`: a forked child's connection, not a process image's.
+pub const HELLO_FORKED: u32 = c::CTP_HELLO_FORKED as u32;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

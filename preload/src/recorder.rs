@@ -322,6 +322,8 @@ struct Resizing {
 /// One process image's region.
 struct RegionReader {
     pid: u32,
+    /// Made at a process image's start (not by a forked child before its exec).
+    image: bool,
     map: Option<Shared>,
     /// Its connection is gone (the process exited or exec'd).
     closed: bool,
@@ -446,9 +448,15 @@ impl Recorder {
         &self.options
     }
 
-    /// Takes the region process `pid` sent with its hello; its index for
+    /// Takes the region process `pid` sent with its hello (`image`: at a process
+    /// image's start, not in a forked child before its exec); its index for
     /// [`Recorder::close`].
-    pub(crate) fn add_region(&mut self, pid: u32, fd: &OwnedFd) -> Result<usize, RegionError> {
+    pub(crate) fn add_region(
+        &mut self,
+        pid: u32,
+        fd: &OwnedFd,
+        image: bool,
+    ) -> Result<usize, RegionError> {
         let found = sys::file_len(fd).map_err(|source| RegionError::Map { pid, source })?;
         if found != region::BYTES as u64 {
             return Err(RegionError::Size {
@@ -461,6 +469,7 @@ impl Recorder {
             .map_err(|source| RegionError::Map { pid, source })?;
         self.regions.push(RegionReader {
             pid,
+            image,
             map: Some(map),
             closed: false,
             cursors: vec![0; RINGS],
@@ -512,6 +521,16 @@ impl Recorder {
     /// Processes (regions) that connected so far.
     pub fn regions(&self) -> usize {
         self.regions.len()
+    }
+
+    /// The pid of every process image that connected so far (a pid that exec'd twice
+    /// with the library is there twice).
+    pub fn images(&self) -> Vec<u32> {
+        self.regions
+            .iter()
+            .filter(|r| r.image)
+            .map(|r| r.pid)
+            .collect()
     }
 
     fn drain(&mut self, index: usize) {

@@ -321,7 +321,8 @@ impl Server {
                 if hello.magic != layout::MAGIC || hello.version != layout::VERSION {
                     return Ok(false);
                 }
-                let region = match recorder.add_region(pid, &fd) {
+                let image = hello.flags & layout::HELLO_FORKED == 0;
+                let region = match recorder.add_region(pid, &fd, image) {
                     Ok(region) => region,
                     Err(_) => return Ok(false),
                 };

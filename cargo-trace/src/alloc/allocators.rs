@@ -153,13 +153,10 @@ pub struct AllocFunction {
 
 /// The functions to probe for `allocator` in process `pid`. `prefix` (`--alloc-prefix`)
 /// names the malloc API with a prefix in the executable, or in the library named.
-/// `preload`: the preloaded library, which process `pid` maps, whose sites take the place
-/// of libc's functions ([`super::preload`]).
 pub fn resolve(
     allocator: &Allocator,
     prefix: Option<&str>,
     pid: u32,
-    preload: Option<&Path>,
 ) -> Result<Vec<AllocFunction>> {
     let mut finder = Finder {
         pid,
@@ -175,9 +172,9 @@ pub fn resolve(
                 finder.add_executables_own()?;
                 finder.add_mapped_libraries()?;
             }
-            finder.add_libc(preload)?;
+            finder.add_libc()?;
         }
-        Allocator::Libc => finder.add_libc(preload)?,
+        Allocator::Libc => finder.add_libc()?,
         Allocator::Jemalloc => {
             let prefixes: Vec<&str> = match prefix {
                 Some(prefix) => vec![prefix],
@@ -228,7 +225,7 @@ pub fn resolve(
     // two probes on one instruction would count each call twice.
     let mut seen = HashSet::new();
     found.retain(|f| seen.insert((f.target.path.clone(), f.target.file_offset)));
-    move_to_emulated_instructions(&mut found, preload)?;
+    move_to_emulated_instructions(&mut found)?;
     Ok(found)
 }
 
@@ -238,16 +235,10 @@ pub fn resolve(
 /// kernel single-steps, which made a traced malloc/free pair 5 times as costly as
 /// glibc's; the mimalloc crate's `mi_malloc_aligned` moves its size to rsi on the way to
 /// its tail call, where [`AllocKind::SizeArg1`] reads it.
-/// The preloaded library's sites stay where they are: their first instruction is a
-/// one-byte nop, which the kernel emulates.
-fn move_to_emulated_instructions(
-    found: &mut [AllocFunction],
-    preload: Option<&Path>,
-) -> Result<()> {
+fn move_to_emulated_instructions(found: &mut [AllocFunction]) -> Result<()> {
     let mut paths: Vec<std::path::PathBuf> = found.iter().map(|f| f.target.path.clone()).collect();
     paths.sort();
     paths.dedup();
-    paths.retain(|path| Some(path.as_path()) != preload);
     for path in paths {
         let mine: Vec<&mut AllocFunction> =
             found.iter_mut().filter(|f| f.target.path == path).collect();
@@ -309,14 +300,8 @@ impl Finder {
         Ok(())
     }
 
-    /// libc's malloc API and mmap, or the preloaded library's sites in their place. Not
-    /// where an allocator found before replaces malloc: the library's wrappers call that
-    /// one, which is probed itself.
-    fn add_libc(&mut self, preload: Option<&Path>) -> Result<()> {
-        let replaced = self.found.iter().any(|f| f.target.symbol == "malloc");
-        if let (Some(path), false) = (preload, replaced) {
-            return self.add_api(Some(&path.display().to_string()), "", super::preload::SITES);
-        }
+    /// libc's malloc API and mmap.
+    fn add_libc(&mut self) -> Result<()> {
         self.add_api(Some("libc"), "", MALLOC_API)?;
         self.add_api(Some("libc"), "", MMAP_API)
     }
@@ -526,7 +511,7 @@ mod tests {
     #[test]
     fn libc_functions_are_found_once_each() {
         let pid = std::process::id();
-        let found = resolve(&Allocator::Libc, None, pid, None).unwrap();
+        let found = resolve(&Allocator::Libc, None, pid).unwrap();
         let symbols: Vec<&str> = found.iter().map(|f| f.target.symbol.as_str()).collect();
         for name in ["malloc", "calloc", "realloc", "free", "posix_memalign"] {
             assert!(symbols.contains(&name), "{name} not in {symbols:?}");

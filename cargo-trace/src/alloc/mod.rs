@@ -11,7 +11,6 @@
 //! came from.
 
 pub mod allocators;
-pub mod preload;
 
 use anyhow::{Context, Result};
 use bpf_prog::{alloc_cookie, AllocKind, EventProgram, Tracer};
@@ -28,29 +27,6 @@ pub const PROGRAMS: [EventProgram; 5] = [
     EventProgram::Free,
     EventProgram::FreeArg1,
 ];
-
-/// The programs of the preloaded library's sites ([`preload`]), loaded besides when the
-/// target runs with it, and those that take a thread's logged frees at its exit and, where
-/// the kernel has the tracepoint, at its exec.
-pub fn preload_programs() -> Vec<EventProgram> {
-    let mut programs = vec![
-        EventProgram::PreloadAlloc,
-        EventProgram::PreloadResize,
-        EventProgram::PreloadResized,
-        EventProgram::PreloadFreed,
-        EventProgram::PreloadLog,
-        EventProgram::ThreadExit,
-    ];
-    programs.extend(thread_exec_program());
-    programs
-}
-
-/// [`EventProgram::ThreadExec`], if the kernel has its tracepoint (asked once).
-fn thread_exec_program() -> Option<EventProgram> {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    HAS.get_or_init(|| bpf_prog::kernel_has_btf_tracepoint("sched_prepare_exec"))
-        .then_some(EventProgram::ThreadExec)
-}
 
 /// An `alloc[:ALLOCATOR]` probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,13 +71,8 @@ impl AllocProbe {
         pid: u32,
         fire: Fire<'_>,
         probe_id: u32,
-        preload: Option<&preload::Preload>,
     ) -> Result<Vec<Attachment>> {
-        let preload = preload
-            .filter(|p| self.wants_preload(heap) && p.mapped_in(pid))
-            .map(preload::Preload::path);
-        let functions =
-            allocators::resolve(&self.allocator, heap.alloc_prefix.as_deref(), pid, preload)?;
+        let functions = allocators::resolve(&self.allocator, heap.alloc_prefix.as_deref(), pid)?;
         // Functions of a kind share their programs and cookie: attached together (bound
         // to processes, they are one event of the kernel's, attached and detached at once).
         let mut by_kind: Vec<(AllocKind, Vec<UprobeTarget>)> = Vec::new();
@@ -112,17 +83,6 @@ impl AllocProbe {
             }
         }
         let mut links = Vec::new();
-        if preload.is_some() {
-            // Where threads' logged frees are told at their exit and exec: everywhere,
-            // the programs ask only threads whose log a site registered.
-            for program in std::iter::once(EventProgram::ThreadExit).chain(thread_exec_program()) {
-                let link = tracer
-                    .program(program)
-                    .attach()
-                    .with_context(|| format!("attaching {}", program.name()))?;
-                links.push(Attachment::from(link));
-            }
-        }
         for (kind, targets) in &by_kind {
             let cookie = alloc_cookie(probe_id, *kind);
             for &(program, retprobe) in kind.programs() {

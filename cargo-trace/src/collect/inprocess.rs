@@ -18,6 +18,7 @@ use preload::{Recorder, Server, SourceMapping, TableError, TableSource};
 use unwind_tables::walk::WalkEnd;
 use unwind_tables::CompactTable;
 
+use super::execs::{Exec, ExecWatch};
 use crate::collect::{
     Collected, Collector, Estimated, HeapCollected, HeapCount, HeapNow, HeapStats, Target,
     UserFrame, UserStack, Walks, When,
@@ -112,6 +113,8 @@ pub struct InProcessCollector {
     target: Option<u32>,
     /// Report what recording cost (`--bpf-stats`).
     report_cost: bool,
+    /// The images the target's tree execs, to name those that ran without the library.
+    execs: Option<ExecWatch>,
 }
 
 impl InProcessCollector {
@@ -148,6 +151,7 @@ impl InProcessCollector {
             heap: heap.clone(),
             target: None,
             report_cost,
+            execs: ExecWatch::start(),
         })
     }
 
@@ -207,6 +211,9 @@ impl Collector for InProcessCollector {
 
     fn attach(&mut self, target: Target) -> Result<()> {
         self.target = Some(target.pid);
+        if let Some(execs) = &self.execs {
+            execs.follow(target.pid);
+        }
         Ok(())
     }
 
@@ -221,6 +228,9 @@ impl Collector for InProcessCollector {
 
     fn stop(&mut self) {
         self.stop_serving();
+        if let Some(warning) = self.without_library() {
+            eprintln!("cargo-trace: warning: {warning}");
+        }
         // Closed: a process still running finds its connection gone and records no more.
         self.state().server = None;
     }
@@ -344,6 +354,39 @@ impl Collector for InProcessCollector {
 impl Drop for InProcessCollector {
     fn drop(&mut self) {
         self.stop_serving();
+    }
+}
+
+impl InProcessCollector {
+    /// The one line that names the processes that ran without the library, if any did:
+    /// the dynamically linked images the target's tree exec'd, past those of each pid
+    /// that connected.
+    fn without_library(&self) -> Option<String> {
+        let execs = self.execs.as_ref()?.execs();
+        let mut connected: HashMap<u32, usize> = HashMap::new();
+        for pid in self.state().recorder.images() {
+            *connected.entry(pid).or_default() += 1;
+        }
+        let mut seen: HashMap<u32, usize> = HashMap::new();
+        let missing: Vec<&Exec> = execs
+            .iter()
+            .filter(|exec| {
+                let nth = seen.entry(exec.pid).or_default();
+                *nth += 1;
+                exec.dynamic && *nth > connected.get(&exec.pid).copied().unwrap_or(0)
+            })
+            .collect();
+        let first = missing.first()?;
+        let processes = match missing.len() {
+            1 => "1 process".to_string(),
+            n => format!("{n} processes, the first"),
+        };
+        Some(format!(
+            "{processes} (pid {}: {}) ran without cargo-trace's preloaded library (its \
+             environment dropped LD_PRELOAD, or it is setuid): its heap is not counted; \
+             --no-preload probes libc itself in every process",
+            first.pid, first.command
+        ))
     }
 }
 

@@ -23,6 +23,7 @@
 //! ```
 
 pub mod bpf;
+mod execs;
 pub mod inprocess;
 
 use std::collections::HashMap;

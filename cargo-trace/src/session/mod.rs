@@ -129,7 +129,6 @@ fn collectors(
             settings,
             probes.to_vec(),
             in_process.is_none(),
-            argv.is_some(),
             tables.clone(),
         )?));
     }

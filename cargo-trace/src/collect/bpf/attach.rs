@@ -6,7 +6,6 @@ use anyhow::Result;
 use bpf_prog::Tracer;
 use probes::{Attachment, Fire, UprobeGroup};
 
-use crate::alloc::preload::Preload;
 use crate::probe::{event_program, Probe, ProbeKind};
 use crate::settings::HeapSettings;
 
@@ -75,7 +74,6 @@ pub fn attach_all(
     heap: Option<&HeapSettings>,
     pid: u32,
     plan: &AttachPlan,
-    preload: Option<&Preload>,
 ) -> Result<(Vec<Attachment>, Pending)> {
     let mut links = Vec::new();
     let mut pending = Pending {
@@ -91,7 +89,7 @@ pub fn attach_all(
             };
             let target = [pid];
             let fire = plan.scope.fire(pid, &target);
-            links.extend(alloc.attach(tracer, heap, pid, fire, index as u32, preload)?);
+            links.extend(alloc.attach(tracer, heap, pid, fire, index as u32)?);
             continue;
         }
         match attach_one(tracer, probe, index, pid, plan, &[pid]) {

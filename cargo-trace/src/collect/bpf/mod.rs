@@ -4,9 +4,8 @@
 //!
 //! It owns what only it needs: the loaded programs ([`Tracer`]), the links of the
 //! attached probes and those waiting for a library ([`attach`]), the following of the
-//! target's children ([`children`]), the processes that exited ([`exited`]), the guard
-//! that resumes held processes should cargo-trace die, and, for a launched heap target,
-//! the preloaded library whose sites its heap programs probe.
+//! target's children ([`children`]), the processes that exited ([`exited`]), and the guard
+//! that resumes held processes should cargo-trace die.
 
 mod attach;
 mod children;
@@ -20,7 +19,6 @@ use anyhow::{Context, Result};
 use bpf_prog::{AllocOptions, EventProgram, Options, TableId, Tracer};
 use probes::Attachment;
 
-use crate::alloc::preload::{self, Preload};
 use crate::collect::{Collected, Collector, HeapCount, HeapNow, Target, When};
 use crate::guard::Guard;
 use crate::probe::{event_program, Probe, ProbeKind};
@@ -58,9 +56,6 @@ pub struct BpfCollector {
     plan: AttachPlan,
     /// Resumes the processes held stopped, should cargo-trace die without doing so.
     guard: Option<Guard>,
-    /// The heap profiler's preloaded library, when the target is launched with it, and
-    /// the processes that ran without it.
-    preload: Option<(Preload, preload::Missing)>,
     /// BPF run-time statistics, enabled for the session (`--bpf-stats`).
     stats: Option<std::os::fd::OwnedFd>,
     bpf_stats: bool,
@@ -71,21 +66,15 @@ pub struct BpfCollector {
 
 impl BpfCollector {
     /// Loads the programs the probes need (the verifier runs now) and forks the guard.
-    /// `launching`: the target will be launched (not attached with `-p`); `takes_heap`:
-    /// it counts the heap probes (else they are left to another collector).
+    /// `takes_heap`: it counts the heap probes (else they are left to another collector).
     pub fn load(
         settings: &Settings,
         probes: Vec<Probe>,
         takes_heap: bool,
-        launching: bool,
         tables: SharedTables,
     ) -> Result<BpfCollector> {
         let follow = settings.follow_forks;
         let taken = |probe: &&Probe| takes_heap || !probe.is_heap();
-        let preload = match launching && takes_heap && wants_preload(&probes, &settings.heap) {
-            true => Some(Preload::write()?),
-            false => None,
-        };
         let heap_probes = probes.iter().filter(taken).filter(|p| p.is_heap()).count();
         let heap_probes = u32::try_from(heap_probes.max(1)).unwrap_or(u32::MAX);
         let capacities = &settings.capacities;
@@ -94,7 +83,7 @@ impl BpfCollector {
             // still keeps the processes it follows (those past a full pid filter are
             // not).
             filter_uprobes: follow,
-            programs: programs_for(probes.iter().filter(taken), preload.is_some()),
+            programs: programs_for(probes.iter().filter(taken)),
             // The heap's totals are per process and alloc probe.
             alloc: AllocOptions {
                 max_processes: capacities.max_processes.saturating_mul(heap_probes),
@@ -147,7 +136,6 @@ impl BpfCollector {
                 unsafe_addresses: settings.unsafe_addresses,
             },
             guard: Some(guard),
-            preload: preload.map(|preload| (preload, preload::Missing::default())),
             stats: None,
             bpf_stats: settings.bpf_stats,
             processes: 1,
@@ -199,15 +187,6 @@ impl BpfCollector {
 }
 
 impl Collector for BpfCollector {
-    fn environment(&self) -> Vec<(&'static str, std::ffi::OsString)> {
-        match &self.preload {
-            Some((preload, _)) => {
-                preload.environment(std::env::var_os("LD_PRELOAD"), !self.heap.sampling())
-            }
-            None => Vec::new(),
-        }
-    }
-
     fn attach(&mut self, target: Target) -> Result<()> {
         let pid = target.pid;
         self.target = Some(pid);
@@ -217,14 +196,12 @@ impl Collector for BpfCollector {
         self.tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
-        let preload = self.preload.as_ref().map(|(preload, _)| preload);
         let (links, pending) = attach::attach_all(
             &self.tracer,
             &self.probes,
             self.takes_heap.then_some(&self.heap),
             pid,
             &self.plan,
-            preload,
         )?;
         self.links = links;
         self.pending = Some(pending);
@@ -256,20 +233,12 @@ impl Collector for BpfCollector {
             // Wakes up as soon as a child stops at its start.
             Some(children) => {
                 children.poll(timeout);
-                let (links, pending, probes, preload) = (
-                    &mut self.links,
-                    &mut self.pending,
-                    &self.probes,
-                    &mut self.preload,
-                );
+                let (links, pending, probes) = (&mut self.links, &mut self.pending, &self.probes);
                 let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
                 let mut tables = self.tables.lock();
                 children.register_started(&mut store, &mut tables, |tracer, pid| {
                     if let Some(pending) = pending {
                         pending.attach_in(tracer, probes, pid, links);
-                    }
-                    if let Some((preload, missing)) = preload {
-                        missing.check(preload, pid);
                     }
                 });
             }
@@ -296,9 +265,6 @@ impl Collector for BpfCollector {
     }
 
     fn stop(&mut self) {
-        if let Some(warning) = self.preload.as_ref().and_then(|(_, m)| m.warning()) {
-            eprintln!("cargo-trace: warning: {warning}");
-        }
         // Teardown in order: no probe fires and no child stops any more, every child
         // held stopped is resumed; only then is the guard told it has nothing to do.
         probes::detach(std::mem::take(&mut self.links), |count| {
@@ -412,29 +378,14 @@ fn alloc_options(heap: &HeapSettings) -> AllocOptions {
 }
 
 /// The event programs the probes attach (the others are not loaded: the verifier's time
-/// is most of a session's start). `preload`: with the preloaded library's programs.
+/// is most of a session's start).
 fn programs_for<'a>(
     probes: impl Iterator<Item = &'a Probe>,
-    preload: bool,
 ) -> std::collections::BTreeSet<EventProgram> {
     probes
         .flat_map(|probe| match &probe.kind {
             ProbeKind::Event(spec) => vec![event_program(spec.program_kind())],
-            ProbeKind::Heap(_) if preload => [
-                &crate::alloc::PROGRAMS[..],
-                &crate::alloc::preload_programs()[..],
-            ]
-            .concat(),
             ProbeKind::Heap(_) => crate::alloc::PROGRAMS.to_vec(),
         })
         .collect()
-}
-
-/// Whether a launched target runs with the preloaded library: a heap probe would take
-/// its sites for libc's functions.
-fn wants_preload(probes: &[Probe], heap: &HeapSettings) -> bool {
-    probes.iter().any(|probe| match &probe.kind {
-        ProbeKind::Heap(alloc) => alloc.wants_preload(heap),
-        ProbeKind::Event(_) => false,
-    })
 }
