@@ -854,3 +854,78 @@ fn under_sudo_the_crate_is_built_as_the_user() {
     let svg = std::fs::metadata(&svg).unwrap();
     assert_eq!(svg.uid(), user.uid, "the flamegraph is root's");
 }
+
+/// The attack on the heap profiler's preloaded library: root runs `cargo trace alloc`
+/// with `TMPDIR` in a directory an unprivileged user owns; for the whole run that user
+/// renames away whatever cargo-trace makes there or under `/run/cargo-trace` and puts a
+/// library of its own (whose constructor marks that it ran) in its place, under the
+/// library's name. The target's `ls` must run, and the planted library never.
+#[test]
+fn a_planted_preload_library_never_runs() {
+    if !bpf_available("a planted preload library") {
+        return;
+    }
+    let scratch = Scratch::new("planted-preload");
+    let tmp = attacker_dir(&scratch, "tmp");
+    let marker = scratch.path("the-planted-library-ran");
+    // The attacker's library, built by the test: its constructor writes the marker.
+    let source = scratch.path("planted.c");
+    std::fs::write(
+        &source,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void planted(void)\n\
+             {{ FILE *f = fopen(\"{}\", \"w\"); if (f) fclose(f); }}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let planted = scratch.path("libcargo-trace-preload.so");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&planted)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(built.success(), "building the planted library");
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // For 4 s: every directory the attacker can see made by cargo-trace, in its TMPDIR
+    // or under /run/cargo-trace, is renamed away and replaced by one holding the planted
+    // library under every name the real one could have.
+    let attack = r#"
+        my ($tmp, $planted) = @ARGV;
+        my $end = time + 4;
+        my %replaced;
+        while (time < $end) {
+            for my $dir (glob("$tmp/*"), glob("/run/cargo-trace/*")) {
+                next if $dir =~ /\.moved$/ || $replaced{$dir};
+                rename($dir, "$dir.moved") or next;
+                mkdir($dir) or next;
+                $replaced{$dir} = 1;
+                system("cp", $planted, "$dir/libcargo-trace-preload.so");
+            }
+            select(undef, undef, undef, 0.01);
+        }
+    "#;
+    let planted_path = planted.display().to_string();
+    let tmp_path = tmp.display().to_string();
+    let attacker_thread = std::thread::spawn(move || {
+        as_attacker(attack, &[&tmp_path, &planted_path]);
+    });
+    let mut command = cargo_trace(&["alloc", "-c", "sh -c 'sleep 2; ls /'", "--no-svg", "-q"]);
+    command.env("TMPDIR", &tmp);
+    let output = run(command, "alloc under an attacker's TMPDIR");
+    attacker_thread.join().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        listed.lines().any(|line| line == "usr"),
+        "ls did not run: {listed}"
+    );
+    assert!(!marker.exists(), "the planted library ran as root");
+    // cargo-trace made nothing in the attacker's directory.
+    let left: Vec<String> = listing(&tmp)
+        .into_iter()
+        .filter(|name| !name.ends_with(".moved"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "made in TMPDIR");
+}
