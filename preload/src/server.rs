@@ -75,6 +75,28 @@ pub struct Server {
     _dir: PrivateDir,
 }
 
+/// Removes the directories of sessions whose process is gone (killed before its
+/// `Drop` ran): each is named after the pid that made it.
+fn remove_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("heap-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The session's directory, removed with what it holds when the server goes.
 struct PrivateDir(PathBuf);
 
@@ -152,9 +174,10 @@ impl Server {
     /// empty tables memfd.
     pub fn new() -> Result<Server, Error> {
         let base = private_base()?;
+        remove_stale(&base);
         let dir = loop {
             let name = sys::random_name().map_err(Error::Socket)?;
-            let dir = base.join(format!("heap-{name}"));
+            let dir = base.join(format!("heap-{}-{name}", std::process::id()));
             match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
                 Ok(()) => break PrivateDir(dir),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
