@@ -1,61 +1,143 @@
-//! What `cargo trace alloc` costs per malloc/free pair, against the same program
-//! untraced, under heaptrack (LD_PRELOAD, unwinding in the process) and under the plain
-//! `uprobe:libc:malloc` counting probe, all in one benchmark run.
+//! What `cargo trace alloc` costs per malloc/free pair in steady state, against the same
+//! program untraced and under heaptrack (LD_PRELOAD, unwinding in the process), all in
+//! the same rounds.
 //!
 //! The `heap_storm` fixture makes N malloc(48)/free pairs at the bottom of a chain of
-//! DEPTH frames (C, -O2, no frame pointers) and times its own loop, so start-up and
-//! reports stay out of the figures. Each round runs the four ways one after the other
-//! (untraced first), at a shallow (10 frames) and a deep (60 frames) stack; the median
-//! of the rounds is printed with their range, and the µs added per pair against the
-//! untraced run of the same round.
+//! DEPTH frames (C, -O2, no frame pointers). A profiler's start-up and its work at the
+//! end (heaptrack's interpreter starting, cargo-trace's verifier or its report) hide
+//! inside a short run: per pair, heaptrack falls from 1.7 µs at 100 k pairs to 0.24 µs at
+//! 3 M on these machines. So every way runs at two sizes, N1 and N2 pairs, and a pair's
+//! cost is the slope of the whole run's wall time between them (start to the end of the
+//! profiler's own processing), less the untraced run's slope: the steady state. Each
+//! round runs every way at both sizes one after the other, at a shallow (10 frames) and a
+//! deep (60 frames) stack; the median of the rounds is printed with their range, and the
+//! ratio to heaptrack's added time of the same round.
 //!
-//! `alloc` runs the storm with the preloaded library (`src/alloc/preload.rs`): one
-//! breakpoint per pair, at the site after malloc, which also tells the free logged
-//! before it; `alloc --no-preload` probes libc's malloc (entry and return) and free,
-//! three events per pair: both are ways of each round.
+//! The ways: `alloc` (the default for a launched target: the preloaded library records
+//! each call in the process, walking the stack itself from the session's unwind tables,
+//! no kernel event), `alloc --no-preload` (libc's functions probed, the stack walked by
+//! the BPF programs at each call), and heaptrack.
 //!
-//! Where the time goes: one more `alloc` run with `--bpf-stats` gives the BPF time per
-//! run of each heap program (the site after malloc tells the logged free, walks the
-//! stack and tracks the block). `alloc --sample-every 1000` is a way of each round
-//! too, and one more run of it with `--bpf-stats` gives the BPF time of an event that
-//! is not sampled (the programs' mean per run, the one sampled call in 1000 included).
-//! Sampled, the library logs no frees (the kernel leaves most out as they come): its
-//! programs do next to nothing, and its added time less their BPF time is the kernel's
-//! share of a pair, the breakpoints at the library's two sites.
+//! Where a pair's time goes: one more `alloc` run with `--bpf-stats` prints the library's
+//! counters (walks, memo answers, ns per frame walked and per memo answer, waits for a
+//! full ring), and the fixture's own loop time (`loop_ns`, the time inside the program's
+//! loop: the library's share) is printed beside the whole run's.
 //!
 //! Then the same storm in a Rust program whose global allocator is tikv-jemallocator or
-//! the mimalloc crate (`alloc_crates storm N`, 48-byte Vecs), untraced and under `alloc`,
-//! beside the C storm on glibc at the same depth in the same rounds: what a pair costs
-//! with the allocator's own functions probed, against glibc's.
+//! the mimalloc crate (statically linked allocators, probed by the BPF path), beside the
+//! C storm on glibc at the same depth in the same rounds.
 //!
 //! Prints figures only; asserts nothing about time. Needs root, and heaptrack for its
 //! column (`apt-get install heaptrack`).
-//! `cargo bench -p cargo-trace --bench heap [-- ROUNDS]`
+//! `cargo bench -p cargo-trace --bench heap [-- ROUNDS [N1 N2]]` (default 5, 1 M and 3 M).
 
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
+use std::time::Instant;
 
 use cargo_trace_tests::fixtures;
 use common::Spread;
 
-/// Pairs per run.
-const PAIRS: u64 = 100_000;
-/// `--sample-every` of the sampled way.
-const SAMPLE_EVERY: &str = "1000";
 const DEPTHS: [u64; 2] = [10, 60];
+/// Pairs of the allocator crates' runs.
+const CRATE_PAIRS: u64 = 1_000_000;
+
+/// One way of running the storm.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Untraced,
+    InProcess,
+    Bpf,
+    Heaptrack,
+}
+
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Way::Untraced => "untraced",
+            Way::InProcess => "cargo trace alloc",
+            Way::Bpf => "alloc --no-preload",
+            Way::Heaptrack => "heaptrack",
+        }
+    }
+}
+
+/// A run's whole wall time and the fixture's own loop time, in ns.
+struct Timed {
+    wall_ns: f64,
+    loop_ns: f64,
+}
+
+struct Bench<'a> {
+    cargo_trace: &'a Path,
+    storm: &'a Path,
+    scratch: &'a Path,
+}
+
+impl Bench<'_> {
+    fn command(&self, way: Way, pairs: u64, depth: u64, extra: &[&str]) -> Command {
+        let args = [pairs.to_string(), depth.to_string()];
+        let line = format!("{} {} {}", self.storm.display(), args[0], args[1]);
+        match way {
+            Way::Untraced => {
+                let mut command = Command::new(self.storm);
+                command.args(&args);
+                command
+            }
+            Way::Heaptrack => {
+                let mut command = Command::new("heaptrack");
+                command
+                    .arg("-o")
+                    .arg(self.scratch.join("heaptrack.data"))
+                    .arg(self.storm)
+                    .args(&args);
+                command
+            }
+            Way::InProcess | Way::Bpf => {
+                let mut command = Command::new(self.cargo_trace);
+                command
+                    .args(["alloc", "-c", &line, "--no-svg", "-q", "--report-text"])
+                    .arg(self.scratch.join("report.txt"))
+                    .args(extra)
+                    .current_dir(self.scratch);
+                if way == Way::Bpf {
+                    command.arg("--no-preload");
+                }
+                command
+            }
+        }
+    }
+
+    fn run(&self, way: Way, pairs: u64, depth: u64, extra: &[&str]) -> (Timed, Output) {
+        let started = Instant::now();
+        let output = self
+            .command(way, pairs, depth, extra)
+            .output()
+            .expect("run the storm");
+        let wall_ns = started.elapsed().as_nanos() as f64;
+        assert!(output.status.success(), "{}: {output:?}", way.name());
+        let loop_ns = value_after(&String::from_utf8_lossy(&output.stdout), "loop_ns");
+        (Timed { wall_ns, loop_ns }, output)
+    }
+}
 
 fn main() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("heap benchmark skipped: loading BPF programs needs root");
+        println!("heap benchmark skipped: the BPF way needs root");
         return;
     }
-    let rounds: usize = std::env::args()
+    let numbers: Vec<u64> = std::env::args()
         .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(5);
+        .filter_map(|arg| arg.parse().ok())
+        .collect();
+    let rounds = numbers.first().copied().unwrap_or(5) as usize;
+    let (n1, n2) = match numbers[..] {
+        [_, n1, n2, ..] if n2 > n1 => (n1, n2),
+        _ => (1_000_000, 3_000_000),
+    };
     let cargo_trace = Path::new(env!("CARGO_BIN_EXE_cargo-trace"));
     let storm = fixtures::c_fixture("heap_storm");
     let heaptrack = Command::new("heaptrack")
@@ -65,267 +147,141 @@ fn main() {
     let scratch =
         std::env::temp_dir().join(format!("cargo-trace-heap-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
+    let bench = Bench {
+        cargo_trace,
+        storm: &storm,
+        scratch: &scratch,
+    };
+    let mut ways = vec![Way::Untraced, Way::InProcess, Way::Bpf];
+    if heaptrack {
+        ways.push(Way::Heaptrack);
+    }
 
-    println!("cargo trace alloc: cost per malloc(48)/free pair, `heap_storm {PAIRS} DEPTH`");
-    println!("{rounds} rounds of each way, one after the other; median [min–max]");
+    println!(
+        "cargo trace alloc: cost per malloc(48)/free pair in steady state, `heap_storm N DEPTH`"
+    );
+    println!(
+        "the slope of each run's wall time between N = {n1} and {n2} pairs, less the untraced \
+         run's; {rounds} rounds of every way, one after the other; median [min–max]"
+    );
     for depth in DEPTHS {
-        let args = [PAIRS.to_string(), depth.to_string()];
-        let command = format!("{} {} {}", storm.display(), args[0], args[1]);
-        // The report goes to a file: outputs must be regular files.
-        let report = scratch.join("report.txt");
-        let traced = |probe: &str, extra: &[&str]| {
-            let output = Command::new(cargo_trace)
-                .args([probe, "-c", &command, "--no-svg", "--report-text"])
-                .arg(&report)
-                .args(extra)
-                .current_dir(&scratch)
-                .output()
-                .expect("run cargo-trace");
-            assert!(output.status.success(), "{output:?}");
-            output
-        };
-        // Unmeasured: the first run compiles and caches the unwind tables.
-        traced("alloc", &[]);
-
-        let mut ways: Vec<(&str, Vec<f64>)> = vec![
-            ("untraced", Vec::new()),
-            ("cargo trace alloc", Vec::new()),
-            ("uprobe:libc:malloc", Vec::new()),
-            ("alloc sampled 1/1000", Vec::new()),
-            ("alloc --no-preload", Vec::new()),
-        ];
-        if heaptrack {
-            ways.push(("heaptrack", Vec::new()));
-        }
+        // Unmeasured: the first runs compile and cache the unwind tables.
+        bench.run(Way::InProcess, 1000, depth, &[]);
+        bench.run(Way::Bpf, 1000, depth, &[]);
+        // Per way, per round: (slope ns per pair, loop ns per pair at N2).
+        let mut slopes: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
+        let mut loops: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
         for _ in 0..rounds {
-            for (way, times) in ways.iter_mut() {
-                let stdout = match *way {
-                    "untraced" => {
-                        let output = Command::new(&storm).args(&args).output().unwrap();
-                        assert!(output.status.success(), "{output:?}");
-                        output.stdout
-                    }
-                    "heaptrack" => {
-                        let output = Command::new("heaptrack")
-                            .arg("-o")
-                            .arg(scratch.join("heaptrack.data"))
-                            .arg(&storm)
-                            .args(&args)
-                            .output()
-                            .unwrap();
-                        assert!(output.status.success(), "{output:?}");
-                        output.stdout
-                    }
-                    "alloc sampled 1/1000" => {
-                        traced("alloc", &["--sample-every", SAMPLE_EVERY]).stdout
-                    }
-                    "alloc --no-preload" => traced("alloc", &["--no-preload"]).stdout,
-                    probe => traced(probe.trim_start_matches("cargo trace "), &[]).stdout,
-                };
-                times.push(value_after(&String::from_utf8_lossy(&stdout), "loop_ns"));
+            for (index, &way) in ways.iter().enumerate() {
+                let (small, _) = bench.run(way, n1, depth, &[]);
+                let (large, _) = bench.run(way, n2, depth, &[]);
+                slopes[index].push((large.wall_ns - small.wall_ns) / (n2 - n1) as f64);
+                loops[index].push(large.loop_ns / n2 as f64);
             }
         }
-
         println!(
             "\n{depth} frames deep ({} frames walked at malloc)",
             depth + 4
         );
         println!(
-            "  {:<22}{:<28}added per pair, µs (× untraced)",
-            "", "ns per pair"
+            "  {:<22}{:<26}{:<30}in the loop, ns per pair",
+            "", "slope, ns per pair", "added per pair, µs"
         );
-        let base = ways[0].1.clone();
-        for (way, times) in &ways {
-            let per_pair = Spread::of(times.iter().map(|ns| ns / PAIRS as f64));
-            let added = Spread::of(
-                base.iter()
-                    .zip(times)
-                    .map(|(a, b)| (b - a) / PAIRS as f64 / 1e3),
-            );
-            let ratio = Spread::of(base.iter().zip(times).map(|(a, b)| b / a));
-            let added = if *way == "untraced" {
-                String::new()
-            } else {
-                format!("+{} (×{:.0})", added.show(3), ratio.median)
+        let base = &slopes[0];
+        let added: Vec<Vec<f64>> = slopes
+            .iter()
+            .map(|way| base.iter().zip(way).map(|(b, w)| w - b).collect())
+            .collect();
+        for (index, way) in ways.iter().enumerate() {
+            let added_text = match way {
+                Way::Untraced => String::new(),
+                _ => format!(
+                    "+{}",
+                    Spread::of(added[index].iter().map(|ns| ns / 1e3)).show(3)
+                ),
             };
-            println!("  {way:<22}{:<28}{added}", per_pair.show(1));
+            println!(
+                "  {:<22}{:<26}{:<30}{}",
+                way.name(),
+                Spread::of(slopes[index].iter().copied()).show(0),
+                added_text,
+                Spread::of(loops[index].iter().copied()).show(0)
+            );
         }
-        let added_ratio = |over: usize, under: usize| {
-            Spread::of(
-                base.iter()
-                    .zip(ways[over].1.iter().zip(&ways[under].1))
-                    .map(|(b, (o, u))| (o - b) / (u - b)),
-            )
+        let ratio = |over: usize, under: usize| {
+            Spread::of(added[over].iter().zip(&added[under]).map(|(o, u)| o / u))
         };
         println!(
             "  alloc's added time / alloc --no-preload's: {} (same rounds)",
-            added_ratio(1, 4).show(2)
+            ratio(1, 2).show(2)
         );
         if heaptrack {
             println!(
                 "  alloc's added time / heaptrack's: {} (same rounds)",
-                added_ratio(1, 5).show(2)
+                ratio(1, 3).show(2)
             );
             println!(
                 "  alloc --no-preload's added time / heaptrack's: {} (same rounds)",
-                added_ratio(4, 5).show(2)
+                ratio(2, 3).show(2)
             );
         }
-
-        // The target alone: with children followed, the probes fire in every process
-        // that maps libc, and the runs the program filters out would dilute the figure.
-        let added = |way: usize| {
-            Spread::of(
-                base.iter()
-                    .zip(&ways[way].1)
-                    .map(|(a, b)| (b - a) / PAIRS as f64),
-            )
-            .median
-        };
-        let exact = heap_programs(&traced("alloc", &["--bpf-stats", "--no-follow-forks"]));
-        let sampled = heap_programs(&traced(
-            "alloc",
-            &[
-                "--bpf-stats",
-                "--no-follow-forks",
-                "--sample-every",
-                SAMPLE_EVERY,
-            ],
-        ));
-        for (mode, programs) in [("exact", &exact), ("sampled 1 in 1000", &sampled)] {
-            println!("  BPF, {mode}:");
-            for program in programs.iter() {
-                println!(
-                    "    {:<18}{:>6.0} ns per run, {:.2} runs per pair",
-                    program.name,
-                    program.ns_per_run,
-                    program.runs / PAIRS as f64
-                );
-            }
+        let (_, output) = bench.run(Way::InProcess, n2, depth, &["--bpf-stats"]);
+        println!("  where a pair's time goes, in the process ({n2} pairs):");
+        for line in String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .filter_map(|line| line.strip_prefix("cargo-trace: in-process: "))
+        {
+            println!("    {line}");
         }
-        let per_pair = |programs: &[HeapProgram]| -> f64 {
-            programs
-                .iter()
-                .map(|p| p.runs * p.ns_per_run / PAIRS as f64)
-                .sum()
-        };
-        println!(
-            "  where a pair's time goes: alloc's BPF {:.2} µs (the --bpf-stats run), the \
-             kernel's events (the breakpoint of the preloaded library's allocation site; \
-             the free is logged and told with the next allocation) and the library the \
-             other {:.2} µs of +{:.2}",
-            per_pair(&exact) / 1e3,
-            (added(1) - per_pair(&exact)) / 1e3,
-            added(1) / 1e3
-        );
-        // The sampled way's programs do next to nothing: the rest is the kernel's.
-        println!(
-            "  sampled: BPF {:.0} ns per pair, the kernel's events the other {:.2} µs of \
-             +{:.2} (a call left out still hits both sites)",
-            per_pair(&sampled),
-            (added(3) - per_pair(&sampled)) / 1e3,
-            added(3) / 1e3,
-        );
     }
-    allocator_crates(cargo_trace, &storm, &scratch, rounds);
+    allocator_crates(&bench, rounds);
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
-/// The storm through tikv-jemallocator and the mimalloc crate against glibc's (see the
-/// crate docs).
-fn allocator_crates(cargo_trace: &Path, storm: &Path, scratch: &Path, rounds: usize) {
-    let glibc = format!("{} {PAIRS} 10", storm.display());
+/// The storm through tikv-jemallocator and the mimalloc crate (their functions probed by
+/// the BPF path) against glibc's C storm under `alloc`, in the same rounds.
+fn allocator_crates(bench: &Bench<'_>, rounds: usize) {
     for feature in ["jemalloc", "mimalloc"] {
         let fixture = fixtures::cargo_fixture("alloc_crates", feature)
             .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
-        let crate_storm = format!("{} storm {PAIRS}", fixture.display());
-        let loop_ns = |traced: bool, command: &str| {
+        let crate_storm = format!("{} storm {CRATE_PAIRS}", fixture.display());
+        let loop_ns = |traced: bool| {
             let output = if traced {
-                Command::new(cargo_trace)
-                    .args(["alloc", "-c", command, "--no-svg", "--report-text"])
-                    .arg(scratch.join("report.txt"))
-                    .current_dir(scratch)
+                Command::new(bench.cargo_trace)
+                    .args([
+                        "alloc",
+                        "-c",
+                        &crate_storm,
+                        "--no-svg",
+                        "-q",
+                        "--report-text",
+                    ])
+                    .arg(bench.scratch.join("report.txt"))
+                    .current_dir(bench.scratch)
                     .output()
             } else {
-                let words: Vec<&str> = command.split(' ').collect();
-                Command::new(words[0]).args(&words[1..]).output()
+                Command::new(&fixture)
+                    .args(["storm", &CRATE_PAIRS.to_string()])
+                    .output()
             }
             .expect("run the storm");
             assert!(output.status.success(), "{output:?}");
             value_after(&String::from_utf8_lossy(&output.stdout), "loop_ns")
         };
         // Unmeasured: the unwind tables compiled and cached.
-        loop_ns(true, &crate_storm);
-        let (mut added_crate, mut added_glibc, mut ratios) = (vec![], vec![], vec![]);
+        loop_ns(true);
+        let mut added = Vec::new();
         for _ in 0..rounds {
-            let crate_base = loop_ns(false, &crate_storm);
-            let crate_traced = loop_ns(true, &crate_storm);
-            let glibc_base = loop_ns(false, &glibc);
-            let glibc_traced = loop_ns(true, &glibc);
-            let per_pair = |traced: f64, base: f64| (traced - base) / PAIRS as f64 / 1e3;
-            added_crate.push(per_pair(crate_traced, crate_base));
-            added_glibc.push(per_pair(glibc_traced, glibc_base));
-            ratios.push((crate_traced - crate_base) / (glibc_traced - glibc_base));
+            let base = loop_ns(false);
+            let traced = loop_ns(true);
+            added.push((traced - base) / CRATE_PAIRS as f64 / 1e3);
         }
         println!(
-            "
-Rust with the {feature} allocator crate, {PAIRS} pairs of 48 bytes"
-        );
-        println!(
-            "  alloc adds {} µs per pair; to glibc's C storm at 10 frames {} µs; \
-             ratio {} (same rounds)",
-            Spread::of(added_crate).show(3),
-            Spread::of(added_glibc).show(3),
-            Spread::of(ratios).show(2)
+            "\nRust with the {feature} allocator crate (the BPF path: its functions probed), \
+             {CRATE_PAIRS} pairs of 48 bytes: alloc adds {} µs per pair in the loop",
+            Spread::of(added).show(3)
         );
     }
-}
-
-/// A heap program's `--bpf-stats` line.
-struct HeapProgram {
-    name: String,
-    runs: f64,
-    ns_per_run: f64,
-}
-
-/// The heap programs' figures in the `--bpf-stats` lines of a run
-/// (`cargo-trace: bpf NAME: R runs, T ns per run`).
-fn heap_programs(output: &std::process::Output) -> Vec<HeapProgram> {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let programs: Vec<HeapProgram> = stderr
-        .lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cargo-trace: bpf ")?.split_once(": ")?;
-            if !matches!(
-                name,
-                "on_alloc"
-                    | "on_resize"
-                    | "on_alloc_return"
-                    | "on_free"
-                    | "on_preload_alloc"
-                    | "on_preload_resize"
-                    | "on_preload_resized"
-                    | "on_preload_freed"
-            ) {
-                return None;
-            }
-            let mut numbers = rest
-                .split(", ")
-                .map(|part| part.split_whitespace().next()?.parse::<f64>().ok());
-            Some(HeapProgram {
-                name: name.to_string(),
-                runs: numbers.next()??,
-                ns_per_run: numbers.next()??,
-            })
-        })
-        .collect();
-    assert!(
-        programs
-            .iter()
-            .any(|p| p.name == "on_free" || p.name == "on_preload_alloc"),
-        "no BPF statistics of the heap programs in {stderr}"
-    );
-    programs
 }
 
 /// The number after `key` among the words of `text`.
