@@ -259,10 +259,11 @@ pub struct AllocArgs {
     #[arg(long = "alloc-prefix", value_name = "PREFIX")]
     pub alloc_prefix: Option<String>,
 
-    /// With `alloc`: live blocks tracked at once; beyond, blocks are counted but not
-    /// tracked (and said so).
-    #[arg(long = "max-live-blocks", value_name = "N", default_value_t = bpf_prog::AllocOptions::default().max_live_blocks)]
-    pub max_live_blocks: u32,
+    /// With `alloc`: live blocks tracked at once (recorded in the process: 16 Mi, in
+    /// cargo-trace's memory; probed by BPF: 1 Mi, in the kernel's); beyond, blocks are
+    /// counted but not tracked (and said so).
+    #[arg(long = "max-live-blocks", value_name = "N")]
+    pub max_live_blocks: Option<u32>,
 
     /// With `alloc`: distinct (stack, process) statistics the kernel keeps (about 950
     /// bytes each, as they appear; those of processes that exited leave it). Past it, the
@@ -307,6 +308,12 @@ pub struct AllocArgs {
     /// cost less per call, but which a process that drops LD_PRELOAD does not load).
     #[arg(long = "no-preload")]
     pub no_preload: bool,
+
+    /// With `alloc`: count the anonymous memory the program maps itself (mmap) as heap
+    /// blocks. By default it is shown apart (heaptrack never counts it, bytehound not by
+    /// default): totals then compare with theirs.
+    #[arg(long = "mmap")]
+    pub mmap: bool,
 }
 
 /// `512K`, `1M`, `64` (bytes); K, M and G are powers of 1024. At most 4 GiB.
@@ -459,6 +466,7 @@ impl Cli {
                 max_size: alloc.max_size.unwrap_or(0),
                 interval: alloc.interval,
                 preload: !alloc.no_preload,
+                count_mmap: alloc.mmap,
             },
         };
         let plan = OutputPlan {
@@ -658,7 +666,7 @@ mod tests {
         assert_eq!(cli.max_processes, defaults.max_filtered_pids);
         assert_eq!(cli.max_files, defaults.max_files);
         assert_eq!(cli.alloc.max_heap_stacks, defaults.alloc.max_stacks);
-        assert_eq!(cli.alloc.max_live_blocks, defaults.alloc.max_live_blocks);
+        assert_eq!(cli.alloc.max_live_blocks, None, "each path's own default");
         let cli = parse(&[
             "cargo-trace",
             "--max-stacks",

@@ -70,7 +70,8 @@ pub struct HeapSettings {
     /// The prefix of the allocator's functions (`je_`).
     pub alloc_prefix: Option<String>,
     /// Live blocks tracked at once.
-    pub max_live_blocks: u32,
+    /// `None`: the path's own default.
+    pub max_live_blocks: Option<u32>,
     /// Distinct (stack, process) statistics kept.
     pub max_stacks: u32,
     /// Blocks freed sooner than this are temporaries.
@@ -86,6 +87,8 @@ pub struct HeapSettings {
     pub interval: Option<Duration>,
     /// A launched target runs with the preloaded library (`--no-preload` turns it off).
     pub preload: bool,
+    /// Anonymous mmap counted as heap blocks (`--mmap`); else shown apart.
+    pub count_mmap: bool,
 }
 
 impl HeapSettings {

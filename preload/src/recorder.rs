@@ -44,6 +44,9 @@ pub struct Options {
     pub max_live_blocks: usize,
     /// The library's walk memo (off: every stack walked, for the benchmark's figures).
     pub walk_memo: bool,
+    /// Anonymous mappings counted in the processes' totals and peaks as heap blocks are
+    /// (else their part is only in [`ProcessTotals::mapped`]).
+    pub count_mapped: bool,
 }
 
 impl Default for Options {
@@ -56,6 +59,7 @@ impl Default for Options {
             max_size: 0,
             max_live_blocks: 1 << 20,
             walk_memo: true,
+            count_mapped: true,
         }
     }
 }
@@ -214,7 +218,8 @@ pub struct MappedTotals {
 }
 
 /// A process's totals: `bpf_prog::AllocProcess` (heap blocks and mappings together, as
-/// the BPF path counts them), with the mappings' part apart in `mapped`.
+/// the BPF path counts them, or the heap blocks alone without
+/// [`Options::count_mapped`]), with the mappings' part apart in `mapped`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessTotals {
     pub pid: u32,
@@ -745,8 +750,13 @@ impl Recorder {
     }
 
     /// Adds delta to the live bytes of a stack and of its process, keeping the peak
-    /// lazily (change_live in alloc.bpf.h).
-    fn change_live(&mut self, pid: u32, stack: StackId, delta: i64) {
+    /// lazily (change_live in alloc.bpf.h); a mapping's, to its stack's alone when the
+    /// mappings are apart.
+    fn change_live(&mut self, pid: u32, stack: StackId, delta: i64, mapped: bool) {
+        if mapped && !self.options.count_mapped {
+            self.stats.entry((pid, stack)).or_default().stats.live_bytes += delta;
+            return;
+        }
         let proc = self
             .processes
             .get_mut(&pid)
@@ -791,9 +801,12 @@ impl Recorder {
             state.est_allocs += weight_count;
             s.estimated.bytes += weight_bytes;
         }
+        let count_mapped = self.options.count_mapped;
         let proc = self.process(pid);
-        proc.totals.allocs += 1;
-        proc.totals.bytes += size;
+        if !mapped || count_mapped {
+            proc.totals.allocs += 1;
+            proc.totals.bytes += size;
+        }
         if mapped {
             proc.totals.mapped.allocs += 1;
             proc.totals.mapped.bytes += size;
@@ -827,7 +840,7 @@ impl Recorder {
         if mapped {
             self.process(pid).totals.mapped.live_bytes += size as i64;
         }
-        self.change_live(pid, stack, size as i64);
+        self.change_live(pid, stack, size as i64, mapped);
     }
 
     fn account_free(&mut self, block: &Block, pid: u32, now: u64) {
@@ -851,10 +864,13 @@ impl Recorder {
             state.est_frees += weight_count;
             s.estimated.freed_bytes += weight_bytes;
         }
-        self.change_live(pid, block.stack, -(block.size as i64));
+        self.change_live(pid, block.stack, -(block.size as i64), block.mapped);
+        let count_mapped = self.options.count_mapped;
         let proc = self.process(pid);
-        proc.totals.frees += 1;
-        proc.totals.freed_bytes += block.size;
+        if !block.mapped || count_mapped {
+            proc.totals.frees += 1;
+            proc.totals.freed_bytes += block.size;
+        }
         if block.mapped {
             proc.totals.mapped.frees += 1;
             proc.totals.mapped.freed_bytes += block.size;

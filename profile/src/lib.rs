@@ -30,10 +30,11 @@
 pub mod diff;
 pub mod heap;
 mod model;
+pub mod units;
 pub mod writers;
 
 pub use model::{
-    Frame, HeapPoint, HeapProcess, HeapSums, HeapTotals, Location, LocationId, Lost, Mapping,
-    MappingId, Metadata, Profile, Sample, SamplingMode, Summary, TimelinePoint, ValueType,
-    MERGED_PID,
+    Frame, HeapPoint, HeapProcess, HeapSums, HeapTotals, Location, LocationId, Lost, MappedMemory,
+    MappedProcess, Mapping, MappingId, Metadata, Profile, Sample, SamplingMode, Summary,
+    TimelinePoint, ValueType, MERGED_PID,
 };

@@ -254,6 +254,60 @@ pub struct HeapTotals {
     pub size_filter: Option<String>,
     /// Memory over time, while the target ran, from the start of tracing.
     pub timeline: Vec<HeapPoint>,
+    /// Anonymous memory the processes mapped themselves (mmap), apart from their heap
+    /// blocks; `None` where it was not told apart.
+    pub mapped: Option<MappedMemory>,
+}
+
+/// Anonymous memory mapped by the program itself (mmap, munmap), apart from its heap
+/// blocks. heaptrack never counts it as heap, nor bytehound by default: a heap profile
+/// that counts it does not compare with theirs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MappedMemory {
+    /// Whether the mappings are counted as heap blocks too (`--mmap`): in the samples
+    /// and the processes' heap totals.
+    pub counted: bool,
+    pub processes: Vec<MappedProcess>,
+}
+
+/// The mappings of one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MappedProcess {
+    pub pid: u32,
+    /// Mappings made, and their bytes.
+    pub maps: u64,
+    pub bytes: u64,
+    /// Mappings unmapped, and their bytes.
+    pub unmaps: u64,
+    pub unmapped_bytes: u64,
+    /// Bytes still mapped at the end.
+    pub live_bytes: i64,
+}
+
+impl MappedMemory {
+    /// The processes' figures summed.
+    pub fn total(&self) -> MappedProcess {
+        let mut total = MappedProcess::default();
+        for p in &self.processes {
+            total.maps += p.maps;
+            total.bytes += p.bytes;
+            total.unmaps += p.unmaps;
+            total.unmapped_bytes += p.unmapped_bytes;
+            total.live_bytes += p.live_bytes;
+        }
+        total
+    }
+
+    /// One line for people: `3 mappings of 24.0 MiB, 8.0 MiB still mapped at the end`.
+    pub fn describe(&self) -> String {
+        let total = self.total();
+        format!(
+            "{} mappings of {}, {} still mapped at the end",
+            total.maps,
+            crate::units::bytes(total.bytes as i64),
+            crate::units::bytes(total.live_bytes),
+        )
+    }
 }
 
 /// How allocating calls were sampled.

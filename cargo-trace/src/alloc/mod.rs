@@ -28,6 +28,10 @@ pub const PROGRAMS: [EventProgram; 5] = [
     EventProgram::FreeArg1,
 ];
 
+/// The bit of a probe id under which the BPF heap programs count a probe's anonymous
+/// mappings apart from its heap blocks.
+pub const MAPPED: u32 = 1 << 30;
+
 /// An `alloc[:ALLOCATOR]` probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocProbe {
@@ -84,6 +88,12 @@ impl AllocProbe {
         }
         let mut links = Vec::new();
         for (kind, targets) in &by_kind {
+            // Mappings apart from the heap's blocks: their statistics under a probe id
+            // of their own.
+            let probe_id = match kind {
+                AllocKind::Mmap | AllocKind::Munmap if !heap.count_mmap => probe_id | MAPPED,
+                _ => probe_id,
+            };
             let cookie = alloc_cookie(probe_id, *kind);
             for &(program, retprobe) in kind.programs() {
                 let attached = probes::attach_uprobes_in(

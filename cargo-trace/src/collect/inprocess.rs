@@ -30,8 +30,9 @@ use crate::tables::{
     FileKey, ProcessTables, Registered, SharedTables, StoreError, StoreId, TableRef, TableStore,
 };
 
-/// How long the serving thread waits for a message before it reads the regions again.
-const SERVE_STEP: Duration = Duration::from_millis(2);
+/// How long the serving thread, idle, waits for a message before it reads the regions
+/// again.
+const IDLE_WAIT: Duration = Duration::from_micros(500);
 
 /// What the serving thread and the session share.
 struct State {
@@ -170,11 +171,15 @@ impl InProcessCollector {
     }
 }
 
-/// The serving thread: answers the libraries and reads their regions until `done`.
+/// The serving thread: answers the libraries and reads their regions until `done`. The
+/// rings are read as fast as they fill (a full ring makes its thread wait): while events
+/// come, it turns again at once, looking at the socket without waiting; idle, it waits
+/// for a message up to [`IDLE_WAIT`] before reading the rings again.
 fn serve(state: &Mutex<State>, tables: &SharedTables, done: &AtomicBool) {
+    let mut idle = false;
     loop {
         let finishing = done.load(Ordering::Acquire);
-        {
+        let handled = {
             let mut state = state
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -185,22 +190,25 @@ fn serve(state: &Mutex<State>, tables: &SharedTables, done: &AtomicBool) {
             } = &mut *state;
             if let Some(server) = server {
                 let mut source = Source { tables, store };
-                let step = if finishing {
-                    Duration::ZERO
+                let wait = if idle && !finishing {
+                    IDLE_WAIT
                 } else {
-                    SERVE_STEP
+                    Duration::ZERO
                 };
-                if let Err(error) = server.serve(&mut source, recorder, step) {
+                if let Err(error) = server.serve(&mut source, recorder, wait) {
                     eprintln!("cargo-trace: warning: in-process heap recording: {error}");
                 }
             }
-            recorder.poll();
-        }
+            recorder.poll()
+        };
         if finishing {
             return;
         }
-        // Lets the session take the state between two turns.
-        std::thread::yield_now();
+        idle = handled == 0;
+        if !idle {
+            // Lets the session take the state between two turns.
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -239,10 +247,13 @@ impl Collector for InProcessCollector {
         let state = self.state();
         let recorder = &state.recorder;
         let counters = recorder.counters();
-        let stacks = heap_counts(recorder, self.probe);
-        let processes = recorder
-            .processes()
-            .into_iter()
+        let count_mmap = self.heap.count_mmap;
+        let stacks = heap_counts(recorder, self.probe, count_mmap);
+        // Without `--mmap`, the recorder keeps the mappings out of the processes' totals
+        // and peaks (`count_mapped`): they are apart, in `mapped`.
+        let totals = recorder.processes();
+        let processes = totals
+            .iter()
             .map(|p| profile::HeapProcess {
                 probe: self.probe,
                 pid: p.pid,
@@ -255,6 +266,20 @@ impl Collector for InProcessCollector {
                 unknown_frees: p.unknown_frees,
             })
             .collect();
+        let mapped = profile::MappedMemory {
+            counted: count_mmap,
+            processes: totals
+                .iter()
+                .map(|p| profile::MappedProcess {
+                    pid: p.pid,
+                    maps: p.mapped.allocs,
+                    bytes: p.mapped.bytes,
+                    unmaps: p.mapped.frees,
+                    unmapped_bytes: p.mapped.freed_bytes,
+                    live_bytes: p.mapped.live_bytes,
+                })
+                .collect(),
+        };
         let heap_counters: limits::Counts = [
             (
                 Limit::Heap(bpf_prog::AllocCounter::UnknownFrees),
@@ -282,6 +307,7 @@ impl Collector for InProcessCollector {
                 processes,
                 lost: limits::reported(&heap_counters),
                 now_ns: bpf_prog::monotonic_ns(),
+                mapped: Some(mapped),
             }),
             walks: walks(&counters),
             ..Collected::default()
@@ -314,7 +340,11 @@ impl Collector for InProcessCollector {
     }
 
     fn heap_live(&self) -> Result<Vec<HeapCount>> {
-        Ok(heap_counts(&self.state().recorder, self.probe))
+        Ok(heap_counts(
+            &self.state().recorder,
+            self.probe,
+            self.heap.count_mmap,
+        ))
     }
 
     fn cost_report(&self) -> Result<Vec<String>> {
@@ -398,16 +428,20 @@ fn recorder_options(heap: &HeapSettings) -> preload::Options {
         sample_bytes: heap.sample_bytes,
         min_size: heap.min_size,
         max_size: heap.max_size,
-        max_live_blocks: heap.max_live_blocks as usize,
+        max_live_blocks: heap
+            .max_live_blocks
+            .map_or(preload::Options::default().max_live_blocks, |n| n as usize),
+        count_mapped: heap.count_mmap,
         ..preload::Options::default()
     }
 }
 
-/// Every stack's heap statistics, typed.
-fn heap_counts(recorder: &Recorder, probe: usize) -> Vec<HeapCount> {
+/// Every stack's heap statistics, typed; `count_mmap`: the stacks of mappings too.
+fn heap_counts(recorder: &Recorder, probe: usize, count_mmap: bool) -> Vec<HeapCount> {
     recorder
         .stats()
         .into_iter()
+        .filter(|(_, _, stats)| count_mmap || !stats.mapped)
         .map(|(pid, stack, stats)| HeapCount {
             probe,
             pid,

@@ -111,6 +111,8 @@ pub struct HeapCollected {
     pub lost: Vec<Lost>,
     /// The clock the live blocks' birth times are on, now (CLOCK_MONOTONIC ns).
     pub now_ns: u64,
+    /// Anonymous memory mapped apart from the heap blocks, where it was told apart.
+    pub mapped: Option<profile::MappedMemory>,
 }
 
 /// How the stack walks of a collector ended.

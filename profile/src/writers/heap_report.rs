@@ -59,6 +59,18 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
         heap.temporary_threshold,
         sums.unknown_frees,
     )?;
+    if let Some(mapped) = heap.mapped.as_ref().filter(|m| m.total().maps > 0) {
+        writeln!(
+            out,
+            "mapped memory (anonymous mmap, {}): {}",
+            if mapped.counted {
+                "counted as heap blocks too: --mmap"
+            } else {
+                "not counted as heap blocks, as heaptrack: --mmap counts it"
+            },
+            mapped.describe()
+        )?;
+    }
     if heap.processes.len() > 1 {
         let merged = profile.summary.merged_processes;
         for p in &heap.processes {

@@ -13,12 +13,12 @@
 //! is written here: the headline figures, the run, the counters, and the charts over
 //! time (`charts`: events, memory), whose points are few at any size. A view the
 //! profile has nothing for says so in words. Nothing is fetched: no URL, no CDN.
-//! Figures are in human units (`units`), values by the names a person reads
+//! Figures are in human units (`crate::units`), values by the names a person reads
 //! ([`crate::ValueType::describe`]).
 
 mod charts;
 mod data;
-mod units;
+use crate::units;
 
 use std::fmt::Write as _;
 use std::io::{self, Write};

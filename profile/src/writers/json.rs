@@ -150,6 +150,25 @@ fn heap(profile: &Profile) -> Value {
         "size_filter": heap.size_filter,
         "lost": lost,
         "raised_by": raised_by,
+        "mapped": heap.mapped.as_ref().map(|mapped| {
+            let total = mapped.total();
+            json!({
+                "counted": mapped.counted,
+                "mappings": total.maps,
+                "bytes": total.bytes,
+                "unmappings": total.unmaps,
+                "bytes_unmapped": total.unmapped_bytes,
+                "live_bytes": total.live_bytes,
+                "processes": mapped.processes.iter().map(|p| json!({
+                    "pid": p.pid,
+                    "mappings": p.maps,
+                    "bytes": p.bytes,
+                    "unmappings": p.unmaps,
+                    "bytes_unmapped": p.unmapped_bytes,
+                    "live_bytes": p.live_bytes,
+                })).collect::<Vec<_>>(),
+            })
+        }),
         "processes": heap.processes.iter().map(|p| json!({
             "probe": p.probe,
             "pid": p.pid,

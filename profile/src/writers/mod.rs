@@ -340,6 +340,17 @@ pub(crate) mod tests {
             ],
             lost: vec![lost("unknown frees", 1, &[])],
             temporary_threshold: Duration::from_millis(1),
+            mapped: Some(crate::MappedMemory {
+                counted: false,
+                processes: vec![crate::MappedProcess {
+                    pid: 42,
+                    maps: 3,
+                    bytes: 3 << 20,
+                    unmaps: 2,
+                    unmapped_bytes: 2 << 20,
+                    live_bytes: 1 << 20,
+                }],
+            }),
             timeline: vec![
                 HeapPoint {
                     at: Duration::from_millis(100),

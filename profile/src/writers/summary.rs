@@ -82,11 +82,24 @@ pub fn line(profile: &Profile) -> String {
 
 /// One note per object without an unwind table (not for `[anon]`-like pseudo objects).
 pub fn notes(profile: &Profile) -> Vec<String> {
-    profile
+    let mut notes: Vec<String> = profile
         .summary
         .without_table
         .iter()
         .filter(|(name, _)| !name.starts_with('['))
         .map(|(name, reason)| format!("cargo-trace: note: no unwind table for {name}: {reason}"))
-        .collect()
+        .collect();
+    let mapped = profile.heap.as_ref().and_then(|heap| heap.mapped.as_ref());
+    if let Some(mapped) = mapped.filter(|m| m.total().maps > 0) {
+        notes.push(format!(
+            "cargo-trace: note: mapped memory (anonymous mmap) {}: {}",
+            if mapped.counted {
+                "counted as heap blocks"
+            } else {
+                "apart from the heap (--mmap counts it)"
+            },
+            mapped.describe()
+        ));
+    }
+    notes
 }

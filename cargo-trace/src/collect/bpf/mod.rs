@@ -314,7 +314,8 @@ impl Collector for BpfCollector {
         if !self.takes_heap || !self.probes.iter().any(Probe::is_heap) {
             return None;
         }
-        let processes = self.tracer.alloc_processes().ok()?;
+        let mut processes = self.tracer.alloc_processes().ok()?;
+        processes.retain(|p| p.probe_id & crate::alloc::MAPPED == 0);
         let mut pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
         pids.dedup();
         Some(HeapNow {
@@ -326,7 +327,9 @@ impl Collector for BpfCollector {
     }
 
     fn heap_live(&self) -> Result<Vec<HeapCount>> {
-        read::heap_stacks(&self.tracer)
+        let mut stacks = read::heap_stacks(&self.tracer)?;
+        stacks.retain(|count| count.probe & crate::alloc::MAPPED as usize == 0);
+        Ok(stacks)
     }
 
     fn cost_report(&self) -> Result<Vec<String>> {
@@ -366,7 +369,9 @@ impl Collector for BpfCollector {
 /// The heap programs' settings.
 fn alloc_options(heap: &HeapSettings) -> AllocOptions {
     AllocOptions {
-        max_live_blocks: heap.max_live_blocks,
+        max_live_blocks: heap
+            .max_live_blocks
+            .unwrap_or(AllocOptions::default().max_live_blocks),
         max_stacks: heap.max_stacks,
         temporary_ns: u64::try_from(heap.temporary.as_nanos()).unwrap_or(u64::MAX),
         sample_every: heap.sample_every,

@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use bpf_prog::{AllocCounter, Frame, Loss, StackRef, Tracer};
 
+use crate::alloc::MAPPED;
 use crate::collect::{
     Collected, Estimated, EventCount, HeapCollected, HeapCount, HeapStats, UserFrame, UserStack,
     Walks,
@@ -94,7 +95,7 @@ fn heap_collected(tracer: &Tracer, settings: &HeapSettings) -> Result<HeapCollec
     let counters = tracer
         .alloc_counters()
         .context("reading the heap counters")?;
-    let processes = tracer
+    let processes: Vec<profile::HeapProcess> = tracer
         .alloc_processes()
         .context("reading the heap totals")?
         .into_iter()
@@ -116,6 +117,25 @@ fn heap_collected(tracer: &Tracer, settings: &HeapSettings) -> Result<HeapCollec
             count.stats.estimated = None;
         }
     }
+    // Mappings counted apart (`alloc::MAPPED` in their probe id) are no heap blocks.
+    stacks.retain(|count| count.probe & MAPPED as usize == 0);
+    let (mapped, processes): (Vec<profile::HeapProcess>, Vec<profile::HeapProcess>) = processes
+        .into_iter()
+        .partition(|p: &profile::HeapProcess| p.probe & MAPPED as usize != 0);
+    let mapped = (!settings.count_mmap).then(|| profile::MappedMemory {
+        counted: false,
+        processes: mapped
+            .iter()
+            .map(|p| profile::MappedProcess {
+                pid: p.pid,
+                maps: p.allocs,
+                bytes: p.bytes,
+                unmaps: p.frees,
+                unmapped_bytes: p.freed_bytes,
+                live_bytes: p.live_bytes,
+            })
+            .collect(),
+    });
     Ok(HeapCollected {
         stacks,
         processes,
@@ -126,6 +146,7 @@ fn heap_collected(tracer: &Tracer, settings: &HeapSettings) -> Result<HeapCollec
                 .collect(),
         ),
         now_ns: bpf_prog::monotonic_ns(),
+        mapped,
     })
 }
 

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use super::units;
+use crate::units;
 use crate::{HeapPoint, Profile};
 
 const WIDTH: f64 = 900.0;

@@ -1,6 +1,6 @@
 //! Figures as a person reads them: bytes in KiB/MiB, times in µs/ms/s, counts with
-//! thousands separators. The page's script formats its own figures the same way
-//! (`report.js`: `bytes`, `duration`, `count`).
+//! thousands separators. The HTML report's script formats its own figures the same way
+//! (`writers/html/report.js`: `bytes`, `duration`, `count`).
 
 use std::time::Duration;
 
