@@ -140,17 +140,23 @@ __noinline __u64 memo_answer(struct walk_state *w, struct ct_memo_set *set,
 	__u64 *buf = pages->slots[0].words;
 	__u64 rip = w->start_rip, rsp = w->start_rsp, rbp = w->start_rbp;
 	__u64 trampoline = w->trampoline;
-	/* the words buf holds: [from, to) above rsp */
-	__u32 from = 0, to = 0;
+	/* the words buf holds: [from, to) above rsp, kept in w (volatile):
+	 * in registers, their ranges would differ at each way and the
+	 * verifier check compare_words again for each */
+	volatile __u32 *from_at = &w->memo_from, *to_at = &w->memo_to;
 
+	*from_at = 0;
+	*to_at = 0;
 	for (__u32 way = 0; way < CT_MEMO_WAYS; way++) {
-		struct ct_memo_entry *e = &set->ways[way];
+		/* the way forgotten (forget_range): the same state at each call of
+		 * compare_words, which the verifier then checks once */
+		struct ct_memo_entry *e = &set->ways[forget_range(w, 3, way) & (CT_MEMO_WAYS - 1)];
 		if (e->generation != generation || e->rip != rip || e->rsp != rsp ||
 		    e->tgid != tgid || e->trampoline != trampoline ||
 		    (e->uses_rbp && e->rbp != rbp))
 			continue;
 		__u32 first = e->first, end = first + e->span;
-		if (first < from || end > to) {
+		if (first < *from_at || end > *to_at) {
 			__u32 size = e->span * sizeof(__u64);
 			/* a bound the verifier can follow (see read_user) */
 			asm volatile("" : "+r"(size));
@@ -158,11 +164,11 @@ __noinline __u64 memo_answer(struct walk_state *w, struct ct_memo_set *set,
 				return CT_STACK_NONE;
 			if (bpf_probe_read_user(buf, size, (void *)(rsp + first * sizeof(__u64))))
 				return CT_STACK_NONE;
-			from = first;
-			to = end;
+			*from_at = first;
+			*to_at = end;
 		}
 		struct memo_words c = {
-			.entry = e, .buf = buf, .w = w, .from = from, .n = e->nwords
+			.entry = e, .buf = buf, .w = w, .from = *from_at, .n = e->nwords
 		};
 		w->memo_changed = 0;
 		bpf_loop((c.n + MEMO_CHUNK - 1) / MEMO_CHUNK, compare_words, &c, 0);
