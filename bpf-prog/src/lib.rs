@@ -210,7 +210,8 @@ pub use programs::{kernel_has_btf_tracepoint, EventProgram};
 pub use records::{Count, CountKey, Frame, Loss, ObjectId, Stack, StackRef, WalkCounters};
 pub use sys::{enable_run_time_stats, ProgramStats};
 pub use tracer::{
-    monotonic_ns, FileMapping, Mapping, Options, StackStorage, TableId, TableUsage, Tracer,
+    monotonic_ns, FileMapping, LoadTimes, Mapping, Options, StackStorage, TableId, TableUsage,
+    Tracer,
 };
 /// How a walk ended: the one type both walkers use.
 pub use unwind_tables::walk::WalkEnd;
