@@ -79,7 +79,14 @@ impl UprobeGroup {
             name: group_name(std::process::id()),
             control,
         };
-        group.remove_orphans();
+        // In the background: deleting a group whose events a process is still letting go
+        // of (a session just ended releases its links after it is gone) waits for that.
+        let orphans = UprobeGroup {
+            control: group.control.clone(),
+            events: group.events.clone(),
+            name: group.name.clone(),
+        };
+        std::thread::spawn(move || orphans.remove_orphans());
         Ok(group)
     }
 
@@ -200,6 +207,15 @@ struct UprobeEvent {
     id: u64,
 }
 
+/// Set once links are detached in the background ([`crate::detach_in_background`]):
+/// their perf events are open in another process until it deletes the events itself,
+/// so a removal here is tried once, not waited for.
+static REMOVAL_DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn defer_removal() {
+    REMOVAL_DEFERRED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 impl Drop for UprobeEvent {
     fn drop(&mut self) {
         // Busy while a perf event of it is being released: tried again for a while.
@@ -207,7 +223,9 @@ impl Drop for UprobeEvent {
         loop {
             match write_command(&self.control, &self.removal) {
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    if std::time::Instant::now() > deadline {
+                    if REMOVAL_DEFERRED.load(std::sync::atomic::Ordering::SeqCst)
+                        || std::time::Instant::now() > deadline
+                    {
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(5));

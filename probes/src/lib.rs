@@ -81,7 +81,7 @@ pub use attach::{
     AttachOptions, Attached, Attachment, Error, Fire, PerfEventKind,
 };
 pub use bound::{BoundUprobe, UprobeGroup};
-pub use detach::detach;
+pub use detach::{detach, detach_in_background};
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
 pub use instructions::HazardKind;
 pub use libbpf_log::libbpf_log;
