@@ -28,6 +28,8 @@ mod session;
 mod signals;
 mod symbolize;
 mod tables;
+mod timings;
+mod wake;
 mod writers;
 
 use std::process::ExitCode;

@@ -35,6 +35,8 @@ use crate::progress::{self, Progress};
 use crate::signals;
 use crate::symbolize::{SymbolMapping, Symbolizer};
 use crate::tables::{Coverage, ProcessTables};
+use crate::timings::{self, Phase};
+use crate::wake::Wakeup;
 use crate::writers::{self, Format, Weighting};
 
 /// Events that had no user stack to walk, by what they are: not walks, and not losses.
@@ -47,6 +49,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Runs the whole session for `cli` and returns the exit code to leave with.
 pub fn run(cli: &Cli) -> Result<i32> {
+    if cli.timings {
+        timings::start();
+    }
     let probes = parse_probes(&cli.probes)?;
     if cli.alloc.heaptrack.is_some() && !probes.iter().any(|p| p.event_spec().is_none()) {
         bail!(
@@ -68,12 +73,14 @@ pub fn run(cli: &Cli) -> Result<i32> {
         }
     })?;
     let profile = finished.profile(&cli.alloc)?;
+    timings::done(Phase::Symbolize);
     let written = write_outputs(cli, &outputs, &profile, finished.argv.as_deref());
     if profile.heap.is_some() && cli.alloc.report_text.is_none() {
         let mut stdout = std::io::stdout().lock();
         writers::heap_report::write(&profile, cli.alloc.order_by, &mut stdout)
             .context("writing the heap report")?;
     }
+    timings::done(Phase::Write);
     eprintln!("{}", writers::summary::line(&profile));
     for note in writers::summary::notes(&profile) {
         eprintln!("{note}");
@@ -99,6 +106,11 @@ pub fn run(cli: &Cli) -> Result<i32> {
         }
     }
     let (code, fate) = finished.announce_exit();
+    drop(finished);
+    timings::done(Phase::Teardown);
+    if let Some(report) = timings::report() {
+        eprintln!("{report}");
+    }
     written.check(&fate)?;
     Ok(code)
 }
@@ -157,6 +169,8 @@ struct Traced {
     /// The heap profiler's preloaded library, when the target was launched with it, and
     /// the processes that ran without it.
     preload: Option<(Preload, preload::Missing)>,
+    /// What deletes the session's bound uprobes' tracefs events (control file, command).
+    uprobe_removal: Option<(std::path::PathBuf, String)>,
 }
 
 /// Phase 1: everything attached, the target held at its entry point.
@@ -218,11 +232,14 @@ impl Prepared {
                 error
             }
         })?;
+        timings::done_split(Phase::Load, Phase::Verify, tracer.load_times().verify);
         // After the load, which says first when there are no privileges for any of it.
         let scope = UprobeScope::new(follow);
+        let uprobe_removal = scope.removal();
         // Before anything can be stopped: resumes what is, should cargo-trace die.
         let guard = Guard::spawn(tracer.pid_filter_fd(), scope.removal())
             .context("starting the guard process")?;
+        timings::done(Phase::Guard);
         let mut tables = ProcessTables::new();
 
         let (pid, stopped) = match (&argv, cli.pid) {
@@ -241,11 +258,13 @@ impl Prepared {
             (None, None) => unreachable!("either a command or a pid"),
         };
         signals::install(stopped.as_ref().map(|s| s.pid()))?;
+        timings::done(Phase::Launch);
 
         tables.sync(&mut tracer, pid)?;
         tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
+        timings::done(Phase::Tables);
         let attach = AttachPlan {
             scope,
             unsafe_addresses: cli.unsafe_addresses,
@@ -263,6 +282,7 @@ impl Prepared {
             .iter()
             .any(|p| p.event_spec().is_none())
             .then(|| HeapWatch::new(cli.alloc.interval));
+        timings::done(Phase::Attach);
         Ok(Prepared {
             heap,
             traced: Traced {
@@ -281,6 +301,7 @@ impl Prepared {
                 tracer,
                 guard,
                 preload: preload.map(|preload| (preload, preload::Missing::default())),
+                uprobe_removal,
             },
             stopped,
         })
@@ -315,6 +336,7 @@ impl Prepared {
             ));
         }
         Ok(Running {
+            wakeup: Wakeup::new(self.traced.pid),
             traced: self.traced,
             heap: self.heap,
             target,
@@ -341,6 +363,8 @@ struct Running {
     started: Instant,
     started_at: SystemTime,
     stats: Option<std::os::fd::OwnedFd>,
+    /// Ends the loop's sleeps when the target exits.
+    wakeup: Wakeup,
 }
 
 impl Running {
@@ -355,6 +379,7 @@ impl Running {
     ) -> Result<Finished> {
         let deadline = duration.map(|duration| self.started + duration);
         let exit = self.wait_for_end(deadline, alloc, on_snapshot)?;
+        timings::done(Phase::Run);
         if let Some(warning) = self.traced.preload.as_ref().and_then(|(_, m)| m.warning()) {
             eprintln!("cargo-trace: warning: {warning}");
         }
@@ -385,22 +410,38 @@ impl Running {
             pid,
             entry,
             executable,
-            links,
+            mut links,
             pending: _,
-            children,
+            mut children,
             tables,
             exited,
-            tracer,
+            mut tracer,
             guard,
             preload,
+            uprobe_removal,
         } = traced;
-        // Teardown in order: no probe fires and no child stops any more, every child
-        // held stopped is resumed; only then is the guard told it has nothing to do.
-        probes::detach(links, |count| {
-            eprintln!("cargo-trace: detaching {count} probes...")
-        });
+        // Teardown in order: no child stops any more, every child held stopped is
+        // resumed; only then is the guard told it has nothing to do. The links are
+        // released in the background: the release of each waits for the kernel's grace
+        // periods (~20-100 ms a link here, one after the other), and nothing needs it
+        // done. Until it is, their programs may still count (nothing reads it) but stop
+        // no process.
+        tracer.end_following();
+        links.extend(
+            children
+                .as_mut()
+                .map(Children::take_links)
+                .unwrap_or_default(),
+        );
+        probes::detach_in_background(
+            links,
+            uprobe_removal
+                .as_ref()
+                .map(|(control, command)| (control.as_path(), command.as_str())),
+        );
         drop(children);
         guard.dismiss();
+        timings::done(Phase::Teardown);
         Ok(Finished {
             probes,
             argv,
@@ -474,9 +515,10 @@ impl Running {
             // records stay for the next drain.
             let _ = traced.tracer.drain_records();
             match &traced.children {
-                // Wakes up as soon as a child stops at its start.
+                // Wakes up as soon as a child stops at its start, or the target ends.
                 Some(children) => {
-                    children.poll(POLL_INTERVAL);
+                    self.wakeup.wait(Some(children.reports_fd()), POLL_INTERVAL);
+                    children.take_reports();
                     let (links, pending, probes, preload) = (
                         &mut traced.links,
                         &mut traced.pending,
@@ -494,7 +536,7 @@ impl Running {
                         },
                     );
                 }
-                None => std::thread::sleep(POLL_INTERVAL),
+                None => self.wakeup.wait(None, POLL_INTERVAL),
             }
             // Not at every wake-up: a child that execs reports itself (above), and one
             // that only forked walks with its parent's mappings meanwhile; reading the
@@ -699,6 +741,7 @@ struct ProfileSource<'a> {
 fn build_profile(source: ProfileSource<'_>, alloc: &AllocArgs) -> Result<Profile> {
     let (mut value_types, period) = value_types(source.probes);
     let mut raw = raw_samples(source.tracer, source.probes)?;
+    timings::done(Phase::Read);
     let heap = if source.probes.iter().any(|p| p.event_spec().is_none()) {
         Some(crate::alloc::add_samples(
             source.tracer,
