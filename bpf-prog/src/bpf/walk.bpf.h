@@ -122,6 +122,9 @@ struct walk_state {
 	__u64 memo_changed;
 	__u32 memo_from; /* memo_answer's: the words its buffer holds */
 	__u32 memo_to;
+	__u32 memo_candidates; /* memo_answer's: the ways whose start matched */
+	__u32 memo_first_way;  /* the first of them */
+	__u64 memo_key; /* memo_answer's: the key found */
 	__u64 memo_reach;
 	__u64 memo_lowest;
 	__u64 memo_highest;
