@@ -119,9 +119,10 @@ fn main() {
 
     // Each session's runs by who ran: this binary, the baseline, bpftrace.
     let mut runs: BTreeMap<(&str, &str), Vec<Run>> = BTreeMap::new();
-    let binaries: Vec<(&str, &Path)> = [("cargo-trace", cargo_trace)]
+    let binaries: Vec<(&str, &Path, bool)> = [("cargo-trace", cargo_trace)]
         .into_iter()
         .chain(baseline.as_deref().map(|path| ("baseline", path)))
+        .map(|(who, path)| (who, path, has_timings(path)))
         .collect();
     for _ in 0..rounds {
         for session in &chosen {
@@ -136,12 +137,13 @@ fn main() {
                     .or_default()
                     .push(run);
             }
-            for &(who, binary) in &binaries {
+            for &(who, binary, timings) in &binaries {
                 settle();
                 let run = measure(
                     Command::new(binary)
                         .args(session.args)
-                        .args(["-c", "/bin/true", "--timings", "-q"])
+                        .args(["-c", "/bin/true", "-q"])
+                        .args(timings.then_some("--timings"))
                         .current_dir(dir.path()),
                 );
                 runs.entry((session.name, who)).or_default().push(run);
@@ -245,6 +247,14 @@ fn measure(command: &mut Command) -> Run {
         peak_rss_mib: usage.ru_maxrss as f64 / 1024.0,
         stderr,
     }
+}
+
+/// Whether `binary` has `--timings` (a baseline from before it has not).
+fn has_timings(binary: &Path) -> bool {
+    Command::new(binary)
+        .arg("--help")
+        .output()
+        .is_ok_and(|output| String::from_utf8_lossy(&output.stdout).contains("--timings"))
 }
 
 /// The phases of a `--timings` report: `  NAME  MS  what it is`.
