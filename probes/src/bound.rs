@@ -381,7 +381,13 @@ mod tests {
         };
         assert!(fs::read_to_string(&control).unwrap().contains(&orphan));
         let group = UprobeGroup::new().unwrap();
-        let left = fs::read_to_string(&control).unwrap();
+        // Deleted from a thread of its own (see `new`): soon, not at once.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut left = fs::read_to_string(&control).unwrap();
+        while left.contains(&orphan) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            left = fs::read_to_string(&control).unwrap();
+        }
         assert!(!left.contains(&orphan), "{left}");
         assert!(group.removal().1.ends_with('/'));
     }
