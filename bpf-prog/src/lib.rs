@@ -212,7 +212,7 @@ pub use mappings::{FileMapping, Mapping, TableId};
 pub use programs::{kernel_has_btf_tracepoint, EventProgram};
 pub use records::{Count, CountKey, Frame, Loss, ObjectId, Stack, StackRef, WalkCounters};
 pub use sys::{enable_run_time_stats, ProgramStats};
-pub use tracer::{monotonic_ns, Options, StackStorage, TableUsage, Tracer};
+pub use tracer::{monotonic_ns, LoadTimes, Options, StackStorage, TableUsage, Tracer};
 /// How a walk ended: the one type both walkers use.
 pub use unwind_tables::walk::WalkEnd;
 

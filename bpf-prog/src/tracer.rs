@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
+use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
 use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
 
 use crate::error::{Error, Result, TableMap};
@@ -63,6 +63,9 @@ pub struct Options {
     /// Bytes of the ring buffer that carries new stacks (once each, header and frames) and
     /// overflowing counts to userspace between two [`Tracer::drain_records`]: a power of 2,
     /// a multiple of the page size. Full, it delays stacks ([`Loss::StackRingFull`]).
+    /// Its memory counts twice in cargo-trace's resident memory (userspace maps the
+    /// kernel's pages whole, and the data twice over for records that wrap around): 8 MiB
+    /// hold ~200 ms of the storage benchmark's new stacks, the drains come every 20 ms.
     pub record_ring_bytes: u32,
     /// Processes in the pid filter.
     pub max_filtered_pids: u32,
@@ -94,7 +97,7 @@ impl Default for Options {
             max_files: 16384,
             max_stacks: 1 << 20,
             max_counts: 1 << 20,
-            record_ring_bytes: 16 << 20,
+            record_ring_bytes: 8 << 20,
             max_filtered_pids: 4096,
             alloc: AllocOptions::default(),
             // sched_prepare_exec's program only where the kernel has the tracepoint
@@ -139,6 +142,16 @@ pub struct Tracer {
     received: Arc<Mutex<Received>>,
     /// The heap statistics of processes that exited ([`Tracer::retire_heap`]).
     pub(crate) retired_heap: Mutex<RetiredHeap>,
+    load_times: LoadTimes,
+}
+
+/// How long [`Tracer::load`] took, in two parts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadTimes {
+    /// Opening the object (ELF, BTF), creating its maps, relocating.
+    pub prepare: std::time::Duration,
+    /// Loading the programs: the kernel's verifier, most of it.
+    pub verify: std::time::Duration,
 }
 
 /// What the records ring buffer brought, and the counters of exited processes: the
@@ -213,6 +226,7 @@ impl Tracer {
         // life. Leaking the few bytes of that storage gives the Tracer a
         // 'static skeleton without a self-referential struct; the object
         // itself is still closed when the skeleton drops.
+        let opened = std::time::Instant::now();
         let storage: &'static mut MaybeUninit<OpenObject> =
             Box::leak(Box::new(MaybeUninit::uninit()));
 
@@ -303,10 +317,30 @@ impl Tracer {
                 .map_err(|source| Error::Configure { map: name, source })?;
         }
 
+        // Maps created and programs relocated first (libbpf's prepare step), so that
+        // the programs' load, the verifier's work, is timed apart.
+        // SAFETY: the object pointer is the open skeleton's own, valid while it lives;
+        // the load below goes on from the prepared state.
+        let prepared = unsafe {
+            libbpf_rs::libbpf_sys::bpf_object__prepare(
+                open.open_object_mut().as_libbpf_object().as_ptr(),
+            )
+        };
+        if prepared != 0 {
+            return Err(Error::Load {
+                source: libbpf_rs::Error::from_raw_os_error(-prepared),
+                verifier_log: log_text(&log),
+            });
+        }
+        let prepare = opened.elapsed();
         let skel = open.load().map_err(|source| Error::Load {
             source,
             verifier_log: log_text(&log),
         })?;
+        let load_times = LoadTimes {
+            prepare,
+            verify: opened.elapsed() - prepare,
+        };
         drop(log);
 
         let rows = map_array(&skel.maps.rows, "rows")?;
@@ -328,7 +362,13 @@ impl Tracer {
             records,
             received,
             retired_heap: Mutex::default(),
+            load_times,
         })
+    }
+
+    /// How long [`Tracer::load`] took.
+    pub fn load_times(&self) -> LoadTimes {
+        self.load_times
     }
 
     /// Copies `table` into the table maps and returns its id.
@@ -381,9 +421,14 @@ impl Tracer {
             })
             .collect();
         let rules: Vec<CtRule> = table.rules.iter().map(|&rule| CtRule::from(rule)).collect();
-        self.rows.write(base.rows, &rows);
-        self.pages.write(base.pages, &pages);
-        self.rules.write(base.rules, &rules);
+        let mapped = |map: &'static str| move |source| Error::Mmap { map, source };
+        self.rows.write(base.rows, &rows).map_err(mapped("rows"))?;
+        self.pages
+            .write(base.pages, &pages)
+            .map_err(mapped("pages"))?;
+        self.rules
+            .write(base.rules, &rules)
+            .map_err(mapped("rules"))?;
 
         // The capacities checked above are u32 map sizes, so these fit.
         let entry = CtTable {
@@ -543,6 +588,15 @@ impl Tracer {
     pub fn start_free_logs(&mut self) {
         if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
             bss.alloc_logged_since = monotonic_ns();
+        }
+    }
+
+    /// Ends following children: from now on no process is stopped for its new mappings
+    /// (`on_exec`, `on_start_main`), even while the links of the programs that stop
+    /// them are still being released.
+    pub fn end_following(&mut self) {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.following_ended = 1;
         }
     }
 

@@ -103,6 +103,12 @@ pub struct Cli {
     #[arg(long = "bpf-stats")]
     pub bpf_stats: bool,
 
+    /// Print where the session's time went, phase by phase (load, verify, guard, launch,
+    /// tables, attach, run, read, symbolize, write, teardown), and cargo-trace's peak
+    /// memory, when it ends.
+    #[arg(long = "timings")]
+    pub timings: bool,
+
     /// Open the report (or the flamegraph) in the desktop's viewer when the run ends.
     #[arg(long = "open")]
     pub open: bool,
@@ -440,6 +446,7 @@ impl Cli {
             follow_forks: !self.no_follow_forks,
             unsafe_addresses: self.unsafe_addresses,
             bpf_stats: self.bpf_stats,
+            timings: self.timings,
             quiet: self.quiet,
             keep_exited: self.keep_exited,
             min_block_ns: self.min_block_ns,

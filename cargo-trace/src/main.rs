@@ -29,6 +29,8 @@ mod settings;
 mod signals;
 mod symbolize;
 mod tables;
+mod timings;
+mod wake;
 
 use std::process::ExitCode;
 

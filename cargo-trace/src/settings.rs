@@ -24,6 +24,8 @@ pub struct Settings {
     pub unsafe_addresses: bool,
     /// Count what the BPF programs cost and report it.
     pub bpf_stats: bool,
+    /// Report where the session's time went (`--timings`).
+    pub timings: bool,
     /// No progress line.
     pub quiet: bool,
     /// Exited processes whose counts stay apart, each under its own pid.

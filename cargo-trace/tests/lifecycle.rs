@@ -440,3 +440,49 @@ fn an_exec_loop_under_a_fast_profile_finishes_with_execve_samples_kernel_only() 
         );
     }
 }
+
+/// `--timings` says where a session's time went, every phase once, and the summary
+/// still counts every event of a target that exits at once.
+#[test]
+fn timings_name_every_phase_of_a_short_session() {
+    if !bpf_available("timings") {
+        return;
+    }
+    let run = trace(
+        "timings",
+        &["uprobe:libc:malloc"],
+        "sh -c true",
+        &["--timings"],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let report: Vec<&str> = run
+        .stderr
+        .lines()
+        .skip_while(|line| !line.starts_with("cargo-trace: timings"))
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        report,
+        [
+            "load",
+            "verify",
+            "guard",
+            "launch",
+            "tables",
+            "attach",
+            "run",
+            "read",
+            "symbolize",
+            "write",
+            "teardown",
+            "total"
+        ],
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("peak RSS"), "{}", run.stderr);
+    // The shell's mallocs are counted, though it exits as soon as it runs.
+    let folded = run.folded();
+    assert!(folded.total() > 0, "{}", run.stderr);
+}

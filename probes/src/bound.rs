@@ -80,7 +80,14 @@ impl UprobeGroup {
             name: group_name(std::process::id()),
             control,
         };
-        group.remove_orphans();
+        // In the background: deleting a group whose events a process is still letting go
+        // of (a session just ended releases its links after it is gone) waits for that.
+        let orphans = UprobeGroup {
+            control: group.control.clone(),
+            events: group.events.clone(),
+            name: group.name.clone(),
+        };
+        std::thread::spawn(move || orphans.remove_orphans());
         Ok(group)
     }
 
@@ -201,6 +208,15 @@ struct UprobeEvent {
     id: u64,
 }
 
+/// Set once links are detached in the background ([`crate::detach_in_background`]):
+/// their perf events are open in another process until it deletes the events itself,
+/// so a removal here is tried once, not waited for.
+static REMOVAL_DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn defer_removal() {
+    REMOVAL_DEFERRED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 impl Drop for UprobeEvent {
     fn drop(&mut self) {
         // Busy while a perf event of it is being released: tried again for a while.
@@ -208,7 +224,9 @@ impl Drop for UprobeEvent {
         loop {
             match write_command(&self.control, &self.removal) {
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    if std::time::Instant::now() > deadline {
+                    if REMOVAL_DEFERRED.load(std::sync::atomic::Ordering::SeqCst)
+                        || std::time::Instant::now() > deadline
+                    {
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(5));
@@ -364,7 +382,13 @@ mod tests {
         };
         assert!(fs::read_to_string(&control).unwrap().contains(&orphan));
         let group = UprobeGroup::new().unwrap();
-        let left = fs::read_to_string(&control).unwrap();
+        // Deleted from a thread of its own (see `new`): soon, not at once.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut left = fs::read_to_string(&control).unwrap();
+        while left.contains(&orphan) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            left = fs::read_to_string(&control).unwrap();
+        }
         assert!(!left.contains(&orphan), "{left}");
         assert!(group.removal().1.ends_with('/'));
     }

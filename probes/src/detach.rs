@@ -5,6 +5,7 @@
 //! the 360 `syscalls:sys_enter_*` tracepoints took 28 s to detach one after the
 //! other. Closed from many threads at once, part of the waits overlap (~15 s).
 
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -44,4 +45,26 @@ pub fn detach<L: Send>(links: Vec<L>, slow: impl FnOnce(usize)) {
             slow(total);
         }
     });
+}
+
+/// Detaches `links` without waiting for the kernel to release them: a process forked
+/// for it holds a copy of every descriptor, ours close at once, and the release of each
+/// (its grace periods: 20-100 ms a link here, one after the other) runs as that process
+/// ends, after ours has gone on. It then deletes the tracefs uprobe events `removal`
+/// names (control file, command), which cannot go while a perf event of theirs is
+/// open. The links' programs can still run for that while: the caller makes sure they
+/// stop nothing and that nothing needs what they count. Falls back to [`detach`] if the
+/// fork fails.
+pub fn detach_in_background<L: Send>(links: Vec<L>, removal: Option<(&Path, &str)>) {
+    if links.is_empty() {
+        return;
+    }
+    match crate::sys::spawn_holder(removal) {
+        Ok(release) => {
+            crate::bound::defer_removal();
+            drop(links);
+            drop(release);
+        }
+        Err(_) => detach(links, |_| {}),
+    }
 }

@@ -82,7 +82,7 @@ pub use attach::{
     attach_uprobe_in, attach_uprobes_in, AttachOptions, Attached, Attachment, Fire,
 };
 pub use bound::{BoundUprobe, UprobeGroup};
-pub use detach::detach;
+pub use detach::{detach, detach_in_background};
 pub use error::{AttachError, Error, ResolveError};
 pub use features::{features, hardware_support, kprobe_support, Features, Support};
 pub use instructions::HazardKind;

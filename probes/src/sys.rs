@@ -146,3 +146,92 @@ pub(crate) fn mount_tracefs(target: &Path) -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// Forks a process that holds a copy of every descriptor of this one until the returned
+/// descriptor is closed, then closes them all (the kernel's release of the last copy of
+/// each runs there, on that process's time) and writes `removal.1` to `removal.0` (a
+/// tracefs control file), retried while busy. Nobody waits for it: a middle process
+/// forks it and exits, so that it is reparented.
+pub(crate) fn spawn_holder(removal: Option<(&Path, &str)>) -> io::Result<OwnedFd> {
+    // Made before the fork: the holder allocates nothing.
+    let removal = match removal {
+        Some((control, command)) => Some((
+            CString::new(control.as_os_str().as_encoded_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            command.as_bytes().to_vec(),
+        )),
+        None => None,
+    };
+    let mut ends = [0; 2];
+    // SAFETY: pipe2(2) fills the two descriptors of the array on our stack.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let [read_end, write_end] = ends;
+    // SAFETY: fork(2) of a process that may have threads: the children call only
+    // async-signal-safe functions (close, fork, read, nanosleep, open, write, the
+    // close_range system call, _exit) on memory prepared before the fork.
+    let middle = unsafe { libc::fork() };
+    if middle == 0 {
+        // SAFETY: as above.
+        unsafe {
+            libc::close(write_end);
+            if libc::fork() == 0 {
+                hold(read_end, removal.as_ref());
+            }
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: closing our copy of the read end, a descriptor we own.
+    unsafe { libc::close(read_end) };
+    if middle < 0 {
+        let error = io::Error::last_os_error();
+        // SAFETY: as above, the write end.
+        unsafe { libc::close(write_end) };
+        return Err(error);
+    }
+    // SAFETY: reaps the middle process, our child, which exits at once.
+    unsafe { libc::waitpid(middle, std::ptr::null_mut(), 0) };
+    // SAFETY: the write end is ours and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(write_end) })
+}
+
+/// The holder's life (see [`spawn_holder`]).
+///
+/// # Safety
+///
+/// Only in a child just forked; `removal`'s memory was made before the fork.
+unsafe fn hold(release: libc::c_int, removal: Option<&(CString, Vec<u8>)>) -> ! {
+    // SAFETY: the caller's; every call below is async-signal-safe.
+    unsafe {
+        // No terminal, no pipe held open: whoever reads cargo-trace's output sees its end.
+        for fd in 0..3 {
+            libc::close(fd);
+        }
+        let mut byte = 0u8;
+        while libc::read(release, (&raw mut byte).cast(), 1) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+        if let Some((control, command)) = removal {
+            let delay = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 5_000_000,
+            };
+            for _ in 0..400 {
+                let fd = libc::open(control.as_ptr(), libc::O_WRONLY | libc::O_APPEND);
+                if fd < 0 {
+                    break;
+                }
+                let written = libc::write(fd, command.as_ptr().cast(), command.len());
+                let busy = written < 0 && *libc::__errno_location() == libc::EBUSY;
+                libc::close(fd);
+                if !busy {
+                    break;
+                }
+                libc::nanosleep(&delay, std::ptr::null_mut());
+            }
+        }
+        libc::_exit(0)
+    }
+}

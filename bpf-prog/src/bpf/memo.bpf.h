@@ -123,6 +123,56 @@ static int copy_words(__u32 index, void *arg)
 	return 0;
 }
 
+/* What try_way works on (bpf_loop's context lives on the BPF stack); what it
+ * finds goes to w->memo_key. */
+struct memo_ways {
+	struct walk_state *w;
+	struct ct_memo_set *set;
+	struct ct_user_pages *pages;
+};
+
+/*
+ * bpf_loop callback: whether way `way` of the set, if its start matched
+ * (w->memo_candidates), has every word unchanged; if so its key goes to
+ * w->memo_key and the search ends (1), as it does if the stack cannot be
+ * read. A callback rather than a loop of memo_answer's: compare_words is
+ * then called in one state, which the verifier checks once (from a loop,
+ * it checked it some 17 times).
+ */
+static int try_way(__u32 index, void *arg)
+{
+	struct memo_ways *m = arg;
+	struct walk_state *w = m->w;
+	struct ct_user_pages *pages = m->pages;
+	__u32 way = w->memo_first_way + index;
+
+	if (!(w->memo_candidates & (1U << (way & (CT_MEMO_WAYS - 1)))))
+		return 0;
+	struct ct_memo_entry *e = &m->set->ways[way & (CT_MEMO_WAYS - 1)];
+	__u64 *buf = pages->slots[0].words;
+	__u32 first = e->first, end = first + e->span;
+	if (first < w->memo_from || end > w->memo_to) {
+		__u32 size = e->span * sizeof(__u64);
+		/* a bound the verifier can follow (see read_user) */
+		asm volatile("" : "+r"(size));
+		if (size > sizeof(*pages) || size == 0)
+			return 1;
+		if (bpf_probe_read_user(buf, size, (void *)(w->start_rsp + first * sizeof(__u64))))
+			return 1;
+		w->memo_from = first;
+		w->memo_to = end;
+	}
+	struct memo_words c = {
+		.entry = e, .buf = buf, .w = w, .from = w->memo_from, .n = e->nwords
+	};
+	w->memo_changed = 0;
+	bpf_loop((c.n + MEMO_CHUNK - 1) / MEMO_CHUNK, compare_words, &c, 0);
+	if (w->memo_changed)
+		return 0;
+	w->memo_key = e->key;
+	return 1;
+}
+
 /*
  * The key the walk w is about to make (from w->start_rip, start_rsp and
  * start_rbp, with the uretprobe trampoline w->trampoline, in process tgid,
@@ -137,39 +187,32 @@ __noinline __u64 memo_answer(struct walk_state *w, struct ct_memo_set *set,
 {
 	if (!w || !set || !pages)
 		return CT_STACK_NONE;
-	__u64 *buf = pages->slots[0].words;
 	__u64 rip = w->start_rip, rsp = w->start_rsp, rbp = w->start_rbp;
 	__u64 trampoline = w->trampoline;
-	/* the words buf holds: [from, to) above rsp */
-	__u32 from = 0, to = 0;
+	__u32 candidates = 0, first = CT_MEMO_WAYS, last = 0;
 
 	for (__u32 way = 0; way < CT_MEMO_WAYS; way++) {
 		struct ct_memo_entry *e = &set->ways[way];
-		if (e->generation != generation || e->rip != rip || e->rsp != rsp ||
-		    e->tgid != tgid || e->trampoline != trampoline ||
-		    (e->uses_rbp && e->rbp != rbp))
-			continue;
-		__u32 first = e->first, end = first + e->span;
-		if (first < from || end > to) {
-			__u32 size = e->span * sizeof(__u64);
-			/* a bound the verifier can follow (see read_user) */
-			asm volatile("" : "+r"(size));
-			if (size > sizeof(*pages) || size == 0)
-				return CT_STACK_NONE;
-			if (bpf_probe_read_user(buf, size, (void *)(rsp + first * sizeof(__u64))))
-				return CT_STACK_NONE;
-			from = first;
-			to = end;
+		if (e->generation == generation && e->rip == rip && e->rsp == rsp &&
+		    e->tgid == tgid && e->trampoline == trampoline &&
+		    (!e->uses_rbp || e->rbp == rbp)) {
+			candidates |= 1U << way;
+			first = first < way ? first : way;
+			last = way;
 		}
-		struct memo_words c = {
-			.entry = e, .buf = buf, .w = w, .from = from, .n = e->nwords
-		};
-		w->memo_changed = 0;
-		bpf_loop((c.n + MEMO_CHUNK - 1) / MEMO_CHUNK, compare_words, &c, 0);
-		if (w->memo_changed == 0)
-			return e->key;
 	}
-	return CT_STACK_NONE;
+	if (!candidates)
+		return CT_STACK_NONE;
+	/* the words the buffer holds: [memo_from, memo_to) above rsp */
+	w->memo_candidates = candidates;
+	w->memo_first_way = first;
+	w->memo_from = 0;
+	w->memo_to = 0;
+	w->memo_key = CT_STACK_NONE;
+	struct memo_ways m = { .w = w, .set = set, .pages = pages };
+	/* from the first way whose start matched to the last: one call, mostly */
+	bpf_loop(last - first + 1, try_way, &m, 0);
+	return w->memo_key;
 }
 
 /*

@@ -662,8 +662,15 @@ struct {
  * between), and a SIGCONT discards a pending stop, whereas a stop queued
  * after the SIGCONT would never be undone.
  */
+/* Set by userspace as its session ends (Tracer::end_following): no process is
+ * stopped any more, nothing reading the reports. The links may outlive that
+ * moment a little (their release is left to run on its own). */
+volatile __u8 following_ended = 0;
+
 static __always_inline void stop_for_mappings(__u32 tgid)
 {
+	if (following_ended)
+		return;
 	__u32 *slot = bpf_ringbuf_reserve(&new_images, sizeof(*slot), 0);
 
 	if (!slot) {

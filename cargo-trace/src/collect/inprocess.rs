@@ -229,9 +229,8 @@ impl Collector for InProcessCollector {
         Ok(())
     }
 
-    fn poll(&mut self, timeout: Duration) {
+    fn poll(&mut self) {
         // The serving thread does the work.
-        std::thread::sleep(timeout);
     }
 
     fn stop(&mut self) {

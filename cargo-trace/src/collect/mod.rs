@@ -16,7 +16,7 @@
 //! Prepared: Collector::new ... (loads, may give the target's environment)
 //!           target launched, held at its entry (or attached with -p)
 //!           attach(target)                          tables registered, probes attached
-//! Running:  start(); poll(timeout) at every wake-up  new processes, stacks, mappings
+//! Running:  start(); poll() at every wake-up (wake_fd)  new processes, stacks, mappings
 //!           collected(Snapshot) on SIGUSR1; heap_now() for the timeline
 //! Finished: end(); stop()                           nothing fires any more
 //!           collected(Final)
@@ -27,7 +27,6 @@ mod execs;
 pub mod inprocess;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use profile::{HeapProcess, Lost};
 
@@ -188,9 +187,15 @@ pub trait Collector {
     /// Tracing starts: the target is let run now.
     fn start(&mut self) -> anyhow::Result<()>;
 
+    /// What to wake the running phase up on, besides the target's end and a timeout: a
+    /// descriptor readable when this collector has work.
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
     /// One wake-up of the running phase: take what arrived (new processes, stacks,
-    /// mappings), waiting for it up to `timeout`.
-    fn poll(&mut self, timeout: Duration);
+    /// mappings), without waiting.
+    fn poll(&mut self);
 
     /// The span ends: what counts per unit of the session's time (an interval's
     /// firings) counts no more. What was attached stays until [`Collector::stop`].

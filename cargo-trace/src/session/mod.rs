@@ -25,10 +25,14 @@ use crate::collect::Collector;
 use crate::probe::{self, Probe, ProbeKind};
 use crate::settings::{OutputPlan, Settings, TargetSpec};
 use crate::tables::SharedTables;
+use crate::timings::{self, Phase};
 use phases::Prepared;
 
 /// Runs the whole session and returns the exit code to leave with.
 pub fn run(settings: Settings, plan: OutputPlan) -> Result<i32> {
+    if settings.timings {
+        timings::start();
+    }
     let probes = probe::parse_all(&settings.probes)?;
     if plan.wants_heaptrack() && !probes.iter().any(Probe::is_heap) {
         bail!(
@@ -57,12 +61,14 @@ pub fn run(settings: Settings, plan: OutputPlan) -> Result<i32> {
         }
     })?;
     let profile = finished.profile(&settings.heap)?;
+    timings::done(Phase::Symbolize);
     let written = outputs::write(&plan, &destinations, &profile, finished.argv());
     if profile.heap.is_some() && plan.heap_report_to_stdout() {
         let mut stdout = std::io::stdout().lock();
         writers::heap_report::write(&profile, plan.order_by, &mut stdout)
             .context("writing the heap report")?;
     }
+    timings::done(Phase::Write);
     eprintln!("{}", writers::summary::line(&profile));
     for note in writers::summary::notes(&profile) {
         eprintln!("{note}");
@@ -90,6 +96,11 @@ pub fn run(settings: Settings, plan: OutputPlan) -> Result<i32> {
         }
     }
     let (code, fate) = finished.announce_exit();
+    drop(finished);
+    timings::done(Phase::Teardown);
+    if let Some(report) = timings::report() {
+        eprintln!("{report}");
+    }
     written.check(&fate)?;
     Ok(code)
 }

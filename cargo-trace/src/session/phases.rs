@@ -27,6 +27,8 @@ use crate::progress::{self, Progress};
 use crate::settings::{HeapSettings, Settings};
 use crate::signals;
 use crate::tables::SharedTables;
+use crate::timings::{self, Phase};
+use crate::wake::Wakeup;
 
 /// How often the wait loop looks at the target.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -82,6 +84,7 @@ impl Prepared {
             (None, _) => unreachable!("either a command or a pid"),
         };
         signals::install(stopped.as_ref().map(|s| s.pid()))?;
+        timings::done(Phase::Launch);
         let target = CollectorTarget {
             pid,
             launched: stopped.is_some(),
@@ -132,6 +135,7 @@ impl Prepared {
             ));
         }
         Ok(Running {
+            wakeup: Wakeup::new(self.traced.pid),
             traced: self.traced,
             heap: self.heap,
             target,
@@ -153,6 +157,8 @@ pub struct Running {
     progress: Progress,
     started: Instant,
     started_at: SystemTime,
+    /// Ends the loop's sleeps when the target exits.
+    wakeup: Wakeup,
 }
 
 impl Running {
@@ -167,6 +173,7 @@ impl Running {
     ) -> Result<Finished> {
         let deadline = duration.map(|duration| self.started + duration);
         let exit = self.wait_for_end(deadline, heap_settings, on_snapshot)?;
+        timings::done(Phase::Run);
         // The span ends: nothing counts any more, though what counted stays attached
         // until the collectors stop.
         for collector in &mut self.traced.collectors {
@@ -197,6 +204,7 @@ impl Running {
         for collector in &mut traced.collectors {
             collector.stop();
         }
+        timings::done(Phase::Teardown);
         Ok(Finished {
             traced,
             target,
@@ -269,12 +277,16 @@ impl Running {
                     }
                 }
             }
-            let traced = &mut self.traced;
-            // The first collector waits for what wakes it; the others only look.
-            let mut timeout = POLL_INTERVAL;
-            for collector in &mut traced.collectors {
-                collector.poll(timeout);
-                timeout = Duration::ZERO;
+            // Sleeps until the target ends, a collector has work, or the interval passes.
+            let wake: Vec<_> = self
+                .traced
+                .collectors
+                .iter()
+                .filter_map(|c| c.wake_fd())
+                .collect();
+            self.wakeup.wait(&wake, POLL_INTERVAL);
+            for collector in &mut self.traced.collectors {
+                collector.poll();
             }
             if last_note.elapsed() >= NOTE_INTERVAL {
                 last_note = Instant::now();

@@ -14,6 +14,7 @@ use crate::probe::Probe;
 use crate::settings::HeapSettings;
 use crate::symbolize::{ProfileBuilder, RawSample, SymbolMapping, Symbolizer};
 use crate::tables::Coverage;
+use crate::timings::{self, Phase};
 
 /// What a profile is made of: the collectors' counts and what the session knows of the
 /// processes.
@@ -64,6 +65,7 @@ pub fn build(source: Source<'_>, heap_settings: &HeapSettings) -> Profile {
         summary.merged_processes += collected.merged_processes;
         parents.extend(collected.parents);
     }
+    timings::done(Phase::Read);
     let mut raw = values::event_samples(events, source.probes);
     let heap: Option<HeapTotals> = heap.map(|heap| {
         values::add_heap_samples(

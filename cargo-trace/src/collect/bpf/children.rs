@@ -9,9 +9,9 @@
 //! ([`Children::register_started`]), or, at the latest, when the [`Children`] drop.
 
 use std::cell::RefCell;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::rc::Rc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bpf_prog::Tracer;
@@ -59,9 +59,17 @@ impl Children {
         })
     }
 
-    /// Waits up to `timeout` for a child to stop at its start.
-    pub fn poll(&self, timeout: Duration) {
-        let _ = self.ring.poll(timeout);
+    /// Readable when a child stopped at its start was reported: what
+    /// [`Children::take_reports`] reads.
+    pub fn reports_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the ring buffer's epoll descriptor lives as long as the ring, which
+        // the returned borrow cannot outlive.
+        unsafe { BorrowedFd::borrow_raw(self.ring.epoll_fd()) }
+    }
+
+    /// Takes the reports of children stopped at their start, without waiting.
+    pub fn take_reports(&self) {
+        let _ = self.ring.consume();
     }
 
     /// Registers the mappings of every process reported stopped, lets `registered` act
@@ -80,6 +88,15 @@ impl Children {
             registered(store.tracer, pid);
             resume(pid);
         }
+    }
+}
+
+impl Children {
+    /// The links, taken to be detached with the probes' (closing one waits for the
+    /// kernel's RCU grace periods: together, the waits overlap). No process stops
+    /// once they are gone.
+    pub fn take_links(&mut self) -> Vec<Attachment> {
+        std::mem::take(&mut self.links)
     }
 }
 

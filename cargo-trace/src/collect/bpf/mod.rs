@@ -25,6 +25,7 @@ use crate::probe::{event_program, Probe, ProbeKind};
 use crate::process;
 use crate::settings::{HeapSettings, Settings};
 use crate::tables::{ProcessTables, SharedTables, StoreId};
+use crate::timings::{self, Phase};
 use attach::{AttachPlan, Pending, UprobeScope};
 use children::Children;
 use exited::ExitedProcesses;
@@ -112,11 +113,13 @@ impl BpfCollector {
                 error
             }
         })?;
+        timings::done_split(Phase::Load, Phase::Verify, tracer.load_times().verify);
         // After the load, which says first when there are no privileges for any of it.
         let scope = UprobeScope::new(follow);
         // Before anything can be stopped: resumes what is, should cargo-trace die.
         let guard = Guard::spawn(tracer.pid_filter_fd(), scope.removal())
             .context("starting the guard process")?;
+        timings::done(Phase::Guard);
         Ok(BpfCollector {
             probes,
             takes_heap,
@@ -196,6 +199,7 @@ impl Collector for BpfCollector {
         self.tracer
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
+        timings::done(Phase::Tables);
         let (links, pending) = attach::attach_all(
             &self.tracer,
             &self.probes,
@@ -210,6 +214,7 @@ impl Collector for BpfCollector {
             let fire = self.plan.scope.fire(pid, &targets);
             self.children = Some(Children::follow(&self.tracer, pid, !target.launched, fire)?);
         }
+        timings::done(Phase::Attach);
         Ok(())
     }
 
@@ -224,25 +229,26 @@ impl Collector for BpfCollector {
         Ok(())
     }
 
-    fn poll(&mut self, timeout: Duration) {
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // A child stopped at its start is registered at once.
+        self.children.as_ref().map(Children::reports_fd)
+    }
+
+    fn poll(&mut self) {
         // New stacks reach userspace through a ring buffer: drained at every wake-up so
         // that a burst of them finds it empty. A failure here loses nothing: the records
         // stay for the next drain.
         let _ = self.tracer.drain_records();
-        match &self.children {
-            // Wakes up as soon as a child stops at its start.
-            Some(children) => {
-                children.poll(timeout);
-                let (links, pending, probes) = (&mut self.links, &mut self.pending, &self.probes);
-                let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
-                let mut tables = self.tables.lock();
-                children.register_started(&mut store, &mut tables, |tracer, pid| {
-                    if let Some(pending) = pending {
-                        pending.attach_in(tracer, probes, pid, links);
-                    }
-                });
-            }
-            None => std::thread::sleep(timeout),
+        if let Some(children) = &self.children {
+            children.take_reports();
+            let (links, pending, probes) = (&mut self.links, &mut self.pending, &self.probes);
+            let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
+            let mut tables = self.tables.lock();
+            children.register_started(&mut store, &mut tables, |tracer, pid| {
+                if let Some(pending) = pending {
+                    pending.attach_in(tracer, probes, pid, links);
+                }
+            });
         }
         // Not at every wake-up: a child that execs reports itself (above), and one that
         // only forked walks with its parent's mappings meanwhile; reading the whole
@@ -265,11 +271,24 @@ impl Collector for BpfCollector {
     }
 
     fn stop(&mut self) {
-        // Teardown in order: no probe fires and no child stops any more, every child
-        // held stopped is resumed; only then is the guard told it has nothing to do.
-        probes::detach(std::mem::take(&mut self.links), |count| {
-            eprintln!("cargo-trace: detaching {count} probes...")
-        });
+        // Teardown in order: no child stops any more, every child held stopped is
+        // resumed; only then is the guard told it has nothing to do. The links are
+        // released in the background: the release of each waits for the kernel's grace
+        // periods (~20-100 ms a link here, one after the other), and nothing needs it
+        // done. Until it is, their programs may still count (nothing reads it) but stop
+        // no process.
+        self.tracer.end_following();
+        let mut links = std::mem::take(&mut self.links);
+        if let Some(children) = self.children.as_mut() {
+            links.extend(children.take_links());
+        }
+        let removal = self.plan.scope.removal();
+        probes::detach_in_background(
+            links,
+            removal
+                .as_ref()
+                .map(|(control, command)| (control.as_path(), command.as_str())),
+        );
         self.children = None;
         if let Some(guard) = self.guard.take() {
             guard.dismiss();
