@@ -135,7 +135,8 @@ fn alloc_run(name: &str, fixture: &std::path::Path, extra: &[&str]) -> Run {
 
 /// `alloc` on a command line, with the CSV and the text report.
 fn alloc_command_run(name: &str, command: &str, extra: &[&str]) -> Run {
-    let mut args = vec!["--csv", "heap.csv", "--report-text", "report.txt"];
+    // `--mmap`: the fixtures' anonymous mappings are sites of their own, counted as blocks.
+    let mut args = vec!["--csv", "heap.csv", "--report-text", "report.txt", "--mmap"];
     args.extend(extra);
     trace(name, &["alloc"], command, &args)
 }
@@ -167,6 +168,77 @@ fn every_libc_function_is_counted_exactly_without_the_preload() {
         "{}",
         run.stderr
     );
+}
+
+/// By default anonymous mappings are kept apart from the heap, on both paths: the
+/// fixture's `site_mmap` has no heap rows, its four mappings are the JSON's mapped
+/// memory (made, unmapped, none live), and the summary and the text report say so;
+/// every other site is still exact.
+#[test]
+fn anonymous_mappings_are_apart_by_default() {
+    if !bpf_available("anonymous_mappings_are_apart_by_default") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_c");
+    for (name, extra) in [
+        ("alloc-mmap-apart", &[][..]),
+        ("alloc-mmap-apart-no-preload", &["--no-preload"][..]),
+    ] {
+        let mut args = vec!["--csv", "heap.csv", "--report-text", "report.txt"];
+        args.extend(["--json", "heap.json"]);
+        args.extend(extra);
+        let run = trace(name, &["alloc"], &quoted(&path), &args);
+        assert!(run.status.success(), "{name}: {}", run.stderr);
+        run.assert_every_walk_complete();
+        let rows = read_csv(&run, "heap.csv");
+        let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+        for site in &sites {
+            let rows = rows_of(&rows, site);
+            let allocs = if site.function == "site_mmap" {
+                0
+            } else {
+                site.allocs
+            };
+            assert_eq!(
+                sum(&rows, "allocs") as u64,
+                allocs,
+                "{name}: {}",
+                site.function
+            );
+        }
+        let mmap = sites.iter().find(|s| s.function == "site_mmap").unwrap();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
+        let mapped = &json["heap"]["mapped"];
+        assert_eq!(mapped["counted"], false, "{name}: {mapped}");
+        assert_eq!(
+            mapped["mappings"].as_u64(),
+            Some(mmap.allocs),
+            "{name}: {mapped}"
+        );
+        assert_eq!(
+            mapped["bytes"].as_u64(),
+            Some(mmap.bytes),
+            "{name}: {mapped}"
+        );
+        assert_eq!(
+            mapped["unmappings"].as_u64(),
+            Some(mmap.frees),
+            "{name}: {mapped}"
+        );
+        assert_eq!(mapped["live_bytes"].as_i64(), Some(0), "{name}: {mapped}");
+        assert!(
+            run.stderr
+                .contains("cargo-trace: note: mapped memory (anonymous mmap) "),
+            "{name}: {}",
+            run.stderr
+        );
+        let report = std::fs::read_to_string(run.scratch.path("report.txt")).unwrap();
+        assert!(
+            report.contains("mapped memory (anonymous mmap, "),
+            "{name}: {report}"
+        );
+    }
 }
 
 fn check_every_libc_function(name: &str, extra: &[&str]) -> Run {
@@ -299,7 +371,7 @@ fn alloc_beside_another_probe() {
         "alloc-beside",
         &["alloc", "uprobe:libc:posix_memalign"],
         &quoted(&path),
-        &["--csv", "heap.csv"],
+        &["--csv", "heap.csv", "--mmap"],
     );
     let rows = read_csv(&run, "heap.csv");
     check_sites(&run, &rows);
@@ -418,7 +490,7 @@ fn an_allocator_named_by_its_path() {
         "alloc-path",
         &[&probe],
         &quoted(&path),
-        &["--csv", "heap.csv"],
+        &["--csv", "heap.csv", "--mmap"],
     );
     let rows = read_csv(&run, "heap.csv");
     check_sites(&run, &rows);
@@ -709,7 +781,7 @@ fn alloc_c_twice(
         name,
         &["alloc"],
         &format!("/bin/sh -c {}", common::shell_quote(&script)),
-        &["--csv", "heap.csv"],
+        &["--csv", "heap.csv", "--mmap"],
     );
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     let rows = read_csv(&run, "heap.csv");

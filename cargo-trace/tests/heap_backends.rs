@@ -33,7 +33,8 @@ const COMPARED: &[&str] = &[
 type BySite = BTreeMap<String, BTreeMap<Vec<String>, BTreeMap<String, i64>>>;
 
 fn run(name: &str, command: &str, extra: &[&str]) -> Run {
-    let mut args = vec!["--csv", "heap.csv"];
+    // The fixtures' anonymous mappings compared as the sites they are.
+    let mut args = vec!["--csv", "heap.csv", "--mmap"];
     args.extend(extra);
     let run = trace(name, &["alloc"], command, &args);
     assert!(run.status.success(), "{name}: {}", run.stderr);

@@ -29,8 +29,9 @@ pub struct Exec {
     pub pid: u32,
     /// Its command line, as far as it could be read.
     pub command: String,
-    /// Dynamically linked (it has an interpreter: ld.so loads preloaded libraries).
-    pub dynamic: bool,
+    /// Dynamically linked (it has an interpreter: ld.so loads preloaded libraries);
+    /// `None` where it was gone before its executable could be read.
+    pub dynamic: Option<bool>,
 }
 
 /// What the reader keeps.
@@ -40,12 +41,21 @@ struct Tree {
     members: HashSet<u32>,
     /// Each exec of a member, in order.
     execs: Vec<Exec>,
+    /// Forks read before their parent was known to be a member (the target's pid is told
+    /// after the launch, whose events may be read later): child -> parent.
+    parents: HashMap<u32, u32>,
+}
+
+/// The socket and what has been read from it: whoever holds the lock reads what is
+/// queued, so that the events are handled one at a time and in order.
+struct Reader {
+    socket: OwnedFd,
+    tree: Mutex<Tree>,
 }
 
 /// The reader of process events, until it is dropped.
 pub struct ExecWatch {
-    tree: Arc<Mutex<Tree>>,
-    socket: Arc<OwnedFd>,
+    reader: Arc<Reader>,
     done: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -54,19 +64,27 @@ impl ExecWatch {
     /// Subscribes to the machine's process events; `None` where the kernel refuses
     /// (no CAP_NET_ADMIN, no process connector).
     pub fn start() -> Option<ExecWatch> {
-        let socket = Arc::new(subscribe().ok()?);
-        let tree = Arc::new(Mutex::new(Tree::default()));
+        let reader = Arc::new(Reader {
+            socket: subscribe().ok()?,
+            tree: Mutex::new(Tree::default()),
+        });
         let done = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (socket, tree, done) = (Arc::clone(&socket), Arc::clone(&tree), Arc::clone(&done));
+            let (reader, done) = (Arc::clone(&reader), Arc::clone(&done));
             std::thread::Builder::new()
                 .name("exec-watch".into())
-                .spawn(move || read_events(&socket, &tree, &done))
+                .spawn(move || {
+                    run_first();
+                    while !done.load(Ordering::Acquire) {
+                        if readable(&reader.socket, 100) {
+                            reader.read_queued();
+                        }
+                    }
+                })
                 .ok()?
         };
         Some(ExecWatch {
-            tree,
-            socket,
+            reader,
             done,
             thread: Some(thread),
         })
@@ -74,24 +92,87 @@ impl ExecWatch {
 
     /// Follows `pid` (the target) and what it starts from now on.
     pub fn follow(&self, pid: u32) {
-        lock(&self.tree).members.insert(pid);
+        lock(&self.reader.tree).members.insert(pid);
     }
 
-    /// The execs of the target's tree so far.
+    /// The execs of the target's tree so far, the events queued read first.
     pub fn execs(&self) -> Vec<Exec> {
-        lock(&self.tree).execs.clone()
+        self.reader.read_queued();
+        lock(&self.reader.tree).execs.clone()
     }
 }
 
 impl Drop for ExecWatch {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Release);
-        // Wakes the reader up: its receive times out within a tenth of a second.
+        // The reader's wait ends within a tenth of a second.
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = &self.socket;
     }
+}
+
+impl Reader {
+    /// Handles every event queued on the socket, under the tree's lock.
+    fn read_queued(&self) {
+        let mut tree = lock(&self.tree);
+        let mut buffer = [0u8; 4096];
+        loop {
+            // SAFETY: recv into a buffer of its length on a descriptor we own.
+            let n = unsafe {
+                libc::recv(
+                    self.socket.as_raw_fd(),
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // Nothing queued (EAGAIN), or ENOBUFS: events lost while the machine forked
+            // faster than they were read; those that follow are still read.
+            if n <= 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOBUFS) {
+                    continue;
+                }
+                return;
+            }
+            let n = n as usize;
+            let mut offset = 0usize;
+            while offset + NLMSG_HEADER <= n {
+                let length = u32_at(&buffer, offset) as usize;
+                if length < NLMSG_HEADER || offset + length > n {
+                    break;
+                }
+                let event = offset + NLMSG_HEADER + CN_MSG_HEADER;
+                if event + 32 <= offset + length {
+                    handle(&buffer[event..offset + length], &mut tree);
+                }
+                offset += (length + 3) & !3;
+            }
+        }
+    }
+}
+
+/// Whether `socket` has something to read within `timeout_ms`.
+fn readable(socket: &OwnedFd, timeout_ms: i32) -> bool {
+    let mut poll = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, ours.
+    unsafe { libc::poll(&mut poll, 1, timeout_ms) > 0 }
+}
+
+/// The reader runs ahead of the processes it reads about where it may (a real-time
+/// thread, as root): a short child's command line and executable are read from `/proc`
+/// as it execs, before it exits. Best effort; it only wakes on forks and execs.
+fn run_first() {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sets this thread's own policy.
+    unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
 }
 
 fn lock(tree: &Mutex<Tree>) -> std::sync::MutexGuard<'_, Tree> {
@@ -124,17 +205,6 @@ fn subscribe() -> std::io::Result<OwnedFd> {
         {
             return Err(std::io::Error::last_os_error());
         }
-        let timeout = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 100_000,
-        };
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&timeout as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as u32,
-        );
         let mut message = [0u8; NLMSG_HEADER + CN_MSG_HEADER + 4];
         let total = message.len() as u32;
         message[0..4].copy_from_slice(&total.to_ne_bytes());
@@ -152,41 +222,6 @@ fn subscribe() -> std::io::Result<OwnedFd> {
     }
 }
 
-/// Reads events until `done`, keeping the forks and execs of the tree's members.
-fn read_events(socket: &OwnedFd, tree: &Mutex<Tree>, done: &AtomicBool) {
-    let mut buffer = [0u8; 4096];
-    // Forks seen before their parent is known to be a member (the target's pid is told
-    // after the launch, whose events may be read later): child -> parent.
-    let mut parents: HashMap<u32, u32> = HashMap::new();
-    while !done.load(Ordering::Acquire) {
-        // SAFETY: recv into a buffer of its length on a descriptor we own.
-        let n = unsafe {
-            libc::recv(
-                socket.as_raw_fd(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                0,
-            )
-        };
-        if n <= 0 {
-            continue;
-        }
-        let mut offset = 0usize;
-        let n = n as usize;
-        while offset + NLMSG_HEADER <= n {
-            let length = u32_at(&buffer, offset) as usize;
-            if length < NLMSG_HEADER || offset + length > n {
-                break;
-            }
-            let event = offset + NLMSG_HEADER + CN_MSG_HEADER;
-            if event + 32 <= offset + length {
-                handle(&buffer[event..offset + length], tree, &mut parents);
-            }
-            offset += (length + 3) & !3;
-        }
-    }
-}
-
 fn u32_at(bytes: &[u8], offset: usize) -> u32 {
     bytes
         .get(offset..offset + 4)
@@ -194,7 +229,7 @@ fn u32_at(bytes: &[u8], offset: usize) -> u32 {
 }
 
 /// One `struct proc_event`: what (u32), cpu (u32), timestamp (u64), then its union.
-fn handle(event: &[u8], tree: &Mutex<Tree>, parents: &mut HashMap<u32, u32>) {
+fn handle(event: &[u8], kept: &mut Tree) {
     let what = u32_at(event, 0);
     let data = 16;
     match what {
@@ -204,39 +239,34 @@ fn handle(event: &[u8], tree: &Mutex<Tree>, parents: &mut HashMap<u32, u32>) {
             if child != child_tgid {
                 return; // a thread
             }
-            let mut kept = lock(tree);
             if kept.members.contains(&parent) {
                 kept.members.insert(child);
             } else {
-                parents.insert(child, parent);
+                kept.parents.insert(child, parent);
             }
         }
         PROC_EVENT_EXEC => {
             let pid = u32_at(event, data + 4);
-            {
-                let mut kept = lock(tree);
-                // A fork read before its parent joined: the chain up to a member.
-                let mut ancestor = Some(pid);
-                let mut member = false;
-                while let Some(up) = ancestor {
-                    if kept.members.contains(&up) {
-                        member = true;
-                        break;
-                    }
-                    ancestor = parents.get(&up).copied();
+            // A fork read before its parent joined: the chain up to a member.
+            let mut ancestor = Some(pid);
+            let mut member = false;
+            while let Some(up) = ancestor {
+                if kept.members.contains(&up) {
+                    member = true;
+                    break;
                 }
-                if !member {
-                    return;
-                }
-                kept.members.insert(pid);
+                ancestor = kept.parents.get(&up).copied();
             }
-            // Read at once, the process still there, without the tree's lock.
-            let exec = Exec {
+            if !member {
+                return;
+            }
+            kept.members.insert(pid);
+            // Read at once, the process still there.
+            kept.execs.push(Exec {
                 pid,
                 command: command_line(pid),
                 dynamic: has_interpreter(pid),
-            };
-            lock(tree).execs.push(exec);
+            });
         }
         _ => {}
     }
@@ -256,25 +286,26 @@ fn command_line(pid: u32) -> String {
 }
 
 /// Whether the process's executable (a 64-bit ELF) has an interpreter: ld.so, which
-/// loads preloaded libraries. Its program headers only are read.
-fn has_interpreter(pid: u32) -> bool {
+/// loads preloaded libraries. Its program headers only are read; `None` where the
+/// process is gone.
+fn has_interpreter(pid: u32) -> Option<bool> {
     use std::io::Read;
     const PT_INTERP: u32 = 3;
     let mut head = vec![0u8; 4096];
-    let Ok(read) =
-        std::fs::File::open(format!("/proc/{pid}/exe")).and_then(|mut file| file.read(&mut head))
-    else {
-        return false;
-    };
+    let read = std::fs::File::open(format!("/proc/{pid}/exe"))
+        .and_then(|mut file| file.read(&mut head))
+        .ok()?;
     let head = &head[..read];
     if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 {
-        return false;
+        return Some(false);
     }
     let u16_at = |at: usize| u16::from_le_bytes([head[at], head[at + 1]]) as usize;
     let phoff = u64::from_le_bytes(head[32..40].try_into().unwrap_or_default()) as usize;
     let (size, count) = (u16_at(54), u16_at(56));
-    (0..count)
-        .map(|i| phoff + i * size)
-        .take_while(|&at| at + 4 <= head.len())
-        .any(|at| u32_at(head, at) == PT_INTERP)
+    Some(
+        (0..count)
+            .map(|i| phoff + i * size)
+            .take_while(|&at| at + 4 <= head.len())
+            .any(|at| u32_at(head, at) == PT_INTERP),
+    )
 }

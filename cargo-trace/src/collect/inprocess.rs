@@ -402,7 +402,9 @@ impl InProcessCollector {
             .filter(|exec| {
                 let nth = seen.entry(exec.pid).or_default();
                 *nth += 1;
-                exec.dynamic && *nth > connected.get(&exec.pid).copied().unwrap_or(0)
+                // One gone before it could be read never connected either: most likely
+                // dynamic, and its heap is not counted whatever it was.
+                exec.dynamic != Some(false) && *nth > connected.get(&exec.pid).copied().unwrap_or(0)
             })
             .collect();
         let first = missing.first()?;
@@ -410,11 +412,16 @@ impl InProcessCollector {
             1 => "1 process".to_string(),
             n => format!("{n} processes, the first"),
         };
+        let command = if first.command.is_empty() {
+            "exited before its command line was read"
+        } else {
+            &first.command
+        };
         Some(format!(
-            "{processes} (pid {}: {}) ran without cargo-trace's preloaded library (its \
+            "{processes} (pid {}: {command}) ran without cargo-trace's preloaded library (its \
              environment dropped LD_PRELOAD, or it is setuid): its heap is not counted; \
              --no-preload probes libc itself in every process",
-            first.pid, first.command
+            first.pid
         ))
     }
 }
