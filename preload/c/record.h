@@ -26,6 +26,7 @@
  * region->private_bytes says how much of it is in use.
  */
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -56,7 +57,7 @@ enum record_limits {
 
 #define TABLES_RESERVE (1ULL << 36) /* the tables memfd's mapping: address space only */
 
-/* What a wrapper hands the recorder; rip, rsp and rbp filled by ctp_capture. */
+/* What a wrapper hands the recorder, and where the walk starts (ctp_capture). */
 struct ctp_call {
 	uint64_t rip;
 	uint64_t rsp;
@@ -141,6 +142,9 @@ enum conn_state {
 
 /* Whether the library records (CARGO_TRACE_HEAP set), decided at the first call. */
 static int recording_mode;
+/* CARGO_TRACE_HEAP_NO_STACKS=1: events without stacks, for the benchmark's account of
+ * where a pair's time goes (the consumer counts no allocation without its stack). */
+static int no_stacks;
 
 static __thread struct thread *self __attribute__((tls_model("initial-exec")));
 /* The library's own calls into libc that may allocate: never counted. */
@@ -178,6 +182,15 @@ static uint64_t monotonic_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
+}
+
+/* An event's time: the TSC (~8 ns, clock_gettime ~18 ns: the largest cost of a pair
+ * after the allocator itself), which the consumer turns into CLOCK_MONOTONIC ns
+ * (recorder.rs, Clock). The kernel's clocksource here is this TSC, constant and
+ * synchronized across CPUs. */
+static inline uint64_t now_ticks(void)
+{
+	return __builtin_ia32_rdtsc();
 }
 
 static void *map_private(size_t bytes)
@@ -392,14 +405,20 @@ static void publish(struct thread *t, const struct ctp_event *e)
 
 	if (__builtin_expect(head - t->tail >= CTP_RING_EVENTS, 0)) {
 		t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
-		while (head - t->tail >= CTP_RING_EVENTS) {
+		if (head - t->tail >= CTP_RING_EVENTS)
 			r->waits++;
-			if (!consumer_alive()) {
-				detach();
-				return;
+		for (unsigned spins = 0; head - t->tail >= CTP_RING_EVENTS; spins++) {
+			/* the consumer drains on another core: yield first, sleep later */
+			if (spins < 64) {
+				sched_yield();
+			} else {
+				if (!consumer_alive()) {
+					detach();
+					return;
+				}
+				struct timespec pause = { 0, WAIT_NS };
+				nanosleep(&pause, NULL);
 			}
-			struct timespec pause = { 0, WAIT_NS };
-			nanosleep(&pause, NULL);
 			t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
 		}
 	}
@@ -488,6 +507,11 @@ static struct thread *thread_start(void)
 		t->tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
 		t->random = (monotonic_ns() ^ ((uint64_t)i << 32) ^ (uint64_t)(uintptr_t)&t) | 1;
 		r->tid = (uint32_t)syscall(SYS_gettid);
+		uint32_t limit = __atomic_load_n(&conn.region->ring_limit, __ATOMIC_RELAXED);
+		while (limit < (uint32_t)i + 1 &&
+		       !__atomic_compare_exchange_n(&conn.region->ring_limit, &limit, i + 1, 0,
+						    __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+			;
 		r->owners++;
 	}
 	if (t) {
@@ -754,10 +778,10 @@ static uint32_t stack_of(struct thread *t, const struct ctp_call *c, uint32_t le
 		env.direct_hi = t->stack_hi;
 	}
 	struct ctp_walk *w = &t->scratch[level];
-	uint64_t started = monotonic_ns();
+	uint64_t started = now_ticks();
 	ctp_walk_stack(&env, w, c->rip, c->rsp, c->rbp, 0, 0);
 	struct ctp_ring *r = t->ring;
-	r->walk_ns += monotonic_ns() - started;
+	r->walk_ticks += now_ticks() - started;
 	r->walks++;
 	r->walked_frames += w->len;
 	r->walk_ends[w->end & (CTP_WALK_END_COUNT - 1)]++;
@@ -803,9 +827,23 @@ static inline int size_wanted(uint64_t size)
 
 /* ---- the recorder ---- */
 
-/* Called by ctp_capture with the wrapper's registers in c. Not static: the
- * stub jumps here. */
-__attribute__((visibility("hidden"), used)) void ctp_record(struct ctp_call *c)
+static void record(struct ctp_call *c);
+
+/* Called by ctp_capture with the wrapper's arguments and registers, all in
+ * registers (a struct the wrapper stored and this loaded would stall on store
+ * forwarding). Not static: the stub jumps here. */
+__attribute__((visibility("hidden"), used)) void ctp_record(uint32_t kind, uint64_t address,
+							    uint64_t size, uint64_t rip,
+							    uint64_t rsp, uint64_t rbp)
+{
+	struct ctp_call c = {
+		.rip = rip, .rsp = rsp, .rbp = rbp, .address = address, .size = size, .kind = kind
+	};
+
+	record(&c);
+}
+
+static inline __attribute__((always_inline)) void record(struct ctp_call *c)
 {
 	struct thread *t = self;
 
@@ -853,9 +891,9 @@ __attribute__((visibility("hidden"), used)) void ctp_record(struct ctp_call *c)
 		break;
 	}
 	if (keep) {
-		if (walk)
+		if (walk && !no_stacks)
 			e.stack = stack_of(t, c, level);
-		e.time = monotonic_ns();
+		e.time = now_ticks();
 		if (level == 0) {
 			publish(t, &e);
 			publish_pending(t);
@@ -873,34 +911,28 @@ __attribute__((visibility("hidden"), used)) void ctp_record(struct ctp_call *c)
 	t->level = level;
 }
 
-/* ctp_capture(c): fills c->rip, c->rsp and c->rbp as a site's probe would see
- * them with the site's frame popped (the wrapper's return address, the
- * wrapper's rsp), then goes on to ctp_record(c). */
-void ctp_capture(struct ctp_call *c);
+/* ctp_capture(kind, address, size): adds the registers a site's probe would
+ * see with the site's frame popped (rip: the wrapper's return address, rsp:
+ * the wrapper's, rbp) as ctp_record's fourth to sixth arguments, and goes on
+ * there. */
+void ctp_capture(uint32_t kind, uint64_t address, uint64_t size);
 __asm__(".text\n"
 	".globl ctp_capture\n"
 	".hidden ctp_capture\n"
 	".type ctp_capture, @function\n"
 	"ctp_capture:\n"
 	".cfi_startproc\n"
-	"\tmovq (%rsp), %rax\n"
-	"\tmovq %rax, 0(%rdi)\n"
-	"\tleaq 8(%rsp), %rax\n"
-	"\tmovq %rax, 8(%rdi)\n"
-	"\tmovq %rbp, 16(%rdi)\n"
+	"\tmovq (%rsp), %rcx\n"
+	"\tleaq 8(%rsp), %r8\n"
+	"\tmovq %rbp, %r9\n"
 	"\tjmp ctp_record\n"
 	".cfi_endproc\n"
 	".size ctp_capture, .-ctp_capture\n");
 
 /* Records an event of the calling wrapper: a macro, so that the stub is
  * called from the wrapper itself and the walk starts in it. */
-#define RECORD(kind_, address_, size_)                                                       \
-	do {                                                                                 \
-		struct ctp_call call_ = { .address = (uint64_t)(uintptr_t)(address_),       \
-					  .size = (uint64_t)(size_),                          \
-					  .kind = (kind_) };                                  \
-		ctp_capture(&call_);                                                         \
-	} while (0)
+#define RECORD(kind_, address_, size_) \
+	ctp_capture((kind_), (uint64_t)(uintptr_t)(address_), (uint64_t)(size_))
 
 /* A forked child records apart: its own region and connection, at its first
  * event. The parent's region stays mapped (the child never writes it). */
@@ -936,5 +968,7 @@ static void record_init(void)
 	if (pthread_key_create(&thread_key, thread_ended))
 		return;
 	pthread_atfork(NULL, NULL, record_forked_child);
+	const char *bare = getenv("CARGO_TRACE_HEAP_NO_STACKS");
+	no_stacks = bare && bare[0] == '1';
 	recording_mode = 1;
 }

@@ -34,8 +34,8 @@ enum ctp_limits {
 	CTP_MAGIC = 0x52505443, /* "CTPR" */
 	CTP_VERSION = 1,
 	CTP_MAX_FRAMES = 512,
-	CTP_RINGS = 256,
-	CTP_RING_EVENTS = 4096,
+	CTP_RINGS = 128,
+	CTP_RING_EVENTS = 65536,
 	CTP_STACK_SLOTS = 262144,
 	CTP_STACK_WORDS = 8388608,
 	CTP_MAX_MAPPINGS = 1024,
@@ -164,7 +164,7 @@ enum ctp_event_flags {
 };
 
 struct ctp_event {
-	uint64_t time; /* CLOCK_MONOTONIC ns */
+	uint64_t time; /* TSC ticks (the consumer makes them CLOCK_MONOTONIC ns) */
 	uint64_t address;
 	uint64_t size;
 	uint32_t stack; /* stack id, 0: none */
@@ -191,7 +191,7 @@ struct ctp_ring {
 	uint64_t pad2[7];
 	uint64_t walks;	    /* stacks walked (memo misses) */
 	uint64_t memo_hits; /* stacks the memo answered */
-	uint64_t walk_ns;   /* time spent walking (sampled, see preload.c) */
+	uint64_t walk_ticks; /* TSC ticks spent walking */
 	uint64_t walked_frames;
 	uint64_t walk_ends[CTP_WALK_END_COUNT];
 	uint64_t nested_lost;	   /* events lost: too deeply nested signal handlers */
@@ -229,7 +229,7 @@ struct ctp_region {
 	uint64_t stacks_full; /* stacks not stored: no room */
 	uint64_t lookups;     /* mappings asked of cargo-trace */
 	uint32_t detached;    /* cargo-trace went away: the library passes through */
-	uint32_t pad;
+	uint32_t ring_limit;  /* rings [0, ring_limit) were ever taken */
 };
 
 /* Messages on the socket (SOCK_SEQPACKET). */

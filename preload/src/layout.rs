@@ -224,7 +224,7 @@ pub struct Ring {
     pub pad2: [u64; 7],
     pub walks: u64,
     pub memo_hits: u64,
-    pub walk_ns: u64,
+    pub walk_ticks: u64,
     pub walked_frames: u64,
     pub walk_ends: [u64; WALK_ENDS],
     pub nested_lost: u64,
@@ -235,7 +235,7 @@ pub struct Ring {
 }
 mirror!(Ring = ctp_ring {
     state: u32, tid: u32, owners: u64, pad0: [u64; 6], head: u64, pad1: [u64; 7], tail: u64,
-    pad2: [u64; 7], walks: u64, memo_hits: u64, walk_ns: u64, walked_frames: u64,
+    pad2: [u64; 7], walks: u64, memo_hits: u64, walk_ticks: u64, walked_frames: u64,
     walk_ends: [u64; WALK_ENDS], nested_lost: u64, not_stored: u64, waits: u64,
     pad3: [u64; 1], events: [Event; RING_EVENTS],
 });
@@ -274,13 +274,13 @@ pub struct Region {
     pub stacks_full: u64,
     pub lookups: u64,
     pub detached: u32,
-    pub pad: u32,
+    pub ring_limit: u32,
 }
 mirror!(Region = ctp_region {
     magic: u32, version: u32, pid: u32, nrings: u32, region_bytes: u64, rings_offset: u64,
     ring_bytes: u64, slots_offset: u64, nslots: u64, words_offset: u64, nwords: u64,
     private_bytes: u64, private_bound: u64, words_used: u64, stacks: u32, stack_lock: u32,
-    no_ring: u64, stacks_full: u64, lookups: u64, detached: u32, pad: u32,
+    no_ring: u64, stacks_full: u64, lookups: u64, detached: u32, ring_limit: u32,
 });
 
 #[repr(C)]

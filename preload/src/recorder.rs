@@ -14,6 +14,7 @@
 //! predecessor then is what the BPF path counts: an unknown free, a reused address.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::offset_of;
 use std::os::fd::OwnedFd;
 
@@ -22,6 +23,112 @@ use unwind_tables::UnsupportedReason;
 
 use crate::layout::{self, event, region, ring_state, Event, Region, Ring, RINGS, RING_EVENTS};
 use crate::sys::{self, Shared};
+
+/// A multiply-rotate hash (rustc's FxHash) for the consumer's maps: their keys are
+/// addresses and small ids, not attacker-chosen strings, and SipHash would cost the
+/// consumer most of its time per event.
+#[derive(Clone, Copy, Default)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+
+/// Turns the library's TSC stamps into `CLOCK_MONOTONIC` ns: piecewise linear between
+/// (ticks, ns) pairs this process takes, at least a millisecond apart (the last one at
+/// every poll, after the rings' heads were read, so every event read lies before it).
+/// The mapping is increasing, as the clock is: events keep their order.
+struct Clock {
+    samples: Vec<(u64, u64)>,
+}
+
+/// Samples kept (the oldest go first; an event older than all is extrapolated).
+const CLOCK_SAMPLES: usize = 1 << 16;
+const CLOCK_SPACING_NS: u64 = 1_000_000;
+
+impl Clock {
+    fn new() -> Clock {
+        let first = Clock::sample();
+        let mut second = Clock::sample();
+        while second.1 < first.1 + 2 * CLOCK_SPACING_NS {
+            std::hint::spin_loop();
+            second = Clock::sample();
+        }
+        Clock {
+            samples: vec![first, second],
+        }
+    }
+
+    /// Ticks and ns read at once (the ticks read on both sides, their middle taken).
+    fn sample() -> (u64, u64) {
+        let before = sys::ticks();
+        let ns = sys::monotonic_ns();
+        let after = sys::ticks();
+        (before + (after - before) / 2, ns)
+    }
+
+    fn update(&mut self) {
+        let now = Clock::sample();
+        let n = self.samples.len();
+        if now.0 <= self.samples[n - 1].0 {
+            return;
+        }
+        if self.samples[n - 1].1 < self.samples[n - 2].1 + CLOCK_SPACING_NS {
+            self.samples[n - 1] = now; // the tip moves until it is far enough
+        } else {
+            self.samples.push(now);
+        }
+        if self.samples.len() > CLOCK_SAMPLES {
+            self.samples.drain(..CLOCK_SAMPLES / 2);
+        }
+    }
+
+    fn ns(&self, ticks: u64) -> u64 {
+        let s = &self.samples;
+        let i = s.partition_point(|&(t, _)| t <= ticks);
+        let (a, b) = if i == 0 {
+            (s[0], s[1])
+        } else if i >= s.len() {
+            (s[s.len() - 2], s[s.len() - 1])
+        } else {
+            (s[i - 1], s[i])
+        };
+        let dt = i128::from(ticks) - i128::from(a.0);
+        let ns = i128::from(a.1) + dt * i128::from(b.1 - a.1) / i128::from((b.0 - a.0).max(1));
+        ns.max(0) as u64
+    }
+
+    /// ns per tick, over everything sampled.
+    fn rate(&self) -> f64 {
+        let (a, b) = (self.samples[0], self.samples[self.samples.len() - 1]);
+        (b.1 - a.1) as f64 / (b.0 - a.0).max(1) as f64
+    }
+}
+
+/// How far (in ns) an event's predecessor on another thread may be stamped after it: the
+/// TSC read is not ordered with the loads before it, so a free's stamp can precede, by a
+/// few instructions' time, that of the allocation whose pointer it got.
+const STAMP_SLACK_NS: f64 = 1000.0;
 
 /// Log2 buckets of the size and lifetime histograms (`CT_ALLOC_BUCKETS`).
 pub const BUCKETS: usize = 48;
@@ -247,6 +354,8 @@ pub struct Counters {
     pub walks: u64,
     pub memo_hits: u64,
     pub walked_frames: u64,
+    /// Time spent walking, in TSC ticks (see [`Recorder::counters`] for ns).
+    pub walk_ticks: u64,
     pub walk_ns: u64,
     /// Events lost: signal handlers nested deeper than the library's levels.
     pub nested_lost: u64,
@@ -265,7 +374,7 @@ impl Counters {
         self.walks += ring.walks;
         self.memo_hits += ring.memo_hits;
         self.walked_frames += ring.walked_frames;
-        self.walk_ns += ring.walk_ns;
+        self.walk_ticks += ring.walk_ticks;
         for (total, n) in self.walk_ends.iter_mut().zip(ring.walk_ends) {
             *total += n;
         }
@@ -280,7 +389,7 @@ struct RingCounters {
     walks: u64,
     memo_hits: u64,
     walked_frames: u64,
-    walk_ns: u64,
+    walk_ticks: u64,
     walk_ends: [u64; layout::WALK_ENDS],
     nested_lost: u64,
     not_stored: u64,
@@ -326,7 +435,7 @@ struct RegionReader {
     /// Rings a thread ever owned (for the memory figures).
     used_rings: Vec<bool>,
     /// The region's stack ids, as the recorder's.
-    stacks: HashMap<u32, StackId>,
+    stacks: FxMap<u32, StackId>,
     calls: Vec<Vec<Resizing>>,
     /// Counters and memory, kept once the region is unmapped.
     final_counters: Option<(Counters, LibraryMemory)>,
@@ -375,7 +484,7 @@ impl RegionReader {
                 walks: read(offset_of!(Ring, walks)),
                 memo_hits: read(offset_of!(Ring, memo_hits)),
                 walked_frames: read(offset_of!(Ring, walked_frames)),
-                walk_ns: read(offset_of!(Ring, walk_ns)),
+                walk_ticks: read(offset_of!(Ring, walk_ticks)),
                 walk_ends,
                 nested_lost: read(offset_of!(Ring, nested_lost)),
                 not_stored: read(offset_of!(Ring, not_stored)),
@@ -416,10 +525,11 @@ pub struct Recorder {
     regions: Vec<RegionReader>,
     stacks: Vec<Stack>,
     stack_ids: HashMap<Stack, StackId>,
-    stats: HashMap<(u32, StackId), StackState>,
-    processes: HashMap<u32, ProcessState>,
-    live: HashMap<(u32, u64), Block>,
+    stats: FxMap<(u32, StackId), StackState>,
+    processes: FxMap<u32, ProcessState>,
+    live: FxMap<(u32, u64), Block>,
     counters: Counters,
+    clock: Clock,
     /// Events handled so far.
     events: u64,
 }
@@ -431,10 +541,11 @@ impl Recorder {
             regions: Vec::new(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
-            stats: HashMap::new(),
-            processes: HashMap::new(),
-            live: HashMap::new(),
+            stats: FxMap::default(),
+            processes: FxMap::default(),
+            live: FxMap::default(),
             counters: Counters::default(),
+            clock: Clock::new(),
             events: 0,
         }
     }
@@ -462,7 +573,7 @@ impl Recorder {
             closed: false,
             cursors: vec![0; RINGS],
             used_rings: vec![false; RINGS],
-            stacks: HashMap::new(),
+            stacks: FxMap::default(),
             calls: vec![Vec::new(); RINGS],
             final_counters: None,
         });
@@ -513,10 +624,12 @@ impl Recorder {
 
     fn drain(&mut self, index: usize) {
         let mut heads = [0u64; RINGS];
-        let mut active: Vec<usize> = Vec::new();
-        let refresh = |reader: &RegionReader, heads: &mut [u64; RINGS], active: &mut Vec<usize>| {
-            active.clear();
-            for (ring, head) in heads.iter_mut().enumerate() {
+        // the next event of each ring that has one, read once
+        let mut next: Vec<(usize, Event)> = Vec::new();
+        let refresh = |reader: &RegionReader, heads: &mut [u64; RINGS], next: &mut Vec<(usize, Event)>| {
+            next.clear();
+            let limit = (reader.map().read::<u32>(offset_of!(Region, ring_limit)) as usize).min(RINGS);
+            for (ring, head) in heads.iter_mut().enumerate().take(limit) {
                 let mut h = reader.head(ring);
                 let cursor = reader.cursors[ring];
                 // a head the target scribbled: no more than a ring ahead
@@ -525,46 +638,63 @@ impl Recorder {
                 }
                 *head = h;
                 if h > cursor {
-                    active.push(ring);
+                    next.push((ring, reader.event(ring, cursor)));
                 }
             }
         };
-        refresh(&self.regions[index], &mut heads, &mut active);
+        refresh(&self.regions[index], &mut heads, &mut next);
+        self.clock.update();
+        let slack = (STAMP_SLACK_NS / self.clock.rate()) as u64;
+        let pid = self.regions[index].pid;
         let mut refreshed_for: Option<(usize, u64)> = None;
-        loop {
-            let reader = &self.regions[index];
-            let mut best: Option<(u64, usize)> = None;
-            for &ring in &active {
-                let time = reader.event(ring, reader.cursors[ring]).time;
-                if best.is_none_or(|(t, _)| time < t) {
-                    best = Some((time, ring));
+        let mut handled = 0u64;
+        while !next.is_empty() {
+            let mut at = 0;
+            for (i, (_, e)) in next.iter().enumerate().skip(1) {
+                if e.time < next[at].1.time {
+                    at = i;
                 }
             }
-            let Some((time, ring)) = best else { break };
-            let event = reader.event(ring, reader.cursors[ring]);
-            let pid = reader.pid;
-            let mut take = ring;
+            let (ring, event) = next[at];
             if self.needs_predecessor(pid, &event) {
                 let cursor = self.regions[index].cursors[ring];
                 if refreshed_for != Some((ring, cursor)) {
-                    refresh(&self.regions[index], &mut heads, &mut active);
+                    refresh(&self.regions[index], &mut heads, &mut next);
+                    self.clock.update();
                     refreshed_for = Some((ring, cursor));
+                    continue;
                 }
-                let reader = &self.regions[index];
-                if let Some(&other) = active.iter().find(|&&other| {
-                    other != ring && reader.event(other, reader.cursors[other]).time <= time
-                }) {
-                    take = other;
+                // the earliest event of another ring stamped no later (within the
+                // stamps' slack) goes first
+                let mut first: Option<usize> = None;
+                for (i, &(r, e)) in next.iter().enumerate() {
+                    if r != ring
+                        && e.time <= event.time.saturating_add(slack)
+                        && first.is_none_or(|f| e.time < next[f].1.time)
+                    {
+                        first = Some(i);
+                    }
+                }
+                if let Some(other) = first {
+                    at = other;
                 }
             }
-            let reader = &self.regions[index];
-            let event = reader.event(take, reader.cursors[take]);
-            self.handle(index, take, &event);
+            let (ring, mut event) = next[at];
+            event.time = self.clock.ns(event.time);
+            self.handle(index, ring, &event);
+            handled += 1;
             let reader = &mut self.regions[index];
-            reader.cursors[take] += 1;
-            reader.used_rings[take] = true;
-            if reader.cursors[take] == heads[take] {
-                active.retain(|&r| r != take);
+            reader.cursors[ring] += 1;
+            reader.used_rings[ring] = true;
+            let cursor = reader.cursors[ring];
+            if cursor == heads[ring] {
+                next.swap_remove(at);
+            } else {
+                next[at].1 = reader.event(ring, cursor);
+            }
+            if handled % 1024 == 0 {
+                // room for the producer while this drain goes on
+                reader.map().store_release(ring_at(ring) + RING_TAIL, cursor);
             }
         }
         let reader = &self.regions[index];
@@ -594,8 +724,27 @@ impl Recorder {
         }
     }
 
-    /// The recorder's id of the region's stack `id` (0: none, or unreadable).
-    fn stack(&mut self, region: usize, id: u32) -> Option<StackId> {
+    /// The recorder's id of the region's stack `id`; id 0 (the library could not store
+    /// it: its region's stack area was full) and an unreadable record are the stack
+    /// "not stored", with no frame, as the BPF path's `CT_STACK_NOT_STORED`.
+    fn stack(&mut self, region: usize, id: u32) -> StackId {
+        self.read_stack(region, id).unwrap_or_else(|| {
+            self.intern(Stack {
+                frames: Vec::new(),
+                end: WalkEnd::Complete,
+            })
+        })
+    }
+
+    fn intern(&mut self, stack: Stack) -> StackId {
+        let next = StackId(self.stacks.len() as u32);
+        *self.stack_ids.entry(stack.clone()).or_insert_with(|| {
+            self.stacks.push(stack);
+            next
+        })
+    }
+
+    fn read_stack(&mut self, region: usize, id: u32) -> Option<StackId> {
         if id == 0 {
             return None;
         }
@@ -616,12 +765,7 @@ impl Recorder {
         }
         let end = walk_end((header >> 32) as u16, (header >> 48) as u16);
         let frames = (0..len).map(|i| Frame::from_stored(word(at + 1 + i))).collect();
-        let stack = Stack { frames, end };
-        let next = StackId(self.stacks.len() as u32);
-        let known = *self.stack_ids.entry(stack.clone()).or_insert_with(|| {
-            self.stacks.push(stack);
-            next
-        });
+        let known = self.intern(Stack { frames, end });
         self.regions[region].stacks.insert(id, known);
         Some(known)
     }
@@ -631,9 +775,8 @@ impl Recorder {
         let pid = self.regions[region].pid;
         match e.kind {
             event::ALLOC | event::MMAP => {
-                if let Some(stack) = self.stack(region, e.stack) {
-                    self.account_alloc(pid, e.address, e.size, stack, e.time, e.kind == event::MMAP);
-                }
+                let stack = self.stack(region, e.stack);
+                self.account_alloc(pid, e.address, e.size, stack, e.time, e.kind == event::MMAP);
             }
             event::FAILED => self.counters.failed += 1,
             event::FREE | event::MUNMAP => {
@@ -692,9 +835,8 @@ impl Recorder {
         if e.flags & event::UNSAMPLED != 0 {
             return;
         }
-        if let Some(stack) = self.stack(region, e.stack) {
-            self.account_alloc(pid, e.address, e.size, stack, e.time, false);
-        }
+        let stack = self.stack(region, e.stack);
+        self.account_alloc(pid, e.address, e.size, stack, e.time, false);
     }
 
     fn count_unknown_free(&mut self, pid: u32) {
@@ -874,7 +1016,7 @@ impl Recorder {
             total.walks += c.walks;
             total.memo_hits += c.memo_hits;
             total.walked_frames += c.walked_frames;
-            total.walk_ns += c.walk_ns;
+            total.walk_ticks += c.walk_ticks;
             for (t, n) in total.walk_ends.iter_mut().zip(c.walk_ends) {
                 *t += n;
             }
@@ -884,6 +1026,7 @@ impl Recorder {
             total.waits += c.waits;
             total.lookups += c.lookups;
         }
+        total.walk_ns = (total.walk_ticks as f64 * self.clock.rate()) as u64;
         total
     }
 

@@ -317,3 +317,18 @@ pub fn random_name() -> io::Result<String> {
     }
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
+
+/// Reads the clock the library stamps events with (`CLOCK_MONOTONIC`), in ns.
+pub fn monotonic_ns() -> u64 {
+    // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The time stamp counter, as the library reads it.
+pub fn ticks() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    unsafe { std::arch::x86_64::_rdtsc() }
+}

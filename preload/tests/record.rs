@@ -31,3 +31,15 @@ fn heap_storm_counts_every_pair_under_its_whole_chain() {
     let stack = run.recorder.stacks().iter().find(|s| s.frames.len() == chain.len()).unwrap();
     assert_eq!(stack.end, WalkEnd::Complete);
 }
+
+/// For profiling by hand: `HEAP_STORM_PAIRS=20000000 cargo test -p preload --release
+/// --test record storm_for_profiling -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn storm_for_profiling() {
+    let exe = c_fixture("heap_storm");
+    let pairs = std::env::var("HEAP_STORM_PAIRS").unwrap_or_else(|_| "5000000".into());
+    let depth = std::env::var("HEAP_STORM_DEPTH").unwrap_or_else(|_| "10".into());
+    let run = common::record(&exe, &[&pairs, &depth], Options::default());
+    println!("{}{:?}", run.stdout, run.recorder.counters());
+}

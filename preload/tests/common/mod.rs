@@ -54,11 +54,16 @@ pub fn record_with(
         text
     });
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut busy = false;
     let status = loop {
+        let wait = if busy { Duration::ZERO } else { Duration::from_millis(2) };
         server
-            .serve(&mut tables, &mut recorder, Duration::from_millis(5))
+            .serve(&mut tables, &mut recorder, wait)
             .expect("serving");
-        recorder.poll();
+        busy = recorder.poll() > 0;
+        if busy {
+            std::thread::sleep(Duration::from_micros(100));
+        }
         during(pid, &recorder);
         if let Some(status) = child.try_wait().expect("waiting") {
             break status;
