@@ -4,6 +4,7 @@
 
 mod common;
 
+use cargo_trace_tests::expected;
 use cargo_trace_tests::fixtures::c_fixture;
 use preload::Options;
 use unwind_tables::walk::WalkEnd;
@@ -42,4 +43,201 @@ fn storm_for_profiling() {
     let depth = std::env::var("HEAP_STORM_DEPTH").unwrap_or_else(|_| "10".into());
     let run = common::record(&exe, &[&pairs, &depth], Options::default());
     println!("{}{:?}", run.stdout, run.recorder.counters());
+}
+
+/// The stats of every stack of `pid` whose chain has `function` right above the
+/// library's wrappers, summed.
+fn site_stats(run: &mut common::Run, pid: u32, function: &str) -> (u64, u64, u64, i64, usize) {
+    let stacks = run.stacks_through(pid, function);
+    let mut total = (0, 0, 0, 0, 0);
+    for (chain, stats) in &stacks {
+        let above = chain
+            .iter()
+            .position(|n| !matches!(n.as_str(), "malloc" | "calloc" | "realloc" | "resize"
+                | "reallocarray" | "posix_memalign" | "aligned_alloc" | "memalign" | "valloc"
+                | "pvalloc" | "mmap" | "mmap64"))
+            .unwrap_or(0);
+        if chain.get(above).map(String::as_str) != Some(function) {
+            continue;
+        }
+        total.0 += stats.allocs;
+        total.1 += stats.bytes;
+        total.2 += stats.frees;
+        total.3 += stats.live_bytes;
+        total.4 += 1;
+    }
+    total
+}
+
+/// Checks every `heap ...` line of the run's stdout against what was recorded for `pid`.
+fn check_sites(run: &mut common::Run, pid: u32) {
+    let sites = expected::parse_heap_sites(&run.stdout).expect("heap lines");
+    assert!(!sites.is_empty(), "{}", run.stdout);
+    for site in sites {
+        let (allocs, bytes, frees, live, stacks) = site_stats(run, pid, &site.function);
+        assert!(stacks >= 1 || site.allocs == 0, "{}: no stack recorded", site.function);
+        assert_eq!(
+            (allocs, bytes, frees),
+            (site.allocs, site.bytes, site.frees),
+            "{}: allocs, bytes, frees",
+            site.function
+        );
+        if site.size > 0 {
+            assert_eq!(live, (site.leaked * site.size) as i64, "{}: leaked bytes", site.function);
+        }
+    }
+}
+
+#[test]
+fn alloc_c_counts_every_site_and_its_leaks_to_the_byte() {
+    let exe = c_fixture("alloc_c");
+    let mut run = common::record(&exe, &[], Options::default());
+    assert!(run.status.success(), "{}", run.stdout);
+    let pid = run.pid;
+    check_sites(&mut run, pid);
+    let counters = run.recorder.counters();
+    assert_eq!(counters.unknown_frees, 0, "{counters:?}");
+    assert_eq!(counters.nested_lost + counters.not_stored + counters.no_ring, 0, "{counters:?}");
+    // anonymous mappings are kept apart
+    let totals = run.recorder.processes().into_iter().find(|p| p.pid == pid).unwrap();
+    assert!(totals.mapped.allocs >= 1, "{totals:?}");
+    let mapped: Vec<_> = run.recorder.stats().into_iter().filter(|(p, _, s)| *p == pid && s.mapped).collect();
+    assert!(!mapped.is_empty());
+    for (_, id, _) in mapped {
+        let stack = run.recorder.stack_of(id).clone();
+        let chain = run.chain(&stack);
+        assert!(chain[0] == "mmap" || chain[0] == "mmap64", "{chain:?}");
+    }
+}
+
+#[test]
+fn frees_on_other_threads_and_reused_addresses_are_ordered_exactly() {
+    let exe = c_fixture("free_log");
+    for mode in ["cross", "thread", "exit"] {
+        let mut run = common::record(&exe, &[mode], Options::default());
+        assert!(run.status.success(), "{mode}: {}", run.stdout);
+        let pid = run.pid;
+        check_sites(&mut run, pid);
+        let counters = run.recorder.counters();
+        assert_eq!((counters.unknown_frees, counters.reused), (0, 0), "{mode}: {counters:?}");
+    }
+}
+
+#[test]
+fn a_process_that_execs_or_crashes_has_its_records_read() {
+    let exe = c_fixture("free_log");
+    for mode in ["exec", "crash"] {
+        let mut run = common::record(&exe, &[mode], Options::default());
+        let pid = run.pid;
+        check_sites(&mut run, pid);
+    }
+}
+
+#[test]
+fn a_signal_handler_that_allocates_is_walked_through_the_signal_frame() {
+    let exe = c_fixture("signals");
+    let mut run = common::record(&exe, &["20"], Options::default());
+    assert!(run.status.success(), "{}", run.stdout);
+    let pid = run.pid;
+    let stacks = run.stacks_through(pid, "on_signal");
+    let allocs: u64 = stacks.iter().map(|(_, s)| s.allocs).sum();
+    assert_eq!(allocs, 200, "{:?}", stacks.iter().map(|s| &s.0).collect::<Vec<_>>());
+    for (chain, _) in &stacks {
+        for name in ["malloc", "on_signal", "inner", "outer", "main", "_start"] {
+            assert!(chain.iter().any(|n| n == name), "{name} in {chain:?}");
+        }
+    }
+}
+
+#[test]
+fn forked_and_execd_children_record_on_their_own() {
+    let exe = c_fixture("bound_children");
+    let mut run = common::record(&exe, &["traced", "300"], Options::default());
+    assert!(run.status.success(), "{}", run.stdout);
+    let mut by_pid = std::collections::BTreeMap::new();
+    for (pid, id, stats) in run.recorder.stats() {
+        let stack = run.recorder.stack_of(id).clone();
+        if run.chain(&stack).iter().any(|n| n == "work") {
+            *by_pid.entry(pid).or_insert(0) += stats.allocs;
+            assert_eq!(stats.frees, stats.allocs);
+        }
+    }
+    // the main process (main thread and a thread), a forked child, an exec'd child
+    assert_eq!(by_pid.get(&run.pid), Some(&600), "{by_pid:?}");
+    assert_eq!(by_pid.len(), 3, "{by_pid:?}");
+    assert!(by_pid.values().filter(|&&n| n == 300).count() == 2, "{by_pid:?}");
+}
+
+#[test]
+fn a_child_that_drops_ld_preload_is_not_recorded_and_runs() {
+    let exe = c_fixture("heap_storm");
+    let script = format!("env -u LD_PRELOAD {} 1000 3", exe.display());
+    let mut run = common::record_with(
+        std::process::Command::new("/bin/sh").args(["-c", &script]),
+        Options::default(),
+        |_, _| {},
+    );
+    assert!(run.status.success());
+    assert!(run.stdout.contains("heap storm allocs 1000"), "{}", run.stdout);
+    for (pid, id, _) in run.recorder.stats() {
+        let stack = run.recorder.stack_of(id).clone();
+        assert!(!run.chain(&stack).iter().any(|n| n == "storm"), "{pid}");
+    }
+}
+
+#[test]
+fn a_target_killed_mid_run_has_its_records_read() {
+    let exe = c_fixture("heap_storm");
+    let mut killed = false;
+    let mut run = common::record_with(
+        std::process::Command::new(&exe).args(["100000000", "5", "keep"]),
+        Options::default(),
+        |pid, recorder| {
+            if !killed && recorder.events() > 200_000 {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                killed = true;
+            }
+        },
+    );
+    assert!(killed && !run.status.success());
+    let pid = run.pid;
+    let stacks = run.stacks_through(pid, "storm");
+    assert_eq!(stacks.len(), 1);
+    let stats = &stacks[0].1;
+    assert!(stats.allocs >= 200_000, "{stats:?}");
+    assert_eq!(stats.live_bytes, 48 * stats.allocs as i64, "every block leaked, to the byte");
+}
+
+#[test]
+fn the_target_runs_on_when_cargo_trace_goes_away() {
+    let exe = c_fixture("heap_storm");
+    let mut server = preload::Server::new().unwrap();
+    let mut recorder = preload::Recorder::new(Options::default());
+    let mut tables = preload::PlainTables::new();
+    let child = std::process::Command::new(&exe)
+        .args(["3000000", "10"])
+        .envs(server.environment(None))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while recorder.events() < 100_000 && started.elapsed() < std::time::Duration::from_secs(30) {
+        server
+            .serve(&mut tables, &mut recorder, std::time::Duration::from_millis(1))
+            .unwrap();
+        recorder.poll();
+    }
+    assert!(recorder.events() >= 100_000);
+    drop(recorder);
+    drop(server);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("heap storm allocs 3000000"), "{stdout}");
+    // at full speed once alone: 3 M pairs well within this, waits for a consumer
+    // that never comes would take far longer
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
