@@ -336,8 +336,8 @@ static int connect_now(void)
 	conn.words = (uint64_t *)((unsigned char *)r + r->words_offset);
 
 	struct ctp_msg_hello hello = {
-		.magic = CTP_MAGIC,
 		.kind = CTP_MSG_HELLO,
+		.magic = CTP_MAGIC,
 		.version = CTP_VERSION,
 		.pid = conn.pid,
 		.region_bytes = bytes,

@@ -239,9 +239,10 @@ enum ctp_msg_kind {
 	CTP_MSG_LOOKUP = 3,   /* library -> cargo-trace: the mapping at pc? */
 };
 
+/* Every message starts with its kind. */
 struct ctp_msg_hello {
-	uint32_t magic;
 	uint32_t kind;
+	uint32_t magic;
 	uint32_t version;
 	uint32_t pid;
 	uint64_t region_bytes;

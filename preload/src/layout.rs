@@ -286,13 +286,13 @@ mirror!(Region = ctp_region {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MsgHello {
-    pub magic: u32,
     pub kind: u32,
+    pub magic: u32,
     pub version: u32,
     pub pid: u32,
     pub region_bytes: u64,
 }
-mirror!(MsgHello = ctp_msg_hello { magic: u32, kind: u32, version: u32, pid: u32, region_bytes: u64 });
+mirror!(MsgHello = ctp_msg_hello { kind: u32, magic: u32, version: u32, pid: u32, region_bytes: u64 });
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -241,3 +241,52 @@ fn the_target_runs_on_when_cargo_trace_goes_away() {
     // that never comes would take far longer
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
+
+const PLUGIN_SOURCE: &str = "#include <stdlib.h>\n\
+    unsigned long plug_work(unsigned long i) {\n\
+        void *p = malloc(4001 + (i & 1)); __asm__ volatile(\"\" : : \"r\"(p) : \"memory\"); free(p); return i; }\n";
+
+/// A library dlopened after start (its mappings unknown to the library until it asks) is
+/// walked exactly from its first allocation.
+#[test]
+fn a_dlopened_plugin_is_walked_from_its_first_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("plugin.c");
+    std::fs::write(&source, PLUGIN_SOURCE).unwrap();
+    let plugin = dir.path().join("libplug.so");
+    let status = std::process::Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o"])
+        .arg(&plugin)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exe = c_fixture("dlopen_plugin");
+    let plugin_arg = plugin.to_str().unwrap();
+    let mut run = common::record(&exe, &[plugin_arg, "1500"], Options::default());
+    assert!(run.status.success(), "{}", run.stdout);
+    let pid = run.pid;
+    let stacks = run.stacks_through(pid, "plug_work");
+    let allocs: u64 = stacks.iter().map(|(_, s)| s.allocs).sum();
+    assert_eq!(allocs, 1500, "{:?}", stacks.iter().map(|s| &s.0).collect::<Vec<_>>());
+    for (chain, stats) in &stacks {
+        assert_eq!(stats.frees, stats.allocs);
+        assert_eq!(
+            &chain[..3],
+            ["malloc", "plug_work", "call_plugin"],
+            "{chain:?}"
+        );
+        assert_eq!(chain.last().map(String::as_str), Some("_start"), "{chain:?}");
+    }
+    let ends: Vec<_> = run
+        .recorder
+        .stats()
+        .into_iter()
+        .filter(|(p, _, _)| *p == pid)
+        .map(|(_, id, _)| run.recorder.stack_of(id).end)
+        .collect();
+    assert!(ends.iter().all(|e| *e == WalkEnd::Complete), "{ends:?}");
+    let counters = run.recorder.counters();
+    assert!(counters.lookups >= 1, "{counters:?}");
+    assert!(counters.memo_hits >= 1400, "{counters:?}");
+}
