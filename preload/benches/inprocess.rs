@@ -81,7 +81,11 @@ fn traced(exe: &std::path::Path, args: &[String], options: Options, no_stacks: b
         if busy {
             std::thread::sleep(Duration::from_micros(100));
         }
-        let wait = if busy { Duration::ZERO } else { Duration::from_millis(1) };
+        let wait = if busy {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(1)
+        };
         server.serve(&mut tables, &mut recorder, wait).unwrap();
         let started = Instant::now();
         busy = recorder.poll() > 0;
@@ -137,7 +141,9 @@ fn main() {
          twice a pair)"
     );
     for depth in [10u64, 60] {
-        println!("\nheap_storm, {depth} frames deep (median of {ROUNDS} rounds, ns per pair, loop only)");
+        println!(
+            "\nheap_storm, {depth} frames deep (median of {ROUNDS} rounds, ns per pair, loop only)"
+        );
         println!(
             "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             "N", "untraced", "heaptrack", "in-process", "no stacks", "memo off", "consumer"
@@ -203,7 +209,10 @@ fn main() {
         let bare = slope(a.3, b.3) - base;
         let walked = slope(a.4, b.4) - base;
         println!("  added per pair, slope between N = {n1} and {n2}:");
-        println!("    heaptrack {heap:.1} ns, in-process {ours:.1} ns: {:.2}x heaptrack's", ours / heap);
+        println!(
+            "    heaptrack {heap:.1} ns, in-process {ours:.1} ns: {:.2}x heaptrack's",
+            ours / heap
+        );
         println!(
             "    where it goes: wrapper + TSC + ring (no stacks) {bare:.1}, memo {:.1}, consumer \
              (other core) {:.1}; every stack walked instead: {walked:.1}",

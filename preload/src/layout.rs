@@ -156,7 +156,17 @@ pub struct Rule {
     pub rbp_off: i32,
     pub cfa_arg: u32,
 }
-mirror!(Rule = ctp_rule { kind: u8, cfa_reg: u8, rbp_kind: u8, reason: u8, cfa_off: i32, rbp_off: i32, cfa_arg: u32 });
+mirror!(
+    Rule = ctp_rule {
+        kind: u8,
+        cfa_reg: u8,
+        rbp_kind: u8,
+        reason: u8,
+        cfa_off: i32,
+        rbp_off: i32,
+        cfa_arg: u32
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -164,7 +174,12 @@ pub struct Row {
     pub addr_lo: u16,
     pub rule: u16,
 }
-mirror!(Row = ctp_row { addr_lo: u16, rule: u16 });
+mirror!(
+    Row = ctp_row {
+        addr_lo: u16,
+        rule: u16
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -172,7 +187,12 @@ pub struct Page {
     pub first_row: u32,
     pub nrows: u32,
 }
-mirror!(Page = ctp_page { first_row: u32, nrows: u32 });
+mirror!(
+    Page = ctp_page {
+        first_row: u32,
+        nrows: u32
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -185,7 +205,17 @@ pub struct Table {
     pub rows_at: u32,
     pub rules_at: u32,
 }
-mirror!(Table = ctp_table { first_page: u64, npages: u32, nrows: u32, nrules: u32, pages_at: u32, rows_at: u32, rules_at: u32 });
+mirror!(
+    Table = ctp_table {
+        first_page: u64,
+        npages: u32,
+        nrows: u32,
+        nrules: u32,
+        pages_at: u32,
+        rows_at: u32,
+        rules_at: u32
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -197,7 +227,16 @@ pub struct Mapping {
     pub object: u32,
     pub flags: u32,
 }
-mirror!(Mapping = ctp_mapping { start: u64, end: u64, bias: u64, table: u64, object: u32, flags: u32 });
+mirror!(
+    Mapping = ctp_mapping {
+        start: u64,
+        end: u64,
+        bias: u64,
+        table: u64,
+        object: u32,
+        flags: u32
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -209,7 +248,16 @@ pub struct Event {
     pub kind: u16,
     pub flags: u16,
 }
-mirror!(Event = ctp_event { time: u64, address: u64, size: u64, stack: u32, kind: u16, flags: u16 });
+mirror!(
+    Event = ctp_event {
+        time: u64,
+        address: u64,
+        size: u64,
+        stack: u32,
+        kind: u16,
+        flags: u16
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -233,12 +281,28 @@ pub struct Ring {
     pub pad3: [u64; 1],
     pub events: [Event; RING_EVENTS],
 }
-mirror!(Ring = ctp_ring {
-    state: u32, tid: u32, owners: u64, pad0: [u64; 6], head: u64, pad1: [u64; 7], tail: u64,
-    pad2: [u64; 7], walks: u64, memo_hits: u64, walk_ticks: u64, walked_frames: u64,
-    walk_ends: [u64; WALK_ENDS], nested_lost: u64, not_stored: u64, waits: u64,
-    pad3: [u64; 1], events: [Event; RING_EVENTS],
-});
+mirror!(
+    Ring = ctp_ring {
+        state: u32,
+        tid: u32,
+        owners: u64,
+        pad0: [u64; 6],
+        head: u64,
+        pad1: [u64; 7],
+        tail: u64,
+        pad2: [u64; 7],
+        walks: u64,
+        memo_hits: u64,
+        walk_ticks: u64,
+        walked_frames: u64,
+        walk_ends: [u64; WALK_ENDS],
+        nested_lost: u64,
+        not_stored: u64,
+        waits: u64,
+        pad3: [u64; 1],
+        events: [Event; RING_EVENTS],
+    }
+);
 // SAFETY: an array of a Pod type is Pod.
 unsafe impl Pod for [Event; RING_EVENTS] {}
 
@@ -249,7 +313,13 @@ pub struct StackSlot {
     pub id: u32,
     pub pad: u32,
 }
-mirror!(StackSlot = ctp_stack_slot { hash: u64, id: u32, pad: u32 });
+mirror!(
+    StackSlot = ctp_stack_slot {
+        hash: u64,
+        id: u32,
+        pad: u32
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -276,12 +346,31 @@ pub struct Region {
     pub detached: u32,
     pub ring_limit: u32,
 }
-mirror!(Region = ctp_region {
-    magic: u32, version: u32, pid: u32, nrings: u32, region_bytes: u64, rings_offset: u64,
-    ring_bytes: u64, slots_offset: u64, nslots: u64, words_offset: u64, nwords: u64,
-    private_bytes: u64, private_bound: u64, words_used: u64, stacks: u32, stack_lock: u32,
-    no_ring: u64, stacks_full: u64, lookups: u64, detached: u32, ring_limit: u32,
-});
+mirror!(
+    Region = ctp_region {
+        magic: u32,
+        version: u32,
+        pid: u32,
+        nrings: u32,
+        region_bytes: u64,
+        rings_offset: u64,
+        ring_bytes: u64,
+        slots_offset: u64,
+        nslots: u64,
+        words_offset: u64,
+        nwords: u64,
+        private_bytes: u64,
+        private_bound: u64,
+        words_used: u64,
+        stacks: u32,
+        stack_lock: u32,
+        no_ring: u64,
+        stacks_full: u64,
+        lookups: u64,
+        detached: u32,
+        ring_limit: u32,
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -292,7 +381,15 @@ pub struct MsgHello {
     pub pid: u32,
     pub region_bytes: u64,
 }
-mirror!(MsgHello = ctp_msg_hello { kind: u32, magic: u32, version: u32, pid: u32, region_bytes: u64 });
+mirror!(
+    MsgHello = ctp_msg_hello {
+        kind: u32,
+        magic: u32,
+        version: u32,
+        pid: u32,
+        region_bytes: u64
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -303,7 +400,15 @@ pub struct Options {
     pub min_size: u64,
     pub max_size: u64,
 }
-mirror!(Options = ctp_options { sample_every: u32, flags: u32, sample_bytes: u64, min_size: u64, max_size: u64 });
+mirror!(
+    Options = ctp_options {
+        sample_every: u32,
+        flags: u32,
+        sample_bytes: u64,
+        min_size: u64,
+        max_size: u64
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -312,7 +417,13 @@ pub struct MsgMappings {
     pub nmappings: u32,
     pub options: Options,
 }
-mirror!(MsgMappings = ctp_msg_mappings { kind: u32, nmappings: u32, options: Options });
+mirror!(
+    MsgMappings = ctp_msg_mappings {
+        kind: u32,
+        nmappings: u32,
+        options: Options
+    }
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -321,7 +432,13 @@ pub struct MsgLookup {
     pub pad: u32,
     pub pc: u64,
 }
-mirror!(MsgLookup = ctp_msg_lookup { kind: u32, pad: u32, pc: u64 });
+mirror!(
+    MsgLookup = ctp_msg_lookup {
+        kind: u32,
+        pad: u32,
+        pc: u64
+    }
+);
 
 /// The region's size and where its parts lie, as the library computes them: the
 /// consumer never takes them from the region itself (the target writes it).

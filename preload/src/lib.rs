@@ -42,8 +42,8 @@ mod sys;
 mod tables;
 
 pub use recorder::{
-    AllocStats, Counters, Estimated, Frame, LibraryMemory, MappedTotals, Options,
-    ProcessTotals, Recorder, RegionError, Stack, StackId, BUCKETS,
+    AllocStats, Counters, Estimated, Frame, LibraryMemory, MappedTotals, Options, ProcessTotals,
+    Recorder, RegionError, Stack, StackId, BUCKETS,
 };
 pub use server::{Error, Server};
 pub use tables::{encode_table, PlainTables, SourceMapping, TableError, TableSource};

@@ -180,7 +180,11 @@ impl Options {
     pub(crate) fn for_library(&self) -> layout::Options {
         layout::Options {
             sample_every: self.sample_every,
-            flags: if self.walk_memo { 0 } else { layout::OPT_NO_MEMO },
+            flags: if self.walk_memo {
+                0
+            } else {
+                layout::OPT_NO_MEMO
+            },
             sample_bytes: self.sample_bytes,
             min_size: self.min_size,
             max_size: self.max_size,
@@ -456,9 +460,8 @@ impl RegionReader {
     }
 
     fn event(&self, ring: usize, index: u64) -> Event {
-        let at = ring_at(ring)
-            + RING_EVENTS_AT
-            + (index as usize % RING_EVENTS) * size_of::<Event>();
+        let at =
+            ring_at(ring) + RING_EVENTS_AT + (index as usize % RING_EVENTS) * size_of::<Event>();
         self.map().read(at)
     }
 
@@ -626,22 +629,24 @@ impl Recorder {
         let mut heads = [0u64; RINGS];
         // the next event of each ring that has one, read once
         let mut next: Vec<(usize, Event)> = Vec::new();
-        let refresh = |reader: &RegionReader, heads: &mut [u64; RINGS], next: &mut Vec<(usize, Event)>| {
-            next.clear();
-            let limit = (reader.map().read::<u32>(offset_of!(Region, ring_limit)) as usize).min(RINGS);
-            for (ring, head) in heads.iter_mut().enumerate().take(limit) {
-                let mut h = reader.head(ring);
-                let cursor = reader.cursors[ring];
-                // a head the target scribbled: no more than a ring ahead
-                if h < cursor || h - cursor > RING_EVENTS as u64 {
-                    h = cursor;
+        let refresh =
+            |reader: &RegionReader, heads: &mut [u64; RINGS], next: &mut Vec<(usize, Event)>| {
+                next.clear();
+                let limit =
+                    (reader.map().read::<u32>(offset_of!(Region, ring_limit)) as usize).min(RINGS);
+                for (ring, head) in heads.iter_mut().enumerate().take(limit) {
+                    let mut h = reader.head(ring);
+                    let cursor = reader.cursors[ring];
+                    // a head the target scribbled: no more than a ring ahead
+                    if h < cursor || h - cursor > RING_EVENTS as u64 {
+                        h = cursor;
+                    }
+                    *head = h;
+                    if h > cursor {
+                        next.push((ring, reader.event(ring, cursor)));
+                    }
                 }
-                *head = h;
-                if h > cursor {
-                    next.push((ring, reader.event(ring, cursor)));
-                }
-            }
-        };
+            };
         refresh(&self.regions[index], &mut heads, &mut next);
         self.clock.update();
         let slack = (STAMP_SLACK_NS / self.clock.rate()) as u64;
@@ -692,9 +697,11 @@ impl Recorder {
             } else {
                 next[at].1 = reader.event(ring, cursor);
             }
-            if handled % 1024 == 0 {
+            if handled.is_multiple_of(1024) {
                 // room for the producer while this drain goes on
-                reader.map().store_release(ring_at(ring) + RING_TAIL, cursor);
+                reader
+                    .map()
+                    .store_release(ring_at(ring) + RING_TAIL, cursor);
             }
         }
         let reader = &self.regions[index];
@@ -764,7 +771,9 @@ impl Recorder {
             return None;
         }
         let end = walk_end((header >> 32) as u16, (header >> 48) as u16);
-        let frames = (0..len).map(|i| Frame::from_stored(word(at + 1 + i))).collect();
+        let frames = (0..len)
+            .map(|i| Frame::from_stored(word(at + 1 + i)))
+            .collect();
         let known = self.intern(Stack { frames, end });
         self.regions[region].stacks.insert(id, known);
         Some(known)
@@ -797,12 +806,10 @@ impl Recorder {
                 });
             }
             event::RESIZED => {
-                let call = self.regions[region].calls[ring]
-                    .pop()
-                    .unwrap_or(Resizing {
-                        old: 0,
-                        block: None,
-                    });
+                let call = self.regions[region].calls[ring].pop().unwrap_or(Resizing {
+                    old: 0,
+                    block: None,
+                });
                 self.resized(region, pid, call, e);
             }
             _ => {}
@@ -860,7 +867,10 @@ impl Recorder {
     /// Adds delta to the live bytes of a stack and of its process, keeping the peak
     /// lazily (change_live in alloc.bpf.h).
     fn change_live(&mut self, pid: u32, stack: StackId, delta: i64) {
-        let proc = self.processes.get_mut(&pid).expect("a process before its changes");
+        let proc = self
+            .processes
+            .get_mut(&pid)
+            .expect("a process before its changes");
         proc.seq += 1;
         let seq = proc.seq;
         let peak_seq = proc.peak_seq;
@@ -929,7 +939,11 @@ impl Recorder {
                 mapped,
             },
         );
-        self.stats.entry((pid, stack)).or_default().stats.live_birth_us += now / 1000;
+        self.stats
+            .entry((pid, stack))
+            .or_default()
+            .stats
+            .live_birth_us += now / 1000;
         if mapped {
             self.process(pid).totals.mapped.live_bytes += size as i64;
         }
@@ -1102,6 +1116,9 @@ mod tests {
                 address: 0x1234
             }
         );
-        assert_eq!(Frame::from_stored(0x7f00_0000_1000), Frame::Runtime(0x7f00_0000_1000));
+        assert_eq!(
+            Frame::from_stored(0x7f00_0000_1000),
+            Frame::Runtime(0x7f00_0000_1000)
+        );
     }
 }

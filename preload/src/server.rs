@@ -225,10 +225,16 @@ impl Server {
     }
 
     /// The target's environment for in-process recording: `LD_PRELOAD` and the socket.
-    pub fn environment(&self, existing_ld_preload: Option<OsString>) -> Vec<(&'static str, OsString)> {
+    pub fn environment(
+        &self,
+        existing_ld_preload: Option<OsString>,
+    ) -> Vec<(&'static str, OsString)> {
         vec![
             ("LD_PRELOAD", self.ld_preload(existing_ld_preload)),
-            (crate::SOCKET_VARIABLE, self.socket.as_os_str().to_os_string()),
+            (
+                crate::SOCKET_VARIABLE,
+                self.socket.as_os_str().to_os_string(),
+            ),
         ]
     }
 

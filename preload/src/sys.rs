@@ -69,14 +69,16 @@ impl Shared {
 
     /// A copy of the `T` at `offset` (volatile: another process writes the memory).
     pub fn read<T: crate::layout::Pod>(&self, offset: usize) -> T {
-        assert!(offset.checked_add(size_of::<T>()).is_some_and(|end| end <= self.len));
+        assert!(offset
+            .checked_add(size_of::<T>())
+            .is_some_and(|end| end <= self.len));
         // SAFETY: in bounds (checked); `T: Pod` accepts any bytes; unaligned read.
         unsafe { std::ptr::read_volatile(self.addr.add(offset).cast::<T>()) }
     }
 
     /// Reads the u64 at `offset` (8-aligned) with acquire ordering.
     pub fn load_acquire(&self, offset: usize) -> u64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: in bounds and aligned (checked); AtomicU64 has u64's layout, and the
         // memory lives as long as `self`.
         let atomic = unsafe { &*self.addr.add(offset).cast::<std::sync::atomic::AtomicU64>() };
@@ -85,7 +87,7 @@ impl Shared {
 
     /// Writes `value` at `offset` (8-aligned) with release ordering.
     pub fn store_release(&self, offset: usize, value: u64) {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: as in `load_acquire`.
         let atomic = unsafe { &*self.addr.add(offset).cast::<std::sync::atomic::AtomicU64>() };
         atomic.store(value, std::sync::atomic::Ordering::Release);
@@ -93,7 +95,7 @@ impl Shared {
 
     /// Writes the u32 at `offset` (4-aligned) with release ordering.
     pub fn store_u32_release(&self, offset: usize, value: u32) {
-        assert!(offset % 4 == 0 && offset + 4 <= self.len);
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len);
         // SAFETY: as in `load_acquire`, for a u32.
         let atomic = unsafe { &*self.addr.add(offset).cast::<std::sync::atomic::AtomicU32>() };
         atomic.store(value, std::sync::atomic::Ordering::Release);
@@ -114,7 +116,7 @@ pub fn send(socket: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> {
         iov_len: bytes.len(),
     };
     let mut control = [0u64; 4]; // CMSG_SPACE(sizeof(int)), 8-aligned
-    // SAFETY: an all-zero msghdr is valid.
+                                 // SAFETY: an all-zero msghdr is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
@@ -176,8 +178,8 @@ pub fn receive(
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / size_of::<RawFd>();
+                let count =
+                    ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
                 for i in 0..count {
                     let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
                     if received.is_none() {

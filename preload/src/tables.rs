@@ -93,7 +93,11 @@ impl PlainTables {
             }
             MappedObject::Anonymous(_) => return None,
         };
-        let key = (entry.dev.clone(), entry.inode, data.clone().unwrap_or_default());
+        let key = (
+            entry.dev.clone(),
+            entry.inode,
+            data.clone().unwrap_or_default(),
+        );
         if !self.objects.contains_key(&key) {
             let bytes = match &data {
                 Some(bytes) => bytes.clone(),

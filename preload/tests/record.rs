@@ -16,12 +16,25 @@ fn heap_storm_counts_every_pair_under_its_whole_chain() {
     assert!(run.status.success(), "{}", run.stdout);
     let pid = run.pid;
     let stacks = run.stacks_through(pid, "storm");
-    assert_eq!(stacks.len(), 1, "one stack through storm: {:?}", stacks.iter().map(|s| &s.0).collect::<Vec<_>>());
+    assert_eq!(
+        stacks.len(),
+        1,
+        "one stack through storm: {:?}",
+        stacks.iter().map(|s| &s.0).collect::<Vec<_>>()
+    );
     let (chain, stats) = &stacks[0];
     assert_eq!(chain[0], "malloc", "{chain:?}");
     assert_eq!(chain[1], "storm", "{chain:?}");
-    assert_eq!(chain.iter().filter(|n| *n == "descend").count(), 11, "{chain:?}");
-    assert_eq!(chain.last().map(String::as_str), Some("_start"), "{chain:?}");
+    assert_eq!(
+        chain.iter().filter(|n| *n == "descend").count(),
+        11,
+        "{chain:?}"
+    );
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("_start"),
+        "{chain:?}"
+    );
     assert_eq!(stats.allocs, 20000);
     assert_eq!(stats.bytes, 20000 * 48);
     assert_eq!(stats.frees, 20000);
@@ -29,7 +42,12 @@ fn heap_storm_counts_every_pair_under_its_whole_chain() {
     let counters = run.recorder.counters();
     assert_eq!(counters.unknown_frees, 0, "{counters:?}");
     assert!(counters.memo_hits > 19000, "{counters:?}");
-    let stack = run.recorder.stacks().iter().find(|s| s.frames.len() == chain.len()).unwrap();
+    let stack = run
+        .recorder
+        .stacks()
+        .iter()
+        .find(|s| s.frames.len() == chain.len())
+        .unwrap();
     assert_eq!(stack.end, WalkEnd::Complete);
 }
 
@@ -53,9 +71,23 @@ fn site_stats(run: &mut common::Run, pid: u32, function: &str) -> (u64, u64, u64
     for (chain, stats) in &stacks {
         let above = chain
             .iter()
-            .position(|n| !matches!(n.as_str(), "malloc" | "calloc" | "realloc" | "resize"
-                | "reallocarray" | "posix_memalign" | "aligned_alloc" | "memalign" | "valloc"
-                | "pvalloc" | "mmap" | "mmap64"))
+            .position(|n| {
+                !matches!(
+                    n.as_str(),
+                    "malloc"
+                        | "calloc"
+                        | "realloc"
+                        | "resize"
+                        | "reallocarray"
+                        | "posix_memalign"
+                        | "aligned_alloc"
+                        | "memalign"
+                        | "valloc"
+                        | "pvalloc"
+                        | "mmap"
+                        | "mmap64"
+                )
+            })
             .unwrap_or(0);
         if chain.get(above).map(String::as_str) != Some(function) {
             continue;
@@ -75,7 +107,11 @@ fn check_sites(run: &mut common::Run, pid: u32) {
     assert!(!sites.is_empty(), "{}", run.stdout);
     for site in sites {
         let (allocs, bytes, frees, live, stacks) = site_stats(run, pid, &site.function);
-        assert!(stacks >= 1 || site.allocs == 0, "{}: no stack recorded", site.function);
+        assert!(
+            stacks >= 1 || site.allocs == 0,
+            "{}: no stack recorded",
+            site.function
+        );
         assert_eq!(
             (allocs, bytes, frees),
             (site.allocs, site.bytes, site.frees),
@@ -83,7 +119,12 @@ fn check_sites(run: &mut common::Run, pid: u32) {
             site.function
         );
         if site.size > 0 {
-            assert_eq!(live, (site.leaked * site.size) as i64, "{}: leaked bytes", site.function);
+            assert_eq!(
+                live,
+                (site.leaked * site.size) as i64,
+                "{}: leaked bytes",
+                site.function
+            );
         }
     }
 }
@@ -97,11 +138,25 @@ fn alloc_c_counts_every_site_and_its_leaks_to_the_byte() {
     check_sites(&mut run, pid);
     let counters = run.recorder.counters();
     assert_eq!(counters.unknown_frees, 0, "{counters:?}");
-    assert_eq!(counters.nested_lost + counters.not_stored + counters.no_ring, 0, "{counters:?}");
+    assert_eq!(
+        counters.nested_lost + counters.not_stored + counters.no_ring,
+        0,
+        "{counters:?}"
+    );
     // anonymous mappings are kept apart
-    let totals = run.recorder.processes().into_iter().find(|p| p.pid == pid).unwrap();
+    let totals = run
+        .recorder
+        .processes()
+        .into_iter()
+        .find(|p| p.pid == pid)
+        .unwrap();
     assert!(totals.mapped.allocs >= 1, "{totals:?}");
-    let mapped: Vec<_> = run.recorder.stats().into_iter().filter(|(p, _, s)| *p == pid && s.mapped).collect();
+    let mapped: Vec<_> = run
+        .recorder
+        .stats()
+        .into_iter()
+        .filter(|(p, _, s)| *p == pid && s.mapped)
+        .collect();
     assert!(!mapped.is_empty());
     for (_, id, _) in mapped {
         let stack = run.recorder.stack_of(id).clone();
@@ -119,7 +174,11 @@ fn frees_on_other_threads_and_reused_addresses_are_ordered_exactly() {
         let pid = run.pid;
         check_sites(&mut run, pid);
         let counters = run.recorder.counters();
-        assert_eq!((counters.unknown_frees, counters.reused), (0, 0), "{mode}: {counters:?}");
+        assert_eq!(
+            (counters.unknown_frees, counters.reused),
+            (0, 0),
+            "{mode}: {counters:?}"
+        );
     }
 }
 
@@ -141,7 +200,12 @@ fn a_signal_handler_that_allocates_is_walked_through_the_signal_frame() {
     let pid = run.pid;
     let stacks = run.stacks_through(pid, "on_signal");
     let allocs: u64 = stacks.iter().map(|(_, s)| s.allocs).sum();
-    assert_eq!(allocs, 200, "{:?}", stacks.iter().map(|s| &s.0).collect::<Vec<_>>());
+    assert_eq!(
+        allocs,
+        200,
+        "{:?}",
+        stacks.iter().map(|s| &s.0).collect::<Vec<_>>()
+    );
     for (chain, _) in &stacks {
         for name in ["malloc", "on_signal", "inner", "outer", "main", "_start"] {
             assert!(chain.iter().any(|n| n == name), "{name} in {chain:?}");
@@ -165,7 +229,10 @@ fn forked_and_execd_children_record_on_their_own() {
     // the main process (main thread and a thread), a forked child, an exec'd child
     assert_eq!(by_pid.get(&run.pid), Some(&600), "{by_pid:?}");
     assert_eq!(by_pid.len(), 3, "{by_pid:?}");
-    assert!(by_pid.values().filter(|&&n| n == 300).count() == 2, "{by_pid:?}");
+    assert!(
+        by_pid.values().filter(|&&n| n == 300).count() == 2,
+        "{by_pid:?}"
+    );
 }
 
 #[test]
@@ -178,7 +245,11 @@ fn a_child_that_drops_ld_preload_is_not_recorded_and_runs() {
         |_, _| {},
     );
     assert!(run.status.success());
-    assert!(run.stdout.contains("heap storm allocs 1000"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("heap storm allocs 1000"),
+        "{}",
+        run.stdout
+    );
     for (pid, id, _) in run.recorder.stats() {
         let stack = run.recorder.stack_of(id).clone();
         assert!(!run.chain(&stack).iter().any(|n| n == "storm"), "{pid}");
@@ -208,7 +279,11 @@ fn a_target_killed_mid_run_has_its_records_read() {
     assert_eq!(stacks.len(), 1);
     let stats = &stacks[0].1;
     assert!(stats.allocs >= 200_000, "{stats:?}");
-    assert_eq!(stats.live_bytes, 48 * stats.allocs as i64, "every block leaked, to the byte");
+    assert_eq!(
+        stats.live_bytes,
+        48 * stats.allocs as i64,
+        "every block leaked, to the byte"
+    );
 }
 
 #[test]
@@ -226,7 +301,11 @@ fn the_target_runs_on_when_cargo_trace_goes_away() {
     let started = std::time::Instant::now();
     while recorder.events() < 100_000 && started.elapsed() < std::time::Duration::from_secs(30) {
         server
-            .serve(&mut tables, &mut recorder, std::time::Duration::from_millis(1))
+            .serve(
+                &mut tables,
+                &mut recorder,
+                std::time::Duration::from_millis(1),
+            )
             .unwrap();
         recorder.poll();
     }
@@ -268,7 +347,12 @@ fn a_dlopened_plugin_is_walked_from_its_first_allocation() {
     let pid = run.pid;
     let stacks = run.stacks_through(pid, "plug_work");
     let allocs: u64 = stacks.iter().map(|(_, s)| s.allocs).sum();
-    assert_eq!(allocs, 1500, "{:?}", stacks.iter().map(|s| &s.0).collect::<Vec<_>>());
+    assert_eq!(
+        allocs,
+        1500,
+        "{:?}",
+        stacks.iter().map(|s| &s.0).collect::<Vec<_>>()
+    );
     for (chain, stats) in &stacks {
         assert_eq!(stats.frees, stats.allocs);
         assert_eq!(
@@ -276,7 +360,11 @@ fn a_dlopened_plugin_is_walked_from_its_first_allocation() {
             ["malloc", "plug_work", "call_plugin"],
             "{chain:?}"
         );
-        assert_eq!(chain.last().map(String::as_str), Some("_start"), "{chain:?}");
+        assert_eq!(
+            chain.last().map(String::as_str),
+            Some("_start"),
+            "{chain:?}"
+        );
     }
     let ends: Vec<_> = run
         .recorder

@@ -93,7 +93,11 @@ fn encode(image: &ProcessImage) -> Encoded {
             bias: m.bias,
             table: m.object.map_or(NO_TABLE, |i| offsets[i]),
             object: m.object.map_or(0, |i| i as u32 + 1),
-            flags: if m.object.is_none() { MAPPING_NO_TABLE } else { 0 },
+            flags: if m.object.is_none() {
+                MAPPING_NO_TABLE
+            } else {
+                0
+            },
         })
         .collect();
     Encoded { tables, mappings }
@@ -233,7 +237,9 @@ fn differential(lang: Lang, mode: &str) {
         // walks started from every slot of the stack: every way a walk ends
         for slot in 0..400u64 {
             let rsp = thread.regs.rsp + 8 * slot;
-            let Some(rip) = memory.read_u64(rsp) else { break };
+            let Some(rip) = memory.read_u64(rsp) else {
+                break;
+            };
             let regs = Registers {
                 rip,
                 rsp: rsp + 8,

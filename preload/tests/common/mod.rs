@@ -56,7 +56,11 @@ pub fn record_with(
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut busy = false;
     let status = loop {
-        let wait = if busy { Duration::ZERO } else { Duration::from_millis(2) };
+        let wait = if busy {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(2)
+        };
         server
             .serve(&mut tables, &mut recorder, wait)
             .expect("serving");
@@ -127,7 +131,11 @@ impl Run {
     }
 
     /// Every stack of process `pid` whose chain contains `function`, with its stats.
-    pub fn stacks_through(&mut self, pid: u32, function: &str) -> Vec<(Vec<String>, preload::AllocStats)> {
+    pub fn stacks_through(
+        &mut self,
+        pid: u32,
+        function: &str,
+    ) -> Vec<(Vec<String>, preload::AllocStats)> {
         let stats = self.recorder.stats();
         let mut out = Vec::new();
         for (p, id, s) in stats {
