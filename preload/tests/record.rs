@@ -378,3 +378,25 @@ fn a_dlopened_plugin_is_walked_from_its_first_allocation() {
     assert!(counters.lookups >= 1, "{counters:?}");
     assert!(counters.memo_hits >= 1400, "{counters:?}");
 }
+
+/// Sampling 1 in 10: the sampled allocations are counted with what they stand for,
+/// and the frees of the others are not unknown frees.
+#[test]
+fn sampling_counts_estimates_and_no_unknown_frees() {
+    let exe = c_fixture("heap_storm");
+    let options = Options {
+        sample_every: 10,
+        ..Options::default()
+    };
+    let mut run = common::record(&exe, &["100000", "3"], options);
+    assert!(run.status.success());
+    let pid = run.pid;
+    let stacks = run.stacks_through(pid, "storm");
+    assert_eq!(stacks.len(), 1);
+    let stats = &stacks[0].1;
+    assert!((8_000..12_000).contains(&stats.allocs), "{stats:?}");
+    assert_eq!(stats.frees, stats.allocs);
+    assert_eq!(stats.estimated.allocs, stats.allocs as f64 * 10.0);
+    assert_eq!(stats.estimated.bytes, stats.bytes * 10);
+    assert_eq!(run.recorder.counters().unknown_frees, 0);
+}
