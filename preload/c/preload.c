@@ -294,8 +294,10 @@ static int ready(void)
  * wrappers (mmap inside malloc) are part of the call, not events. */
 #define RECORDED(call, kind, size, failed)                 \
 	do {                                              \
-		if (in_call)                              \
+		if (in_call) {                            \
+			inside_call();                    \
 			return call;                      \
+		}                                         \
 		in_call++;                                \
 		__typeof__(call) r_ = call;               \
 		in_call--;                                \
@@ -336,6 +338,8 @@ EXPORT void free(void *p)
 	if (recording()) {
 		if (!in_call)
 			RECORD(CTP_EV_FREE, p, 0);
+		else
+			inside_call();
 		next.free(p);
 		return;
 	}
@@ -362,8 +366,10 @@ static __attribute__((noinline)) void *resize(void *old, size_t size)
 		return p;
 	}
 	if (recording()) {
-		if (in_call)
+		if (in_call) {
+			inside_call();
 			return next.realloc(old, size);
+		}
 		RECORD(CTP_EV_RESIZING, old, size);
 		in_call++;
 		void *p = next.realloc(old, size);
@@ -405,8 +411,10 @@ EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 	if (!ready())
 		return ENOMEM;
 	if (recording()) {
-		if (in_call)
+		if (in_call) {
+			inside_call();
 			return next.posix_memalign(out, alignment, size);
+		}
 		in_call++;
 		int failed = next.posix_memalign(out, alignment, size);
 		in_call--;
@@ -469,8 +477,10 @@ EXPORT void *mmap(void *address, size_t length, int prot, int flags, int fd, off
 		return MAP_FAILED;
 	}
 	if (recording() && (flags & MAP_ANONYMOUS)) {
-		if (in_call)
+		if (in_call) {
+			inside_call();
 			return next.mmap(address, length, prot, flags, fd, offset);
+		}
 		in_call++;
 		void *p = next.mmap(address, length, prot, flags, fd, offset);
 		in_call--;
@@ -495,6 +505,8 @@ EXPORT int munmap(void *address, size_t length)
 	if (recording()) {
 		if (!in_call)
 			RECORD(CTP_EV_MUNMAP, address, length);
+		else
+			inside_call();
 		return next.munmap(address, length);
 	}
 	cargo_trace_unmapping(address);

@@ -45,7 +45,7 @@ static const unsigned char *walk_tables(struct walk_env *env);
 
 enum record_limits {
 	NEST_LEVELS = 2,	 /* a signal handler inside the recorder, and no deeper */
-	PENDING = 8,		 /* events of a nested level waiting for the outer one */
+	PENDING = 64,		 /* events of a nested level waiting for the outer one */
 	MEMO_SETS = 8,		 /* per thread: sets of the walk memo ... */
 	MEMO_WAYS = 2,		 /* ... of this many walks each */
 	MEMO_WORDS = 256,	 /* words a remembered walk read, at most */
@@ -105,7 +105,7 @@ struct thread {
 	uint64_t stack_lo, stack_hi; /* the thread's stack, read directly */
 	uint64_t random;
 	uint32_t npending;
-	uint32_t pad;
+	uint32_t publishing; /* inside publish: a nested level must not publish */
 	struct ctp_event pending[PENDING];
 	struct ctp_walk scratch[NEST_LEVELS];
 	struct memo_set memo[MEMO_SETS];
@@ -396,35 +396,56 @@ static int ensure_connected(void)
 	return conn.state == CONN_UP ? 0 : -1;
 }
 
-/* Publishes e in t's ring; a full ring waits for the consumer (never drops)
- * unless the consumer is gone. */
+/* Waits until t's ring has room (never drops) unless the consumer is gone;
+ * 0 when there is room. A nested level may publish meanwhile. */
+static int wait_for_room(struct thread *t)
+{
+	struct ctp_ring *r = t->ring;
+
+	t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+	if (t->head - t->tail >= CTP_RING_EVENTS)
+		r->waits++;
+	for (unsigned spins = 0; t->head - t->tail >= CTP_RING_EVENTS; spins++) {
+		/* the consumer drains on another core: yield first, sleep later */
+		if (spins < 64) {
+			sched_yield();
+		} else {
+			if (!consumer_alive()) {
+				detach();
+				return -1;
+			}
+			struct timespec pause = { 0, WAIT_NS };
+			nanosleep(&pause, NULL);
+		}
+		t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+	}
+	return 0;
+}
+
+/* Publishes e in t's ring. Only the few instructions that take a slot and
+ * publish it keep a nested level (a signal handler) from publishing too. */
 static void publish(struct thread *t, const struct ctp_event *e)
 {
 	struct ctp_ring *r = t->ring;
-	uint64_t head = t->head;
 
-	if (__builtin_expect(head - t->tail >= CTP_RING_EVENTS, 0)) {
-		t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
-		if (head - t->tail >= CTP_RING_EVENTS)
-			r->waits++;
-		for (unsigned spins = 0; head - t->tail >= CTP_RING_EVENTS; spins++) {
-			/* the consumer drains on another core: yield first, sleep later */
-			if (spins < 64) {
-				sched_yield();
-			} else {
-				if (!consumer_alive()) {
-					detach();
-					return;
-				}
-				struct timespec pause = { 0, WAIT_NS };
-				nanosleep(&pause, NULL);
-			}
-			t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+	for (;;) {
+		if (__builtin_expect(t->head - t->tail >= CTP_RING_EVENTS, 0) && wait_for_room(t))
+			return;
+		t->publishing = 1;
+		__asm__ volatile("" ::: "memory");
+		uint64_t head = t->head;
+		if (__builtin_expect(head - t->tail < CTP_RING_EVENTS, 1)) {
+			r->events[head & (CTP_RING_EVENTS - 1)] = *e;
+			__atomic_store_n(&r->head, head + 1, __ATOMIC_RELEASE);
+			t->head = head + 1;
+			__asm__ volatile("" ::: "memory");
+			t->publishing = 0;
+			return;
 		}
+		/* a nested level took the room while this one waited */
+		__asm__ volatile("" ::: "memory");
+		t->publishing = 0;
 	}
-	r->events[head & (CTP_RING_EVENTS - 1)] = *e;
-	__atomic_store_n(&r->head, head + 1, __ATOMIC_RELEASE);
-	t->head = head + 1;
 }
 
 /* Publishes the events a nested level left (a signal handler that allocated
@@ -793,6 +814,15 @@ static uint32_t stack_of(struct thread *t, const struct ctp_call *c, uint32_t le
 	return id;
 }
 
+/* A wrapped call made inside a wrapped allocator's call: part of that call. */
+static void inside_call(void)
+{
+	struct thread *t = self;
+
+	if (t && t->ring)
+		t->ring->inside_calls++;
+}
+
 /* ---- sampling (bpf_prog::AllocOptions, as alloc.bpf.h draws) ---- */
 
 static inline uint32_t random_u32(struct thread *t)
@@ -894,9 +924,14 @@ static inline __attribute__((always_inline)) void record(struct ctp_call *c)
 		if (walk && !no_stacks)
 			e.stack = stack_of(t, c, level);
 		e.time = now_ticks();
+		if (level > 0)
+			t->ring->nested_events++;
 		if (level == 0) {
 			publish(t, &e);
 			publish_pending(t);
+		} else if (!t->publishing) {
+			/* the interrupted level is not publishing: in order, at once */
+			publish(t, &e);
 		} else {
 			uint32_t n = t->npending;
 			if (n < PENDING) {

@@ -197,7 +197,9 @@ struct ctp_ring {
 	uint64_t nested_lost;	   /* events lost: too deeply nested signal handlers */
 	uint64_t not_stored;	   /* stacks not stored: the stack area was full */
 	uint64_t waits;		   /* times the ring was full and the thread waited */
-	uint64_t pad3[1];
+	uint64_t nested_events;	   /* events of a signal handler inside the recorder */
+	uint64_t inside_calls;	   /* wrapped calls made inside a wrapped allocator's
+				    * call (its own mmaps): part of it, not events */
 	struct ctp_event events[CTP_RING_EVENTS];
 };
 

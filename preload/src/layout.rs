@@ -278,7 +278,8 @@ pub struct Ring {
     pub nested_lost: u64,
     pub not_stored: u64,
     pub waits: u64,
-    pub pad3: [u64; 1],
+    pub nested_events: u64,
+    pub inside_calls: u64,
     pub events: [Event; RING_EVENTS],
 }
 mirror!(
@@ -299,7 +300,8 @@ mirror!(
         nested_lost: u64,
         not_stored: u64,
         waits: u64,
-        pad3: [u64; 1],
+        nested_events: u64,
+        inside_calls: u64,
         events: [Event; RING_EVENTS],
     }
 );

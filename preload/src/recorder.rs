@@ -369,6 +369,11 @@ pub struct Counters {
     pub no_ring: u64,
     /// Times a thread's ring was full and it waited for this consumer.
     pub waits: u64,
+    /// Events of signal handlers that ran inside the recorder (published by it after).
+    pub nested_events: u64,
+    /// Wrapped calls made inside a wrapped allocator's call (its own mmaps, or a
+    /// signal handler's calls then): part of that call, not events.
+    pub inside_calls: u64,
     /// Mappings the library asked for (a pc in none it knew).
     pub lookups: u64,
 }
@@ -385,6 +390,8 @@ impl Counters {
         self.nested_lost += ring.nested_lost;
         self.not_stored += ring.not_stored;
         self.waits += ring.waits;
+        self.nested_events += ring.nested_events;
+        self.inside_calls += ring.inside_calls;
     }
 }
 
@@ -398,6 +405,8 @@ struct RingCounters {
     nested_lost: u64,
     not_stored: u64,
     waits: u64,
+    nested_events: u64,
+    inside_calls: u64,
 }
 
 /// The library's memory in one process.
@@ -492,6 +501,8 @@ impl RegionReader {
                 nested_lost: read(offset_of!(Ring, nested_lost)),
                 not_stored: read(offset_of!(Ring, not_stored)),
                 waits: read(offset_of!(Ring, waits)),
+                nested_events: read(offset_of!(Ring, nested_events)),
+                inside_calls: read(offset_of!(Ring, inside_calls)),
             });
             if self.used_rings[ring] || read(offset_of!(Ring, owners)) > 0 {
                 used += size_of::<Ring>() as u64;
@@ -1038,6 +1049,8 @@ impl Recorder {
             total.not_stored += c.not_stored;
             total.no_ring += c.no_ring;
             total.waits += c.waits;
+            total.nested_events += c.nested_events;
+            total.inside_calls += c.inside_calls;
             total.lookups += c.lookups;
         }
         total.walk_ns = (total.walk_ticks as f64 * self.clock.rate()) as u64;

@@ -400,3 +400,34 @@ fn sampling_counts_estimates_and_no_unknown_frees() {
     assert_eq!(stats.estimated.bytes, stats.bytes * 10);
     assert_eq!(run.recorder.counters().unknown_frees, 0);
 }
+
+/// A signal handler that maps memory while its thread is inside the recorder (a nested
+/// level, published by the outer one) or anywhere else: every mapping is counted (or,
+/// when the signal came inside the allocator's own call, counted as part of it), and
+/// the interrupted loop's counts stay exact.
+#[test]
+fn signal_handlers_inside_the_recorder_are_recorded() {
+    let exe = c_fixture("signal_storm");
+    let mut run = common::record(&exe, &["300000"], Options::default());
+    assert!(run.status.success(), "{}", run.stdout);
+    let pid = run.pid;
+    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
+    let handled = sites
+        .iter()
+        .find(|s| s.function == "on_signal")
+        .unwrap()
+        .allocs;
+    let (allocs, _, frees, live, _) = site_stats(&mut run, pid, "site_loop");
+    assert_eq!((allocs, frees, live), (300000, 300000, 0));
+    let (maps, _, unmaps, live, _) = site_stats(&mut run, pid, "on_signal");
+    let counters = run.recorder.counters();
+    assert_eq!(maps, unmaps, "{counters:?}");
+    assert_eq!(live, 0);
+    assert_eq!(maps + counters.inside_calls / 2, handled, "{counters:?}");
+    assert_eq!(counters.nested_lost, 0, "{counters:?}");
+    assert_eq!(counters.unknown_frees, 0, "{counters:?}");
+    eprintln!(
+        "{handled} signals, {} events nested in the recorder",
+        counters.nested_events
+    );
+}

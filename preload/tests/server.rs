@@ -23,7 +23,12 @@ fn the_library_lies_in_a_directory_only_root_can_change() {
     while let Some(path) = ancestor {
         let meta = std::fs::symlink_metadata(path).unwrap();
         assert_eq!(meta.uid(), 0, "{}", path.display());
-        assert_eq!(meta.mode() & 0o022, 0, "{} is writable by others", path.display());
+        assert_eq!(
+            meta.mode() & 0o022,
+            0,
+            "{} is writable by others",
+            path.display()
+        );
         ancestor = path.parent();
     }
     // TMPDIR plays no part
@@ -38,12 +43,23 @@ fn the_library_lies_in_a_directory_only_root_can_change() {
         lib = library.display()
     );
     match Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", &attack])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            &attack,
+        ])
         .output()
     {
         Ok(out) => {
             assert!(out.status.success(), "{out:?}");
-            assert_eq!(String::from_utf8_lossy(&out.stdout), "", "the attack went through");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "",
+                "the attack went through"
+            );
         }
         Err(error) => eprintln!("skipping the unprivileged attack: no setpriv ({error})"),
     }
@@ -51,5 +67,8 @@ fn the_library_lies_in_a_directory_only_root_can_change() {
 
     let socket = server.socket_path().to_path_buf();
     drop(server);
-    assert!(!dir.exists() && !socket.exists(), "the directory goes with the server");
+    assert!(
+        !dir.exists() && !socket.exists(),
+        "the directory goes with the server"
+    );
 }
