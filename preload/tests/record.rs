@@ -431,3 +431,16 @@ fn signal_handlers_inside_the_recorder_are_recorded() {
         counters.nested_events
     );
 }
+
+/// Children started with posix_spawn and vfork share the parent's memory until they
+/// exec: the parent's records stay exact.
+#[test]
+fn posix_spawn_and_vfork_children_leave_the_parents_records_alone() {
+    let exe = c_fixture("spawner");
+    let mut run = common::record(&exe, &["20"], Options::default());
+    assert!(run.status.success(), "{}", run.stdout);
+    let pid = run.pid;
+    check_sites(&mut run, pid);
+    let counters = run.recorder.counters();
+    assert_eq!((counters.unknown_frees, counters.reused), (0, 0), "{counters:?}");
+}
