@@ -49,7 +49,7 @@ enum record_limits {
 	MEMO_SETS = 8,		 /* per thread: sets of the walk memo ... */
 	MEMO_WAYS = 2,		 /* ... of this many walks each */
 	MEMO_WORDS = 256,	 /* words a remembered walk read, at most */
-	MAX_MAPSETS = 4096,	 /* mapping sets received (each a lookup) */
+	MAX_MAPSETS = 256,	 /* mapping sets received (each a lookup); more: NoMapping */
 	NEGATIVES = 64,		 /* pcs cargo-trace knew no mapping for */
 	STACK_PROBES = 64,	 /* slots tried for a stack */
 	WAIT_NS = 20000,	 /* a full ring's wait between looks */
@@ -236,13 +236,13 @@ static int consumer_alive(void)
 static int receive_mappings(int *tables_fd)
 {
 	size_t most = sizeof(struct ctp_msg_mappings) + CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping);
-	size_t set_bytes = (sizeof(struct mapset) + CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) +
-			    4095) & ~4095UL;
+	size_t buf_bytes = (most + 4095) & ~4095UL;
 	if (conn.mapsets >= MAX_MAPSETS)
 		return -1;
-	struct mapset *set = map_private(set_bytes);
-	unsigned char *buf = map_private((most + 4095) & ~4095UL);
-	if (!set || !buf)
+	/* not counted in private_bytes: unmapped below */
+	unsigned char *buf = next.mmap(NULL, buf_bytes, PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED)
 		return -1;
 	char control[CMSG_SPACE(sizeof(int))];
 	struct iovec iov = { .iov_base = buf, .iov_len = most };
@@ -270,6 +270,13 @@ static int receive_mappings(int *tables_fd)
 				close(fd);
 		}
 	}
+	struct mapset *set = NULL;
+	if (ok) {
+		size_t set_bytes = (sizeof(struct mapset) +
+				    head->nmappings * sizeof(struct ctp_mapping) + 4095) & ~4095UL;
+		set = map_private(set_bytes);
+		ok = set != NULL;
+	}
 	if (ok) {
 		conn.options = head->options;
 		set->n = head->nmappings;
@@ -278,7 +285,7 @@ static int receive_mappings(int *tables_fd)
 		conn.mapsets++;
 		__atomic_store_n(&conn.maps, set, __ATOMIC_RELEASE);
 	}
-	next.munmap(buf, (most + 4095) & ~4095UL);
+	next.munmap(buf, buf_bytes);
 	return ok ? 0 : -1;
 }
 
@@ -325,10 +332,11 @@ static int connect_now(void)
 	r->nslots = CTP_STACK_SLOTS;
 	r->words_offset = r->slots_offset + (uint64_t)CTP_STACK_SLOTS * sizeof(struct ctp_stack_slot);
 	r->nwords = CTP_STACK_WORDS;
+	/* the thread states, the mapping sets kept, one message buffer at a time */
 	r->private_bound = (uint64_t)CTP_RINGS * THREAD_BYTES +
-			   (uint64_t)MAX_MAPSETS * 2 *
+			   (uint64_t)(MAX_MAPSETS + 1) *
 				   ((sizeof(struct mapset) +
-				     CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) + 8191) &
+				     CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) + 4095) &
 				    ~4095UL);
 	conn.region = r;
 	conn.rings = (struct ctp_ring *)((unsigned char *)r + r->rings_offset);

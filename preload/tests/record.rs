@@ -444,3 +444,17 @@ fn posix_spawn_and_vfork_children_leave_the_parents_records_alone() {
     let counters = run.recorder.counters();
     assert_eq!((counters.unknown_frees, counters.reused), (0, 0), "{counters:?}");
 }
+
+/// The library's memory is bounded, and the bound is in the region for the summary.
+#[test]
+fn the_librarys_memory_is_bounded_and_told() {
+    let exe = c_fixture("heap_storm");
+    let run = common::record(&exe, &["1000", "3"], Options::default());
+    let memory = run.recorder.library_memory();
+    assert_eq!(memory.len(), 1);
+    let m = memory[0];
+    assert_eq!(m.region_bound, preload::layout::region::BYTES as u64);
+    assert!(m.region_used <= m.region_bound && m.region_used > 0, "{m:?}");
+    assert!(m.private_bytes > 0 && m.private_bytes <= m.private_bound, "{m:?}");
+    eprintln!("library memory: {m:?}");
+}
