@@ -40,6 +40,10 @@ struct walk_env;
 static const struct ctp_mapping *walk_mapping(struct walk_env *env, uint64_t addr);
 static int walk_read(struct walk_env *env, uint64_t addr, uint64_t *value);
 static const unsigned char *walk_tables(struct walk_env *env);
+static int walk_cached(struct walk_env *env, uint64_t lookup, struct ctp_rule *rule,
+		       uint32_t *object, uint64_t *bias);
+static void walk_cache(struct walk_env *env, uint64_t lookup, const struct ctp_rule *rule,
+		       uint32_t object, uint64_t bias);
 
 #include "walk.h"
 
@@ -49,6 +53,7 @@ enum record_limits {
 	MEMO_SETS = 8,		 /* per thread: sets of the walk memo ... */
 	MEMO_WAYS = 2,		 /* ... of this many walks each */
 	MEMO_WORDS = 256,	 /* words a remembered walk read, at most */
+	RULE_CACHE = 512,	 /* per thread: rules found, by address (direct-mapped) */
 	MAX_MAPSETS = 256,	 /* mapping sets received (each a lookup); more: NoMapping */
 	NEGATIVES = 64,		 /* pcs cargo-trace knew no mapping for */
 	STACK_PROBES = 64,	 /* slots tried for a stack */
@@ -83,6 +88,16 @@ struct memo_entry {
 	uint64_t value[MEMO_WORDS];
 };
 
+/* A rule found for (lookup address, mapping set): a set, once sent, never
+ * changes, nor do tables, so an entry never goes stale. */
+struct rule_cache_entry {
+	uint64_t lookup;
+	uint32_t generation; /* 0: empty */
+	uint32_t object;
+	uint64_t bias;
+	struct ctp_rule rule;
+};
+
 struct memo_set {
 	uint32_t next;
 	struct memo_entry ways[MEMO_WAYS];
@@ -109,6 +124,7 @@ struct thread {
 	struct ctp_event pending[PENDING];
 	struct ctp_walk scratch[NEST_LEVELS];
 	struct memo_set memo[MEMO_SETS];
+	struct rule_cache_entry rules[RULE_CACHE];
 };
 
 #define THREAD_BYTES ((sizeof(struct thread) + 4095) & ~4095UL)
@@ -530,6 +546,7 @@ static struct thread *thread_start(void)
 		}
 		memset(t, 0, offsetof(struct thread, scratch));
 		memset(t->memo, 0, sizeof(t->memo));
+		memset(t->rules, 0, sizeof(t->rules));
 		t->ring = r;
 		t->index = i;
 		t->head = __atomic_load_n(&r->head, __ATOMIC_RELAXED);
@@ -558,6 +575,7 @@ static struct thread *thread_start(void)
 
 struct walk_env {
 	struct mapset *maps;
+	struct rule_cache_entry *rules; /* the thread's (level 0), or NULL */
 	uint64_t direct_lo, direct_hi; /* read directly: inside the thread's stack */
 	int may_ask;		       /* may ask cargo-trace for a mapping (level 0) */
 	int asked;
@@ -583,6 +601,40 @@ static int walk_read(struct walk_env *env, uint64_t addr, uint64_t *value)
 		return 0;
 	}
 	return read_through_kernel(addr, value);
+}
+
+static inline struct rule_cache_entry *rule_slot(struct walk_env *env, uint64_t lookup)
+{
+	uint64_t mix = lookup * 0x9e3779b97f4a7c15ULL;
+
+	return &env->rules[(mix >> 40) & (RULE_CACHE - 1)];
+}
+
+static int walk_cached(struct walk_env *env, uint64_t lookup, struct ctp_rule *rule,
+		       uint32_t *object, uint64_t *bias)
+{
+	if (!env->rules)
+		return 0;
+	struct rule_cache_entry *e = rule_slot(env, lookup);
+	if (e->lookup != lookup || e->generation != env->maps->generation)
+		return 0;
+	*rule = e->rule;
+	*object = e->object;
+	*bias = e->bias;
+	return 1;
+}
+
+static void walk_cache(struct walk_env *env, uint64_t lookup, const struct ctp_rule *rule,
+		       uint32_t object, uint64_t bias)
+{
+	if (!env->rules)
+		return;
+	struct rule_cache_entry *e = rule_slot(env, lookup);
+	e->lookup = lookup;
+	e->generation = env->maps->generation;
+	e->object = object;
+	e->bias = bias;
+	e->rule = *rule;
 }
 
 static const unsigned char *walk_tables(struct walk_env *env)
@@ -801,7 +853,9 @@ static uint32_t stack_of(struct thread *t, const struct ctp_call *c, uint32_t le
 			return id;
 		}
 	}
-	struct walk_env env = { .maps = maps, .may_ask = level == 0 };
+	struct walk_env env = {
+		.maps = maps, .rules = level == 0 ? t->rules : NULL, .may_ask = level == 0
+	};
 	if (c->rsp >= t->stack_lo && c->rsp < t->stack_hi) {
 		env.direct_lo = c->rsp;
 		env.direct_hi = t->stack_hi;

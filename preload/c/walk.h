@@ -12,7 +12,14 @@
  *   static int walk_read(struct walk_env *, uint64_t addr, uint64_t *value);
  *     the word at addr, 0 on success, as bpf_probe_read_user (never faults);
  *   static const unsigned char *walk_tables(struct walk_env *);
- *     where the tables memfd is mapped.
+ *     where the tables memfd is mapped;
+ *   static int walk_cached(struct walk_env *, uint64_t lookup, struct ctp_rule *,
+ *                          uint32_t *object, uint64_t *bias);
+ *   static void walk_cache(struct walk_env *, uint64_t lookup, const struct ctp_rule *,
+ *                          uint32_t object, uint64_t bias);
+ *     a cache of the rules found (resolved at lookup: never CTP_RULE_CFA_RSP_STEPS)
+ *     with their mapping's object and bias, in front of the mapping and row
+ *     searches, as the BPF walker's rule cache; walk_cached is 1 on a hit.
  *
  * The walk also logs the words it read that its result depends on (address
  * and value) for the walk memo (record.h), and whether it depended on
@@ -182,30 +189,42 @@ static inline int walk_stop(struct ctp_walk *w, uint16_t end)
 static inline int walk_step(struct walk_env *env, struct ctp_walk *w, struct walk_state *s)
 {
 	uint64_t lookup = s->exact ? s->pc : s->pc - 1;
-	const struct ctp_mapping *m = walk_mapping(env, lookup);
+	struct ctp_rule resolved;
+	uint32_t object;
+	uint64_t bias;
+	const struct ctp_rule *rule = &resolved;
 
-	if (!m) {
-		w->frames[w->len - 1] = s->pc;
-		return walk_stop(w, CTP_WALK_NO_MAPPING);
+	if (walk_cached(env, lookup, &resolved, &object, &bias)) {
+		w->frames[w->len - 1] = walk_frame(s->pc, object, bias);
+	} else {
+		const struct ctp_mapping *m = walk_mapping(env, lookup);
+		if (!m) {
+			w->frames[w->len - 1] = s->pc;
+			return walk_stop(w, CTP_WALK_NO_MAPPING);
+		}
+		w->frames[w->len - 1] = walk_frame(s->pc, m->object, m->bias);
+		if ((m->flags & CTP_MAPPING_NO_TABLE) || m->table == CTP_NO_TABLE)
+			return walk_stop(w, CTP_WALK_NO_ROW);
+		const unsigned char *tables = walk_tables(env);
+		const struct ctp_table *t = (const struct ctp_table *)(tables + m->table);
+		uint32_t row_offset = 0;
+		const struct ctp_rule *found =
+			walk_find_rule(tables, t, lookup - m->bias, &row_offset);
+		if (!found)
+			return walk_stop(w, CTP_WALK_NO_ROW);
+		resolved = *found;
+		if (resolved.kind == CTP_RULE_CFA_RSP_STEPS) {
+			resolved.kind = CTP_RULE_CFA_RSP;
+			resolved.cfa_off += 8 * walk_steps_moved(found->cfa_arg, row_offset);
+		}
+		walk_cache(env, lookup, &resolved, m->object, m->bias);
 	}
-	w->frames[w->len - 1] = walk_frame(s->pc, m->object, m->bias);
-	if ((m->flags & CTP_MAPPING_NO_TABLE) || m->table == CTP_NO_TABLE)
-		return walk_stop(w, CTP_WALK_NO_ROW);
-	const unsigned char *tables = walk_tables(env);
-	const struct ctp_table *t = (const struct ctp_table *)(tables + m->table);
-	uint32_t row_offset = 0;
-	const struct ctp_rule *rule = walk_find_rule(tables, t, lookup - m->bias, &row_offset);
-	if (!rule)
-		return walk_stop(w, CTP_WALK_NO_ROW);
 
 	uint64_t rsp = s->rsp, rbp = s->rbp, cfa = 0, ra = 0;
 	int exact = 0;
 	switch (rule->kind) {
 	case CTP_RULE_CFA_RSP:
 		cfa = rsp + (int64_t)rule->cfa_off;
-		break;
-	case CTP_RULE_CFA_RSP_STEPS:
-		cfa = rsp + (int64_t)rule->cfa_off + 8 * walk_steps_moved(rule->cfa_arg, row_offset);
 		break;
 	case CTP_RULE_CFA_RBP:
 		walk_use_rbp(w, s);

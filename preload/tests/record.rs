@@ -442,7 +442,11 @@ fn posix_spawn_and_vfork_children_leave_the_parents_records_alone() {
     let pid = run.pid;
     check_sites(&mut run, pid);
     let counters = run.recorder.counters();
-    assert_eq!((counters.unknown_frees, counters.reused), (0, 0), "{counters:?}");
+    assert_eq!(
+        (counters.unknown_frees, counters.reused),
+        (0, 0),
+        "{counters:?}"
+    );
 }
 
 /// The library's memory is bounded, and the bound is in the region for the summary.
@@ -454,7 +458,54 @@ fn the_librarys_memory_is_bounded_and_told() {
     assert_eq!(memory.len(), 1);
     let m = memory[0];
     assert_eq!(m.region_bound, preload::layout::region::BYTES as u64);
-    assert!(m.region_used <= m.region_bound && m.region_used > 0, "{m:?}");
-    assert!(m.private_bytes > 0 && m.private_bytes <= m.private_bound, "{m:?}");
+    assert!(
+        m.region_used <= m.region_bound && m.region_used > 0,
+        "{m:?}"
+    );
+    assert!(
+        m.private_bytes > 0 && m.private_bytes <= m.private_bound,
+        "{m:?}"
+    );
     eprintln!("library memory: {m:?}");
+}
+
+/// The memo and the rule cache answer what a walk would: the same stacks and counts
+/// with the memo on and off.
+#[test]
+fn the_memo_answers_what_a_walk_would() {
+    let exe = c_fixture("alloc_c");
+    let summary = |walk_memo: bool| {
+        let mut run = common::record(
+            &exe,
+            &[],
+            Options {
+                walk_memo,
+                ..Options::default()
+            },
+        );
+        assert!(run.status.success());
+        let pid = run.pid;
+        let mut out: Vec<_> = run
+            .recorder
+            .stats()
+            .into_iter()
+            .filter(|(p, _, _)| *p == pid)
+            .map(|(_, id, s)| {
+                let stack = run.recorder.stack_of(id).clone();
+                (
+                    stack.frames.len(),
+                    stack.end,
+                    run.chain(&stack),
+                    s.bytes / s.allocs.max(1),
+                )
+            })
+            .collect();
+        out.sort();
+        (out, run.recorder.counters())
+    };
+    let (with_memo, counters) = summary(true);
+    let (without, off) = summary(false);
+    assert!(counters.memo_hits > 10, "{counters:?}");
+    assert_eq!(off.memo_hits, 0, "{off:?}");
+    assert_eq!(with_memo, without);
 }
