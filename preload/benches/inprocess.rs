@@ -105,6 +105,9 @@ fn traced(exe: &std::path::Path, args: &[String], options: Options, no_stacks: b
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
@@ -220,5 +223,91 @@ fn main() {
             b.5
         );
     }
+    if let Some(python) = python() {
+        python_round_trip(&python, &scratch, has_heaptrack);
+    }
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The python3 interpreter itself (not a shim script in front of it).
+fn python() -> Option<std::path::PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()?;
+    let path = String::from_utf8(out.stdout).ok()?;
+    Some(path.trim().into()).filter(|p: &std::path::PathBuf| p.is_file())
+}
+
+/// A real program: CPython's JSON round trip with `PYTHONMALLOC=malloc` (every object
+/// allocation a malloc call), whole runs, wall time: untraced, heaptrack, in-process.
+fn python_round_trip(python: &std::path::Path, scratch: &std::path::Path, has_heaptrack: bool) {
+    const SCRIPT: &str = "import json\n\
+        d = [{'a': i, 'b': str(i) * 3, 'c': [i, i + 1, {'x': i}]} for i in range(150000)]\n\
+        s = json.dumps(d)\n\
+        assert json.loads(s) == d\n";
+    let args = ["-c", SCRIPT];
+    let wall = |command: &mut Command| {
+        let started = Instant::now();
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        started.elapsed().as_secs_f64()
+    };
+    let (mut base, mut heap, mut ours) = (vec![], vec![], vec![]);
+    let mut events = 0;
+    for _ in 0..ROUNDS {
+        base.push(wall(
+            Command::new(python)
+                .args(args)
+                .env("PYTHONMALLOC", "malloc"),
+        ));
+        if has_heaptrack {
+            heap.push(wall(
+                Command::new("heaptrack")
+                    .arg("-o")
+                    .arg(scratch.join("heaptrack.python"))
+                    .arg(python)
+                    .args(args)
+                    .env("PYTHONMALLOC", "malloc"),
+            ));
+        }
+        let mut server = Server::new().unwrap();
+        let mut recorder = Recorder::new(Options::default());
+        let mut tables = PlainTables::new();
+        let started = Instant::now();
+        let mut child = Command::new(python)
+            .args(args)
+            .env("PYTHONMALLOC", "malloc")
+            .envs(server.environment(None))
+            .spawn()
+            .unwrap();
+        let mut busy = false;
+        let mut exited = None;
+        while exited.is_none() || server.connections() > 0 {
+            if busy {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            let wait = if busy {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(1)
+            };
+            server.serve(&mut tables, &mut recorder, wait).unwrap();
+            busy = recorder.poll() > 0;
+            if exited.is_none() && child.try_wait().unwrap().is_some() {
+                exited = Some(started.elapsed().as_secs_f64());
+            }
+        }
+        ours.push(exited.unwrap());
+        events = recorder.events();
+    }
+    let (base, heap, ours) = (median(base), median(heap), median(ours));
+    println!("\nCPython JSON round trip, PYTHONMALLOC=malloc ({events} events recorded), wall s:");
+    println!("  untraced {base:.2}, heaptrack {heap:.2}, in-process {ours:.2}");
+    println!(
+        "  added: heaptrack {:.2} s, in-process {:.2} s: {:.2}x heaptrack's",
+        heap - base,
+        ours - base,
+        (ours - base) / (heap - base)
+    );
 }

@@ -60,6 +60,8 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
 /// The mapping is increasing, as the clock is: events keep their order.
 struct Clock {
     samples: Vec<(u64, u64)>,
+    /// The bracket of the last conversion.
+    hint: usize,
 }
 
 /// Samples kept (the oldest go first; an event older than all is extrapolated).
@@ -76,6 +78,7 @@ impl Clock {
         }
         Clock {
             samples: vec![first, second],
+            hint: 0,
         }
     }
 
@@ -100,12 +103,20 @@ impl Clock {
         }
         if self.samples.len() > CLOCK_SAMPLES {
             self.samples.drain(..CLOCK_SAMPLES / 2);
+            self.hint = 0;
         }
     }
 
-    fn ns(&self, ticks: u64) -> u64 {
+    fn ns(&mut self, ticks: u64) -> u64 {
         let s = &self.samples;
-        let i = s.partition_point(|&(t, _)| t <= ticks);
+        // events come mostly in order: the last bracket first
+        let hint = self.hint;
+        let i = if hint > 0 && hint < s.len() && s[hint - 1].0 <= ticks && ticks < s[hint].0 {
+            hint
+        } else {
+            s.partition_point(|&(t, _)| t <= ticks)
+        };
+        self.hint = i;
         let (a, b) = if i == 0 {
             (s[0], s[1])
         } else if i >= s.len() {
@@ -275,6 +286,14 @@ pub struct AllocStats {
 
 /// The raw per-stack state, with what the lazy peak needs.
 #[derive(Clone, Debug)]
+struct Slot {
+    pid: u32,
+    process: u32,
+    stack: StackId,
+    state: StackState,
+}
+
+#[derive(Clone, Debug)]
 struct StackState {
     stats: AllocStats,
     est_allocs: u64,
@@ -425,7 +444,8 @@ pub struct LibraryMemory {
 #[derive(Clone, Copy, Debug)]
 struct Block {
     size: u64,
-    stack: StackId,
+    /// Its (process, stack)'s index in `Recorder::slots`.
+    slot: u32,
     born_ns: u64,
     mapped: bool,
 }
@@ -447,8 +467,10 @@ struct RegionReader {
     cursors: Vec<u64>,
     /// Rings a thread ever owned (for the memory figures).
     used_rings: Vec<bool>,
-    /// The region's stack ids, as the recorder's.
-    stacks: FxMap<u32, StackId>,
+    /// Its process's index in `Recorder::processes`.
+    process: u32,
+    /// The region's stack ids, as the recorder's (process, stack) slots.
+    slots: FxMap<u32, u32>,
     calls: Vec<Vec<Resizing>>,
     /// Counters and memory, kept once the region is unmapped.
     final_counters: Option<(Counters, LibraryMemory)>,
@@ -539,9 +561,14 @@ pub struct Recorder {
     regions: Vec<RegionReader>,
     stacks: Vec<Stack>,
     stack_ids: HashMap<Stack, StackId>,
-    stats: FxMap<(u32, StackId), StackState>,
-    processes: FxMap<u32, ProcessState>,
-    live: FxMap<(u32, u64), Block>,
+    /// Per (process, stack): its statistics, by slot (the live blocks name theirs).
+    slots: Vec<Slot>,
+    slot_ids: FxMap<(u32, StackId), u32>,
+    processes: Vec<ProcessState>,
+    process_ids: FxMap<u32, u32>,
+    /// Per process: its live blocks by address.
+    live: Vec<FxMap<u64, Block>>,
+    live_blocks: usize,
     counters: Counters,
     clock: Clock,
     /// Events handled so far.
@@ -555,9 +582,12 @@ impl Recorder {
             regions: Vec::new(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
-            stats: FxMap::default(),
-            processes: FxMap::default(),
-            live: FxMap::default(),
+            slots: Vec::new(),
+            slot_ids: FxMap::default(),
+            processes: Vec::new(),
+            process_ids: FxMap::default(),
+            live: Vec::new(),
+            live_blocks: 0,
             counters: Counters::default(),
             clock: Clock::new(),
             events: 0,
@@ -581,22 +611,17 @@ impl Recorder {
         }
         let map = Shared::map(fd, region::BYTES, true)
             .map_err(|source| RegionError::Map { pid, source })?;
+        let process = self.process_index(pid);
         self.regions.push(RegionReader {
             pid,
             map: Some(map),
             closed: false,
             cursors: vec![0; RINGS],
             used_rings: vec![false; RINGS],
-            stacks: FxMap::default(),
+            process,
+            slots: FxMap::default(),
             calls: vec![Vec::new(); RINGS],
             final_counters: None,
-        });
-        self.processes.entry(pid).or_insert_with(|| ProcessState {
-            totals: ProcessTotals {
-                pid,
-                ..ProcessTotals::default()
-            },
-            ..ProcessState::default()
         });
         Ok(self.regions.len() - 1)
     }
@@ -636,6 +661,23 @@ impl Recorder {
         self.regions.len()
     }
 
+    fn process_index(&mut self, pid: u32) -> u32 {
+        if let Some(&index) = self.process_ids.get(&pid) {
+            return index;
+        }
+        let index = self.processes.len() as u32;
+        self.processes.push(ProcessState {
+            totals: ProcessTotals {
+                pid,
+                ..ProcessTotals::default()
+            },
+            ..ProcessState::default()
+        });
+        self.live.push(FxMap::default());
+        self.process_ids.insert(pid, index);
+        index
+    }
+
     fn drain(&mut self, index: usize) {
         let mut heads = [0u64; RINGS];
         // the next event of each ring that has one, read once
@@ -661,7 +703,6 @@ impl Recorder {
         refresh(&self.regions[index], &mut heads, &mut next);
         self.clock.update();
         let slack = (STAMP_SLACK_NS / self.clock.rate()) as u64;
-        let pid = self.regions[index].pid;
         let mut refreshed_for: Option<(usize, u64)> = None;
         let mut handled = 0u64;
         while !next.is_empty() {
@@ -672,8 +713,10 @@ impl Recorder {
                 }
             }
             let (ring, event) = next[at];
-            if self.needs_predecessor(pid, &event) {
-                let cursor = self.regions[index].cursors[ring];
+            let cursor = self.regions[index].cursors[ring];
+            if !self.handle(index, ring, &event, true) {
+                // its predecessor may be in another ring, published since the heads
+                // were read: read them again, once
                 if refreshed_for != Some((ring, cursor)) {
                     refresh(&self.regions[index], &mut heads, &mut next);
                     self.clock.update();
@@ -681,7 +724,7 @@ impl Recorder {
                     continue;
                 }
                 // the earliest event of another ring stamped no later (within the
-                // stamps' slack) goes first
+                // stamps' slack) goes first; else it has none
                 let mut first: Option<usize> = None;
                 for (i, &(r, e)) in next.iter().enumerate() {
                     if r != ring
@@ -691,13 +734,11 @@ impl Recorder {
                         first = Some(i);
                     }
                 }
-                if let Some(other) = first {
-                    at = other;
-                }
+                at = first.unwrap_or(at);
+                let (ring, event) = next[at];
+                self.handle(index, ring, &event, false);
             }
-            let (ring, mut event) = next[at];
-            event.time = self.clock.ns(event.time);
-            self.handle(index, ring, &event);
+            let ring = next[at].0;
             handled += 1;
             let reader = &mut self.regions[index];
             reader.cursors[ring] += 1;
@@ -727,31 +768,31 @@ impl Recorder {
         }
     }
 
-    fn needs_predecessor(&self, pid: u32, e: &Event) -> bool {
-        match e.kind {
-            event::FREE | event::MUNMAP | event::RESIZING => {
-                e.address != 0 && !self.live.contains_key(&(pid, e.address))
-            }
-            event::ALLOC | event::MMAP => self.live.contains_key(&(pid, e.address)),
-            event::RESIZED => {
-                e.address != 0
-                    && e.flags & event::UNSAMPLED == 0
-                    && self.live.contains_key(&(pid, e.address))
-            }
-            _ => false,
+    /// The (process, stack) slot of the region's stack `id`; id 0 (the library could
+    /// not store it: its region's stack area was full) and an unreadable record are the
+    /// stack "not stored", with no frame, as the BPF path's `CT_STACK_NOT_STORED`.
+    fn slot(&mut self, region: usize, id: u32) -> u32 {
+        if let Some(&slot) = self.regions[region].slots.get(&id) {
+            return slot;
         }
-    }
-
-    /// The recorder's id of the region's stack `id`; id 0 (the library could not store
-    /// it: its region's stack area was full) and an unreadable record are the stack
-    /// "not stored", with no frame, as the BPF path's `CT_STACK_NOT_STORED`.
-    fn stack(&mut self, region: usize, id: u32) -> StackId {
-        self.read_stack(region, id).unwrap_or_else(|| {
-            self.intern(Stack {
-                frames: Vec::new(),
-                end: WalkEnd::Complete,
-            })
-        })
+        let stack = self.read_stack(region, id).unwrap_or(Stack {
+            frames: Vec::new(),
+            end: WalkEnd::Complete,
+        });
+        let stack = self.intern(stack);
+        let (pid, process) = (self.regions[region].pid, self.regions[region].process);
+        let next = self.slots.len() as u32;
+        let slot = *self.slot_ids.entry((pid, stack)).or_insert_with(|| {
+            self.slots.push(Slot {
+                pid,
+                process,
+                stack,
+                state: StackState::default(),
+            });
+            next
+        });
+        self.regions[region].slots.insert(id, slot);
+        slot
     }
 
     fn intern(&mut self, stack: Stack) -> StackId {
@@ -762,15 +803,11 @@ impl Recorder {
         })
     }
 
-    fn read_stack(&mut self, region: usize, id: u32) -> Option<StackId> {
+    fn read_stack(&self, region: usize, id: u32) -> Option<Stack> {
         if id == 0 {
             return None;
         }
-        let reader = &self.regions[region];
-        if let Some(&known) = reader.stacks.get(&id) {
-            return Some(known);
-        }
-        let map = reader.map();
+        let map = self.regions[region].map();
         let at = id as usize - 1;
         if at >= region::WORDS {
             return None;
@@ -785,31 +822,53 @@ impl Recorder {
         let frames = (0..len)
             .map(|i| Frame::from_stored(word(at + 1 + i)))
             .collect();
-        let known = self.intern(Stack { frames, end });
-        self.regions[region].stacks.insert(id, known);
-        Some(known)
+        Some(Stack { frames, end })
     }
 
-    fn handle(&mut self, region: usize, ring: usize, e: &Event) {
+    /// Handles one event. With `defer`, an event whose predecessor on another thread is
+    /// not seen yet (a free of an address not live, an allocation at one still live) is
+    /// left as it is, and false returned.
+    fn handle(&mut self, region: usize, ring: usize, e: &Event, defer: bool) -> bool {
+        let process = self.regions[region].process as usize;
+        let live = &self.live[process];
+        match e.kind {
+            event::FREE | event::MUNMAP | event::RESIZING
+                if defer && e.address != 0 && !live.contains_key(&e.address) =>
+            {
+                return false;
+            }
+            event::ALLOC | event::MMAP if defer && live.contains_key(&e.address) => {
+                return false;
+            }
+            event::RESIZED
+                if defer
+                    && e.address != 0
+                    && e.flags & event::UNSAMPLED == 0
+                    && live.contains_key(&e.address) =>
+            {
+                return false;
+            }
+            _ => {}
+        }
         self.events += 1;
-        let pid = self.regions[region].pid;
+        let now = self.clock.ns(e.time);
         match e.kind {
             event::ALLOC | event::MMAP => {
-                let stack = self.stack(region, e.stack);
-                self.account_alloc(pid, e.address, e.size, stack, e.time, e.kind == event::MMAP);
+                let slot = self.slot(region, e.stack);
+                self.account_alloc(process, e.address, e.size, slot, now, e.kind == event::MMAP);
             }
             event::FAILED => self.counters.failed += 1,
             event::FREE | event::MUNMAP => {
-                if let Some(block) = self.live.remove(&(pid, e.address)) {
-                    self.account_free(&block, pid, e.time);
+                if let Some(block) = self.take_live(process, e.address) {
+                    self.account_free(&block, process, now);
                 } else if e.kind == event::FREE {
-                    self.count_unknown_free(pid);
+                    self.count_unknown_free(process);
                 }
             }
             event::RESIZING => {
                 let block = match e.address {
                     0 => None,
-                    old => self.live.remove(&(pid, old)),
+                    old => self.take_live(process, old),
                 };
                 self.regions[region].calls[ring].push(Resizing {
                     old: e.address,
@@ -821,26 +880,35 @@ impl Recorder {
                     old: 0,
                     block: None,
                 });
-                self.resized(region, pid, call, e);
+                self.resized(region, process, call, e, now);
             }
             _ => {}
         }
+        true
+    }
+
+    fn take_live(&mut self, process: usize, address: u64) -> Option<Block> {
+        let block = self.live[process].remove(&address)?;
+        self.live_blocks -= 1;
+        Some(block)
     }
 
     /// A realloc's return (alloc_return in alloc.bpf.h).
-    fn resized(&mut self, region: usize, pid: u32, call: Resizing, e: &Event) {
+    fn resized(&mut self, region: usize, process: usize, call: Resizing, e: &Event, now: u64) {
         if call.old != 0 {
             if e.address == 0 && e.size != 0 {
                 // failed: the old block lives on
                 self.counters.failed += 1;
                 if let Some(block) = call.block {
-                    self.live.insert((pid, call.old), block);
+                    if self.live[process].insert(call.old, block).is_none() {
+                        self.live_blocks += 1;
+                    }
                 }
                 return;
             }
             match call.block {
-                Some(block) => self.account_free(&block, pid, e.time),
-                None => self.count_unknown_free(pid),
+                Some(block) => self.account_free(&block, process, now),
+                None => self.count_unknown_free(process),
             }
         }
         if e.address == 0 {
@@ -853,35 +921,22 @@ impl Recorder {
         if e.flags & event::UNSAMPLED != 0 {
             return;
         }
-        let stack = self.stack(region, e.stack);
-        self.account_alloc(pid, e.address, e.size, stack, e.time, false);
+        let slot = self.slot(region, e.stack);
+        self.account_alloc(process, e.address, e.size, slot, now, false);
     }
 
-    fn count_unknown_free(&mut self, pid: u32) {
+    fn count_unknown_free(&mut self, process: usize) {
         if self.options.leaving_out() {
             return; // most are frees of blocks left out
         }
         self.counters.unknown_frees += 1;
-        self.process(pid).totals.unknown_frees += 1;
+        self.processes[process].totals.unknown_frees += 1;
     }
 
-    fn process(&mut self, pid: u32) -> &mut ProcessState {
-        self.processes.entry(pid).or_insert_with(|| ProcessState {
-            totals: ProcessTotals {
-                pid,
-                ..ProcessTotals::default()
-            },
-            ..ProcessState::default()
-        })
-    }
-
-    /// Adds delta to the live bytes of a stack and of its process, keeping the peak
+    /// Adds delta to the live bytes of a slot and of its process, keeping the peak
     /// lazily (change_live in alloc.bpf.h).
-    fn change_live(&mut self, pid: u32, stack: StackId, delta: i64) {
-        let proc = self
-            .processes
-            .get_mut(&pid)
-            .expect("a process before its changes");
+    fn change_live(&mut self, process: usize, slot: u32, delta: i64) {
+        let proc = &mut self.processes[process];
         proc.seq += 1;
         let seq = proc.seq;
         let peak_seq = proc.peak_seq;
@@ -890,7 +945,7 @@ impl Recorder {
             proc.totals.peak_bytes = proc.totals.live_bytes;
             proc.peak_seq = seq;
         }
-        let state = self.stats.entry((pid, stack)).or_default();
+        let state = &mut self.slots[slot as usize].state;
         if peak_seq >= state.changed_seq {
             state.peak_live_bytes = state.stats.live_bytes;
         }
@@ -900,10 +955,10 @@ impl Recorder {
 
     fn account_alloc(
         &mut self,
-        pid: u32,
+        process: usize,
         address: u64,
         size: u64,
-        stack: StackId,
+        slot: u32,
         now: u64,
         mapped: bool,
     ) {
@@ -912,7 +967,7 @@ impl Recorder {
             self.options.weight_count(size),
             self.options.weight_bytes(size),
         );
-        let state = self.stats.entry((pid, stack)).or_default();
+        let state = &mut self.slots[slot as usize].state;
         let s = &mut state.stats;
         s.allocs += 1;
         s.bytes += size;
@@ -922,46 +977,43 @@ impl Recorder {
             state.est_allocs += weight_count;
             s.estimated.bytes += weight_bytes;
         }
-        let proc = self.process(pid);
-        proc.totals.allocs += 1;
-        proc.totals.bytes += size;
+        let totals = &mut self.processes[process].totals;
+        totals.allocs += 1;
+        totals.bytes += size;
         if mapped {
-            proc.totals.mapped.allocs += 1;
-            proc.totals.mapped.bytes += size;
+            totals.mapped.allocs += 1;
+            totals.mapped.bytes += size;
         }
-        if let Some(old) = self.live.remove(&(pid, address)) {
+        if let Some(old) = self.take_live(process, address) {
             // handed out again with no free seen: the old block is counted freed now
             self.counters.reused += 1;
-            self.account_free(&old, pid, now);
+            self.account_free(&old, process, now);
         }
-        if self.live.len() >= self.options.max_live_blocks {
+        if self.live_blocks >= self.options.max_live_blocks {
             self.counters.live_map_full += 1;
-            let s = &mut self.stats.entry((pid, stack)).or_default().stats;
+            let s = &mut self.slots[slot as usize].state.stats;
             s.untracked += 1;
             s.untracked_bytes += size;
             return;
         }
-        self.live.insert(
-            (pid, address),
+        self.live[process].insert(
+            address,
             Block {
                 size,
-                stack,
+                slot,
                 born_ns: now,
                 mapped,
             },
         );
-        self.stats
-            .entry((pid, stack))
-            .or_default()
-            .stats
-            .live_birth_us += now / 1000;
+        self.live_blocks += 1;
+        self.slots[slot as usize].state.stats.live_birth_us += now / 1000;
         if mapped {
-            self.process(pid).totals.mapped.live_bytes += size as i64;
+            self.processes[process].totals.mapped.live_bytes += size as i64;
         }
-        self.change_live(pid, stack, size as i64);
+        self.change_live(process, slot, size as i64);
     }
 
-    fn account_free(&mut self, block: &Block, pid: u32, now: u64) {
+    fn account_free(&mut self, block: &Block, process: usize, now: u64) {
         let lifetime = now.saturating_sub(block.born_ns);
         let temporary = lifetime < self.options.temporary_ns;
         let sampling = self.options.sampling();
@@ -969,7 +1021,7 @@ impl Recorder {
             self.options.weight_count(block.size),
             self.options.weight_bytes(block.size),
         );
-        let state = self.stats.entry((pid, block.stack)).or_default();
+        let state = &mut self.slots[block.slot as usize].state;
         let s = &mut state.stats;
         s.frees += 1;
         s.freed_bytes += block.size;
@@ -982,14 +1034,14 @@ impl Recorder {
             state.est_frees += weight_count;
             s.estimated.freed_bytes += weight_bytes;
         }
-        self.change_live(pid, block.stack, -(block.size as i64));
-        let proc = self.process(pid);
-        proc.totals.frees += 1;
-        proc.totals.freed_bytes += block.size;
+        self.change_live(process, block.slot, -(block.size as i64));
+        let totals = &mut self.processes[process].totals;
+        totals.frees += 1;
+        totals.freed_bytes += block.size;
         if block.mapped {
-            proc.totals.mapped.frees += 1;
-            proc.totals.mapped.freed_bytes += block.size;
-            proc.totals.mapped.live_bytes -= block.size as i64;
+            totals.mapped.frees += 1;
+            totals.mapped.freed_bytes += block.size;
+            totals.mapped.live_bytes -= block.size as i64;
         }
     }
 
@@ -1006,11 +1058,12 @@ impl Recorder {
     /// process's peak resolved.
     pub fn stats(&self) -> Vec<(u32, StackId, AllocStats)> {
         let mut out: Vec<_> = self
-            .stats
+            .slots
             .iter()
-            .map(|(&(pid, stack), state)| {
+            .map(|slot| {
+                let state = &slot.state;
                 let mut stats = state.stats.clone();
-                let peak_seq = self.processes.get(&pid).map_or(0, |p| p.peak_seq);
+                let peak_seq = self.processes[slot.process as usize].peak_seq;
                 stats.peak_bytes = if peak_seq >= state.changed_seq {
                     stats.live_bytes
                 } else {
@@ -1019,7 +1072,7 @@ impl Recorder {
                 let fixed = |v: u64| v as f64 / f64::from(1u32 << WEIGHT_SHIFT);
                 stats.estimated.allocs = fixed(state.est_allocs);
                 stats.estimated.frees = fixed(state.est_frees);
-                (pid, stack, stats)
+                (slot.pid, slot.stack, stats)
             })
             .collect();
         out.sort_by_key(|(pid, stack, _)| (*pid, *stack));
@@ -1028,7 +1081,7 @@ impl Recorder {
 
     /// Each process's totals.
     pub fn processes(&self) -> Vec<ProcessTotals> {
-        let mut out: Vec<_> = self.processes.values().map(|p| p.totals).collect();
+        let mut out: Vec<_> = self.processes.iter().map(|p| p.totals).collect();
         out.sort_by_key(|p| p.pid);
         out
     }
@@ -1064,7 +1117,7 @@ impl Recorder {
 
     /// Live bytes now, all processes (the live view).
     pub fn live_bytes(&self) -> i64 {
-        self.processes.values().map(|p| p.totals.live_bytes).sum()
+        self.processes.iter().map(|p| p.totals.live_bytes).sum()
     }
 
     /// Events handled so far (the live view's call counts).
@@ -1075,10 +1128,10 @@ impl Recorder {
     /// The `n` stacks with the most live bytes now, most first.
     pub fn top_live(&self, n: usize) -> Vec<(u32, StackId, i64)> {
         let mut all: Vec<_> = self
-            .stats
+            .slots
             .iter()
-            .filter(|(_, s)| s.stats.live_bytes > 0)
-            .map(|(&(pid, stack), s)| (pid, stack, s.stats.live_bytes))
+            .filter(|slot| slot.state.stats.live_bytes > 0)
+            .map(|slot| (slot.pid, slot.stack, slot.state.stats.live_bytes))
             .collect();
         all.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
         all.truncate(n);
