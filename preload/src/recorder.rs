@@ -124,9 +124,10 @@ impl Clock {
         } else {
             (s[i - 1], s[i])
         };
-        let dt = i128::from(ticks) - i128::from(a.0);
-        let ns = i128::from(a.1) + dt * i128::from(b.1 - a.1) / i128::from((b.0 - a.0).max(1));
-        ns.max(0) as u64
+        // f64 keeps ns exact to well under a nanosecond over days of uptime (53 bits)
+        let slope = (b.1 - a.1) as f64 / (b.0 - a.0).max(1) as f64;
+        let dt = ticks as f64 - a.0 as f64;
+        (a.1 as f64 + dt * slope).max(0.0) as u64
     }
 
     /// ns per tick, over everything sampled.
