@@ -58,6 +58,7 @@ enum record_limits {
 	NEGATIVES = 64,		 /* pcs cargo-trace knew no mapping for */
 	STACK_PROBES = 64,	 /* slots tried for a stack */
 	WAIT_NS = 20000,	 /* a full ring's wait between looks */
+	RING_TRIES = 5000,	 /* looks for a free ring, WAIT_NS * 10 apart: 1 s */
 };
 
 #define TABLES_RESERVE (1ULL << 36) /* the tables memfd's mapping: address space only */
@@ -522,13 +523,11 @@ static void find_stack(struct thread *t)
 	pthread_attr_destroy(&attr);
 }
 
-/* A ring for the calling thread and its state; NULL when there is none. */
-static struct thread *thread_start(void)
+/* Takes a free ring for the calling thread, with its state; NULL if none is free. */
+static struct thread *take_ring(void)
 {
-	if (internal || ensure_connected())
-		return NULL;
-	internal++;
 	struct thread *t = NULL;
+
 	for (int i = 0; i < CTP_RINGS && !t; i++) {
 		struct ctp_ring *r = &conn.rings[i];
 		uint32_t free_state = CTP_RING_FREE;
@@ -559,6 +558,28 @@ static struct thread *thread_start(void)
 						    __ATOMIC_RELEASE, __ATOMIC_RELAXED))
 			;
 		r->owners++;
+	}
+	return t;
+}
+
+/* A ring for the calling thread and its state; NULL when there is none. */
+static struct thread *thread_start(void)
+{
+	if (internal || ensure_connected())
+		return NULL;
+	internal++;
+	struct thread *t = NULL;
+	/* every ring taken: threads that ended wait for the consumer to drain theirs */
+	for (unsigned tries = 0; !t && tries < RING_TRIES; tries++) {
+		if (tries > 0) {
+			if (!consumer_alive()) {
+				detach();
+				break;
+			}
+			struct timespec pause = { 0, WAIT_NS * 10 };
+			nanosleep(&pause, NULL);
+		}
+		t = take_ring();
 	}
 	if (t) {
 		find_stack(t);

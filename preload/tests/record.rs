@@ -509,3 +509,16 @@ fn the_memo_answers_what_a_walk_would() {
     assert_eq!(off.memo_hits, 0, "{off:?}");
     assert_eq!(with_memo, without);
 }
+
+/// More threads than rings, one after the other: a thread that ended gives its ring
+/// back once drained, and no event is lost.
+#[test]
+fn rings_of_ended_threads_are_reused() {
+    let exe = c_fixture("many_threads");
+    let mut run = common::record(&exe, &["400"], Options::default());
+    assert!(run.status.success(), "{}", run.stdout);
+    let pid = run.pid;
+    check_sites(&mut run, pid);
+    let counters = run.recorder.counters();
+    assert_eq!(counters.no_ring, 0, "{counters:?}");
+}
