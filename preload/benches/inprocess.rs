@@ -298,6 +298,7 @@ fn python_round_trip(python: &std::path::Path, scratch: &std::path::Path, has_he
                 exited = Some(started.elapsed().as_secs_f64());
             }
         }
+        let _ = child.wait();
         ours.push(exited.unwrap());
         events = recorder.events();
     }
