@@ -157,8 +157,10 @@ enum conn_state {
 	CONN_FAILED = 2, /* no cargo-trace, or it went away: pass through */
 };
 
-/* Whether the library records (CARGO_TRACE_HEAP set), decided at the first call. */
-static int recording_mode;
+/* Whether the library records in-process: set at its first call when
+ * CARGO_TRACE_HEAP is, cleared for good when cargo-trace goes away (detach).
+ * Read by the sites' assembly, hence not static. */
+__attribute__((visibility("hidden"))) int recording_mode;
 /* CARGO_TRACE_HEAP_NO_STACKS=1: events without stacks, for the benchmark's account of
  * where a pair's time goes (the consumer counts no allocation without its stack). */
 static int no_stacks;
@@ -171,10 +173,6 @@ static __thread int in_call __attribute__((tls_model("initial-exec")));
 
 static pthread_key_t thread_key;
 
-static inline int recording(void)
-{
-	return __builtin_expect(recording_mode, 0) && conn.state != CONN_FAILED;
-}
 
 static void spin_lock(int *lock)
 {
@@ -229,6 +227,7 @@ static void detach(void)
 	if (conn.region)
 		__atomic_store_n(&conn.region->detached, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&conn.state, CONN_FAILED, __ATOMIC_RELEASE);
+	__atomic_store_n(&recording_mode, 0, __ATOMIC_RELAXED);
 }
 
 /* Whether cargo-trace's end of the socket is still open. */
@@ -993,12 +992,13 @@ static inline __attribute__((always_inline)) void record(struct ctp_call *c)
 		else
 			walk = 1;
 		break;
-	case CTP_EV_RESIZED:
+	case CTP_EV_RESIZING:
+		/* as the BPF path's realloc entry: walked there, unless left out */
 		if ((conn.options.sample_every > 1 && !sampled(t, 0)) || !size_wanted(c->size) ||
 		    (conn.options.sample_bytes > 0 && !sampled(t, c->size)))
 			e.flags = CTP_EV_UNSAMPLED;
 		else
-			walk = c->address != 0;
+			walk = 1;
 		break;
 	default:
 		break;
@@ -1046,6 +1046,53 @@ __asm__(".text\n"
 	"\tjmp ctp_record\n"
 	".cfi_endproc\n"
 	".size ctp_capture, .-ctp_capture\n");
+
+/* The sites cargo_trace_allocated(address, size, mapped, log, n),
+ * cargo_trace_resizing(old, size, log, n) and cargo_trace_resized(address):
+ * a one-byte nop first (where the BPF path's uprobe is, emulated), a return
+ * unless recording in-process, else ctp_record with the event and the
+ * registers a probe of the site sees, the site's frame popped. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define EV_ALLOC 1
+#define EV_MMAP 3
+#define EV_RESIZING 5
+#define EV_RESIZED 6
+_Static_assert(EV_ALLOC == CTP_EV_ALLOC && EV_MMAP == CTP_EV_MMAP &&
+		       EV_RESIZING == CTP_EV_RESIZING && EV_RESIZED == CTP_EV_RESIZED,
+	       "the sites' event kinds");
+#define SITE_ASM(name, body)                                 \
+	".text\n"                                            \
+	".globl " #name "\n"                                 \
+	".type " #name ", @function\n" #name ":\n"           \
+	".cfi_startproc\n"                                   \
+	"\tnop\n"                                            \
+	"\tcmpl $0, recording_mode(%rip)\n"                  \
+	"\tjne 1f\n"                                         \
+	"\tret\n"                                            \
+	"1:\n" body "\tmovq (%rsp), %rcx\n"                  \
+	"\tleaq 8(%rsp), %r8\n"                              \
+	"\tmovq %rbp, %r9\n"                                 \
+	"\tjmp ctp_record\n"                                 \
+	".cfi_endproc\n"                                     \
+	".size " #name ", .-" #name "\n"
+__asm__(SITE_ASM(cargo_trace_allocated,
+		 "\tmovl %edx, %eax\n"
+		 "\tmovq %rsi, %rdx\n"
+		 "\tmovq %rdi, %rsi\n"
+		 "\tmovl $" STR(EV_ALLOC) ", %edi\n"
+		 "\ttestl %eax, %eax\n"
+		 "\tje 2f\n"
+		 "\tmovl $" STR(EV_MMAP) ", %edi\n"
+		 "2:\n"));
+__asm__(SITE_ASM(cargo_trace_resizing,
+		 "\tmovq %rsi, %rdx\n"
+		 "\tmovq %rdi, %rsi\n"
+		 "\tmovl $" STR(EV_RESIZING) ", %edi\n"));
+__asm__(SITE_ASM(cargo_trace_resized,
+		 "\tmovq %rdi, %rsi\n"
+		 "\txorl %edx, %edx\n"
+		 "\tmovl $" STR(EV_RESIZED) ", %edi\n"));
 
 /* Records an event of the calling wrapper: a macro, so that the stub is
  * called from the wrapper itself and the walk starts in it. */

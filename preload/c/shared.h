@@ -154,8 +154,8 @@ enum ctp_event_kind {
 	CTP_EV_FREE = 2,     /* address, before the allocator takes it back */
 	CTP_EV_MMAP = 3,     /* address, size, stack: anonymous memory mapped */
 	CTP_EV_MUNMAP = 4,   /* address, before it is unmapped */
-	CTP_EV_RESIZING = 5, /* address (the old block, 0: none), size: a realloc's entry */
-	CTP_EV_RESIZED = 6,  /* address (0: failed or freed), size, stack: its return */
+	CTP_EV_RESIZING = 5, /* address (the old block, 0: none), size, stack: a realloc's entry */
+	CTP_EV_RESIZED = 6,  /* address (0: failed or freed): its return */
 	CTP_EV_FAILED = 7,   /* size: an allocation that returned NULL */
 };
 

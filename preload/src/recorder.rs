@@ -451,11 +451,14 @@ struct Block {
     mapped: bool,
 }
 
-/// A realloc's entry kept until its return: the old block, taken from the live blocks.
+/// A realloc's entry kept until its return: the old block, taken from the live blocks,
+/// the size asked for and the stack walked at the entry (none if left out).
 #[derive(Clone, Copy, Debug)]
 struct Resizing {
     old: u64,
+    size: u64,
     block: Option<Block>,
+    slot: Option<u32>,
 }
 
 /// One process image's region.
@@ -844,7 +847,9 @@ impl Recorder {
             event::RESIZED
                 if defer
                     && e.address != 0
-                    && e.flags & event::UNSAMPLED == 0
+                    && self.regions[region].calls[ring]
+                        .last()
+                        .is_some_and(|call| call.slot.is_some())
                     && live.contains_key(&e.address) =>
             {
                 return false;
@@ -871,17 +876,19 @@ impl Recorder {
                     0 => None,
                     old => self.take_live(process, old),
                 };
+                let slot = (e.flags & event::UNSAMPLED == 0).then(|| self.slot(region, e.stack));
                 self.regions[region].calls[ring].push(Resizing {
                     old: e.address,
+                    size: e.size,
                     block,
+                    slot,
                 });
             }
             event::RESIZED => {
-                let call = self.regions[region].calls[ring].pop().unwrap_or(Resizing {
-                    old: 0,
-                    block: None,
-                });
-                self.resized(region, process, call, e, now);
+                // a return whose entry was not seen (CT_ALLOC_NO_ENTRY): nothing to pair
+                if let Some(call) = self.regions[region].calls[ring].pop() {
+                    self.resized(process, call, e.address, now);
+                }
             }
             _ => {}
         }
@@ -894,10 +901,10 @@ impl Recorder {
         Some(block)
     }
 
-    /// A realloc's return (alloc_return in alloc.bpf.h).
-    fn resized(&mut self, region: usize, process: usize, call: Resizing, e: &Event, now: u64) {
+    /// A realloc's return (alloc_return in alloc.bpf.h), of `address`.
+    fn resized(&mut self, process: usize, call: Resizing, address: u64, now: u64) {
         if call.old != 0 {
-            if e.address == 0 && e.size != 0 {
+            if address == 0 && call.size != 0 {
                 // failed: the old block lives on
                 self.counters.failed += 1;
                 if let Some(block) = call.block {
@@ -912,18 +919,16 @@ impl Recorder {
                 None => self.count_unknown_free(process),
             }
         }
-        if e.address == 0 {
+        if address == 0 {
             // realloc(p, 0) freeing p is not a failure
             if call.old == 0 {
                 self.counters.failed += 1;
             }
             return;
         }
-        if e.flags & event::UNSAMPLED != 0 {
-            return;
+        if let Some(slot) = call.slot {
+            self.account_alloc(process, address, call.size, slot, now, false);
         }
-        let slot = self.slot(region, e.stack);
-        self.account_alloc(process, e.address, e.size, slot, now, false);
     }
 
     fn count_unknown_free(&mut self, process: usize) {

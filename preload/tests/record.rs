@@ -6,6 +6,7 @@ mod common;
 
 use cargo_trace_tests::expected;
 use cargo_trace_tests::fixtures::c_fixture;
+use object::{Object, ObjectSection};
 use preload::Options;
 use unwind_tables::walk::WalkEnd;
 
@@ -47,8 +48,22 @@ fn heap_storm_counts_every_pair_under_its_whole_chain() {
         .stacks()
         .iter()
         .find(|s| s.frames.len() == chain.len())
-        .unwrap();
+        .unwrap()
+        .clone();
     assert_eq!(stack.end, WalkEnd::Complete);
+    // the leaf frame is the BPF path's: the return address of the wrapper's call of the
+    // site cargo_trace_allocated (the same instruction in both modes)
+    let preload::Frame::InObject { object, address } = stack.frames[0] else {
+        panic!(
+            "the wrapper's frame is in the library: {:?}",
+            stack.frames[0]
+        );
+    };
+    let library = std::fs::read(run.tables.object_path(object).unwrap()).unwrap();
+    let file = object::File::parse(&*library).unwrap();
+    let text = file.section_by_name(".text").unwrap();
+    let at = (address - text.address() + text.file_range().unwrap().0) as usize;
+    assert_eq!(library[at - 5], 0xe8, "frame 0 follows a call");
 }
 
 /// For profiling by hand: `HEAP_STORM_PAIRS=20000000 cargo test -p preload --release
