@@ -4,6 +4,13 @@
  * CARGO_TRACE_HEAP names cargo-trace's socket, its in-process recorder
  * (record.h: no kernel event at all, see the preload crate's lib.rs).
  *
+ * Both modes run the same wrappers and call the same sites from the same
+ * instructions: in-process, the sites of allocations and of realloc's entry
+ * jump to the recorder, which walks from the site's caller exactly as the BPF
+ * programs do from the site's probe, so the stacks are the same. Frees and
+ * unmaps are recorded before the block goes back (no walk); the free log is
+ * the BPF mode's only.
+ *
  * Probing libc's allocator costs three kernel events per malloc/free pair: a
  * breakpoint at malloc's entry, its return probe, a breakpoint at free's
  * entry. Preloaded, this library's malloc and the rest call libc's and then
