@@ -28,6 +28,26 @@
 //! Every shared byte is defined once, in `c/shared.h`, mirrored in [`layout`] with
 //! compile-time checks against the C compiler's layout.
 //!
+//! # Using it from a session
+//! ```text
+//! let mut server = Server::new()?;            // private dir, library file, socket
+//! command.envs(server.environment(std::env::var_os("LD_PRELOAD")));  // then launch
+//! let mut recorder = Recorder::new(options);  // the heap options (sampling, sizes)
+//! while the target runs {                     // the session's wait loop
+//!     server.serve(&mut tables, &mut recorder, timeout)?;  // hellos, lookups, closes
+//!     recorder.poll();                        // drain the rings: every 0.1-1 ms while
+//!                                             // events flow (64 Ki events a thread)
+//!     // live view: recorder.live_bytes(), recorder.events(), recorder.top_live(n)
+//! }
+//! until server.connections() == 0 { serve; poll }  // children and exec'd images too
+//! recorder.poll();
+//! // recorder.stats(), processes(), counters(), library_memory(), stacks()
+//! ```
+//! `tables` is the session's [`TableSource`]: the mappings as it registers them for the
+//! BPF walker, with its object ids (frames are stored under them, so one stack is one
+//! stack for both paths). A thread that meets a pc in no mapping it knows waits for
+//! [`Server::serve`]'s answer: serve often.
+//!
 //! # What it does not do
 //! It knows nothing of BPF (the sites' kinds are its own [`Site`]; cargo-trace maps them
 //! to probe kinds), compiles tables only through `unwind_tables` (the [`TableSource`] the
