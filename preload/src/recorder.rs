@@ -461,6 +461,10 @@ struct Resizing {
     slot: Option<u32>,
 }
 
+/// Realloc entries kept per ring for their returns (a signal handler's realloc may
+/// come between an entry and its return; the target could write entries alone).
+const MAX_CALLS: usize = 64;
+
 /// One process image's region.
 struct RegionReader {
     pid: u32,
@@ -877,7 +881,13 @@ impl Recorder {
                     old => self.take_live(process, old),
                 };
                 let slot = (e.flags & event::UNSAMPLED == 0).then(|| self.slot(region, e.stack));
-                self.regions[region].calls[ring].push(Resizing {
+                let calls = &mut self.regions[region].calls[ring];
+                if calls.len() >= MAX_CALLS {
+                    // entries whose returns never came (the target wrote them): the
+                    // oldest goes, as a thread's deepest calls do in alloc.bpf.h
+                    calls.remove(0);
+                }
+                calls.push(Resizing {
                     old: e.address,
                     size: e.size,
                     block,
