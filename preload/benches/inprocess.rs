@@ -129,6 +129,12 @@ fn clock_ns() -> f64 {
 }
 
 fn main() {
+    // `cargo bench -p preload --bench inprocess -- [storm] [python]` (default: both)
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let runs = |what: &str| wanted.is_empty() || wanted.iter().any(|w| w == what);
     let exe = c_fixture("heap_storm");
     let scratch = std::env::temp_dir().join(format!("preload-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
@@ -143,7 +149,7 @@ fn main() {
         "clock_gettime(CLOCK_MONOTONIC): {clock:.1} ns (the library reads the TSC instead, \
          twice a pair)"
     );
-    for depth in [10u64, 60] {
+    for depth in [10u64, 60].into_iter().filter(|_| runs("storm")) {
         println!(
             "\nheap_storm, {depth} frames deep (median of {ROUNDS} rounds, ns per pair, loop only)"
         );
@@ -223,7 +229,7 @@ fn main() {
             b.5
         );
     }
-    if let Some(python) = python() {
+    if let Some(python) = python().filter(|_| runs("python")) {
         python_round_trip(&python, &scratch, has_heaptrack);
     }
     let _ = std::fs::remove_dir_all(&scratch);

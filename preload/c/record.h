@@ -50,10 +50,10 @@ static void walk_cache(struct walk_env *env, uint64_t lookup, const struct ctp_r
 enum record_limits {
 	NEST_LEVELS = 2,	 /* a signal handler inside the recorder, and no deeper */
 	PENDING = 64,		 /* events of a nested level waiting for the outer one */
-	MEMO_SETS = 8,		 /* per thread: sets of the walk memo ... */
+	MEMO_SETS = 32,		 /* per thread: sets of the walk memo ... */
 	MEMO_WAYS = 2,		 /* ... of this many walks each */
-	MEMO_WORDS = 256,	 /* words a remembered walk read, at most */
-	RULE_CACHE = 512,	 /* per thread: rules found, by address (direct-mapped) */
+	MEMO_WORDS = 192,	 /* words a remembered walk read, at most */
+	RULE_CACHE = 2048,	 /* per thread: rules found, by address (direct-mapped) */
 	MAX_MAPSETS = 256,	 /* mapping sets received (each a lookup); more: NoMapping */
 	NEGATIVES = 64,		 /* pcs cargo-trace knew no mapping for */
 	STACK_PROBES = 64,	 /* slots tried for a stack */
@@ -840,6 +840,10 @@ static void memo_remember(struct thread *t, uint32_t generation, const struct ct
 			  uint64_t rip, uint64_t rsp, uint64_t rbp, uint32_t stack)
 {
 	if (w->end != CTP_WALK_COMPLETE || w->unfit || w->nwords > MEMO_WORDS || !stack)
+		return;
+	/* a walk from a signal's alternate stack: what lies between it and the thread's
+	 * stack may be unmapped by the time the memo reads again */
+	if (rsp < t->stack_lo || rsp >= t->stack_hi)
 		return;
 	for (uint32_t i = 0; i < w->nwords; i++)
 		if (w->word_addr[i] < rsp || w->word_addr[i] + 8 > t->stack_hi ||

@@ -159,7 +159,9 @@ pub struct Options {
     /// Only allocations of at least / at most this many bytes (0: any).
     pub min_size: u64,
     pub max_size: u64,
-    /// Blocks tracked at once (all processes); beyond, counted but untracked.
+    /// Blocks tracked at once (all processes); beyond, counted but untracked. In this
+    /// process's memory (about 50 bytes a block), not the kernel's: the default is 16 Mi
+    /// blocks where the BPF path's live map holds 1 Mi.
     pub max_live_blocks: usize,
     /// The library's walk memo (off: every stack walked, for the benchmark's figures).
     pub walk_memo: bool,
@@ -173,7 +175,7 @@ impl Default for Options {
             sample_bytes: 0,
             min_size: 0,
             max_size: 0,
-            max_live_blocks: 1 << 20,
+            max_live_blocks: 1 << 24,
             walk_memo: true,
         }
     }

@@ -537,3 +537,25 @@ fn rings_of_ended_threads_are_reused() {
     let counters = run.recorder.counters();
     assert_eq!(counters.no_ring, 0, "{counters:?}");
 }
+
+/// For profiling by hand: CPython's JSON round trip recorded (`--ignored --nocapture`).
+#[test]
+#[ignore]
+fn python_for_profiling() {
+    let python = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let python = String::from_utf8(python.stdout).unwrap();
+    let script = "import json\nd = [{'a': i, 'b': str(i) * 3, 'c': [i, i + 1, {'x': i}]} for i in range(150000)]\ns = json.dumps(d)\nassert json.loads(s) == d\n";
+    let started = std::time::Instant::now();
+    let run = common::record_with(
+        std::process::Command::new(python.trim())
+            .args(["-c", script])
+            .env("PYTHONMALLOC", "malloc"),
+        Options::default(),
+        |_, _| {},
+    );
+    println!("{:?} {:?}", started.elapsed(), run.recorder.counters());
+    println!("{} stacks", run.recorder.stacks().len());
+}
