@@ -840,14 +840,43 @@ impl Recorder {
     /// left as it is, and false returned.
     fn handle(&mut self, region: usize, ring: usize, e: &Event, defer: bool) -> bool {
         let process = self.regions[region].process as usize;
+        // the common kinds first, with one lookup of the live blocks each
+        match e.kind {
+            event::FREE | event::MUNMAP => {
+                let block = match e.address {
+                    0 => None,
+                    address => self.live[process].remove(&address),
+                };
+                if block.is_none() && defer && e.address != 0 {
+                    return false;
+                }
+                self.events += 1;
+                let now = self.clock.ns(e.time);
+                match block {
+                    Some(block) => {
+                        self.live_blocks -= 1;
+                        self.account_free(&block, process, now);
+                    }
+                    None if e.kind == event::FREE => self.count_unknown_free(process),
+                    None => {}
+                }
+                return true;
+            }
+            event::ALLOC | event::MMAP => {
+                let slot = self.slot(region, e.stack);
+                let now = self.clock.ns(e.time);
+                let mapped = e.kind == event::MMAP;
+                if !self.alloc_block(process, e.address, e.size, slot, now, mapped, defer) {
+                    return false;
+                }
+                self.events += 1;
+                return true;
+            }
+            _ => {}
+        }
         let live = &self.live[process];
         match e.kind {
-            event::FREE | event::MUNMAP | event::RESIZING
-                if defer && e.address != 0 && !live.contains_key(&e.address) =>
-            {
-                return false;
-            }
-            event::ALLOC | event::MMAP if defer && live.contains_key(&e.address) => {
+            event::RESIZING if defer && e.address != 0 && !live.contains_key(&e.address) => {
                 return false;
             }
             event::RESIZED
@@ -865,18 +894,7 @@ impl Recorder {
         self.events += 1;
         let now = self.clock.ns(e.time);
         match e.kind {
-            event::ALLOC | event::MMAP => {
-                let slot = self.slot(region, e.stack);
-                self.account_alloc(process, e.address, e.size, slot, now, e.kind == event::MMAP);
-            }
             event::FAILED => self.counters.failed += 1,
-            event::FREE | event::MUNMAP => {
-                if let Some(block) = self.take_live(process, e.address) {
-                    self.account_free(&block, process, now);
-                } else if e.kind == event::FREE {
-                    self.count_unknown_free(process);
-                }
-            }
             event::RESIZING => {
                 let block = match e.address {
                     0 => None,
@@ -939,7 +957,7 @@ impl Recorder {
             return;
         }
         if let Some(slot) = call.slot {
-            self.account_alloc(process, address, call.size, slot, now, false);
+            self.alloc_block(process, address, call.size, slot, now, false, false);
         }
     }
 
@@ -971,7 +989,12 @@ impl Recorder {
         state.changed_seq = seq;
     }
 
-    fn account_alloc(
+    /// Counts the allocation of `size` bytes at `address` under `slot` and tracks the
+    /// block (account_alloc in alloc.bpf.h), with one lookup of the live blocks. With
+    /// `defer`, an address still live is left as it is (its free may be in another
+    /// ring) and false returned.
+    #[allow(clippy::too_many_arguments)]
+    fn alloc_block(
         &mut self,
         process: usize,
         address: u64,
@@ -979,7 +1002,27 @@ impl Recorder {
         slot: u32,
         now: u64,
         mapped: bool,
-    ) {
+        defer: bool,
+    ) -> bool {
+        use std::collections::hash_map::Entry;
+        let block = Block {
+            size,
+            slot,
+            born_ns: now,
+            mapped,
+        };
+        let room = self.live_blocks < self.options.max_live_blocks;
+        let (old, tracked) = match self.live[process].entry(address) {
+            Entry::Occupied(_) if defer => return false,
+            Entry::Occupied(mut entry) => (Some(entry.insert(block)), true),
+            Entry::Vacant(entry) => {
+                if room {
+                    entry.insert(block);
+                    self.live_blocks += 1;
+                }
+                (None, room)
+            }
+        };
         let sampling = self.options.sampling();
         let (weight_count, weight_bytes) = (
             self.options.weight_count(size),
@@ -1002,33 +1045,24 @@ impl Recorder {
             totals.mapped.allocs += 1;
             totals.mapped.bytes += size;
         }
-        if let Some(old) = self.take_live(process, address) {
+        if let Some(old) = old {
             // handed out again with no free seen: the old block is counted freed now
             self.counters.reused += 1;
             self.account_free(&old, process, now);
         }
-        if self.live_blocks >= self.options.max_live_blocks {
+        if !tracked {
             self.counters.live_map_full += 1;
             let s = &mut self.slots[slot as usize].state.stats;
             s.untracked += 1;
             s.untracked_bytes += size;
-            return;
+            return true;
         }
-        self.live[process].insert(
-            address,
-            Block {
-                size,
-                slot,
-                born_ns: now,
-                mapped,
-            },
-        );
-        self.live_blocks += 1;
         self.slots[slot as usize].state.stats.live_birth_us += now / 1000;
         if mapped {
             self.processes[process].totals.mapped.live_bytes += size as i64;
         }
         self.change_live(process, slot, size as i64);
+        true
     }
 
     fn account_free(&mut self, block: &Block, process: usize, now: u64) {
