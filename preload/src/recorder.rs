@@ -48,7 +48,9 @@ impl Hasher for Fx {
     }
 
     fn finish(&self) -> u64 {
-        self.0
+        // the product's low bits are poor (addresses are 16-aligned: four zero bits),
+        // and hashbrown picks buckets with them: bring well-mixed high bits down
+        self.0.rotate_left(26)
     }
 }
 
