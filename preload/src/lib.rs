@@ -56,6 +56,7 @@
 //! crates) are not interposable by `LD_PRELOAD`: the BPF path keeps them.
 
 pub mod layout;
+mod live;
 mod recorder;
 mod server;
 mod sys;

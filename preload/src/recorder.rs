@@ -21,6 +21,7 @@ use std::os::fd::OwnedFd;
 use unwind_tables::walk::WalkEnd;
 use unwind_tables::UnsupportedReason;
 
+use crate::live::{Block, LiveTable};
 use crate::layout::{self, event, region, ring_state, Event, Region, Ring, RINGS, RING_EVENTS};
 use crate::sys::{self, Shared};
 
@@ -446,15 +447,6 @@ pub struct LibraryMemory {
     pub private_bound: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    size: u64,
-    /// Its (process, stack)'s index in `Recorder::slots`.
-    slot: u32,
-    born_ns: u64,
-    mapped: bool,
-}
-
 /// A realloc's entry kept until its return: the old block, taken from the live blocks,
 /// the size asked for and the stack walked at the entry (none if left out).
 #[derive(Clone, Copy, Debug)]
@@ -464,6 +456,10 @@ struct Resizing {
     block: Option<Block>,
     slot: Option<u32>,
 }
+
+/// How far ahead in a ring the consumer asks for the live block an event will look up
+/// (a cache miss takes about as long as handling this many events).
+const PREFETCH_AHEAD: u64 = 16;
 
 /// Realloc entries kept per ring for their returns (a signal handler's realloc may
 /// come between an entry and its return; the target could write entries alone).
@@ -505,6 +501,14 @@ impl RegionReader {
     fn event(&self, ring: usize, index: u64) -> Event {
         let at =
             ring_at(ring) + RING_EVENTS_AT + (index as usize % RING_EVENTS) * size_of::<Event>();
+        self.map().read(at)
+    }
+
+    fn event_address(&self, ring: usize, index: u64) -> u64 {
+        let at = ring_at(ring)
+            + RING_EVENTS_AT
+            + (index as usize % RING_EVENTS) * size_of::<Event>()
+            + offset_of!(Event, address);
         self.map().read(at)
     }
 
@@ -579,7 +583,7 @@ pub struct Recorder {
     processes: Vec<ProcessState>,
     process_ids: FxMap<u32, u32>,
     /// Per process: its live blocks by address.
-    live: Vec<FxMap<u64, Block>>,
+    live: Vec<LiveTable>,
     live_blocks: usize,
     counters: Counters,
     clock: Clock,
@@ -685,7 +689,7 @@ impl Recorder {
             },
             ..ProcessState::default()
         });
-        self.live.push(FxMap::default());
+        self.live.push(LiveTable::default());
         self.process_ids.insert(pid, index);
         index
     }
@@ -714,6 +718,7 @@ impl Recorder {
             };
         refresh(&self.regions[index], &mut heads, &mut next);
         self.clock.update();
+        let process = self.regions[index].process as usize;
         let slack = (STAMP_SLACK_NS / self.clock.rate()) as u64;
         let mut refreshed_for: Option<(usize, u64)> = None;
         let mut handled = 0u64;
@@ -761,6 +766,12 @@ impl Recorder {
             } else {
                 next[at].1 = reader.event(ring, cursor);
             }
+            // the live block an event further on will look up: asked for now
+            if cursor + PREFETCH_AHEAD < heads[ring] {
+                let address = reader.event_address(ring, cursor + PREFETCH_AHEAD);
+                self.live[process].prefetch(address);
+            }
+            let reader = &mut self.regions[index];
             if handled.is_multiple_of(1024) {
                 // room for the producer while this drain goes on
                 reader
@@ -847,7 +858,7 @@ impl Recorder {
             event::FREE | event::MUNMAP => {
                 let block = match e.address {
                     0 => None,
-                    address => self.live[process].remove(&address),
+                    address => self.live[process].remove(address),
                 };
                 if block.is_none() && defer && e.address != 0 {
                     return false;
@@ -878,7 +889,7 @@ impl Recorder {
         }
         let live = &self.live[process];
         match e.kind {
-            event::RESIZING if defer && e.address != 0 && !live.contains_key(&e.address) => {
+            event::RESIZING if defer && e.address != 0 && !live.contains(e.address) => {
                 return false;
             }
             event::RESIZED
@@ -887,7 +898,7 @@ impl Recorder {
                     && self.regions[region].calls[ring]
                         .last()
                         .is_some_and(|call| call.slot.is_some())
-                    && live.contains_key(&e.address) =>
+                    && live.contains(e.address) =>
             {
                 return false;
             }
@@ -928,7 +939,7 @@ impl Recorder {
     }
 
     fn take_live(&mut self, process: usize, address: u64) -> Option<Block> {
-        let block = self.live[process].remove(&address)?;
+        let block = self.live[process].remove(address)?;
         self.live_blocks -= 1;
         Some(block)
     }
@@ -1006,23 +1017,31 @@ impl Recorder {
         mapped: bool,
         defer: bool,
     ) -> bool {
-        use std::collections::hash_map::Entry;
         let block = Block {
             size,
             slot,
             born_ns: now,
             mapped,
         };
+        let live = &mut self.live[process];
+        if defer && live.contains(address) {
+            return false; // its free may be in another ring
+        }
         let room = self.live_blocks < self.options.max_live_blocks;
-        let (old, tracked) = match self.live[process].entry(address) {
-            Entry::Occupied(_) if defer => return false,
-            Entry::Occupied(mut entry) => (Some(entry.insert(block)), true),
-            Entry::Vacant(entry) => {
-                if room {
-                    entry.insert(block);
-                    self.live_blocks += 1;
-                }
-                (None, room)
+        let (old, tracked) = if room {
+            let old = live.insert(address, block);
+            if old.is_none() {
+                self.live_blocks += 1;
+            }
+            (old, true)
+        } else {
+            // full: a block at the address is replaced still (it was freed unseen)
+            let old = live.remove(address);
+            if let Some(old) = old {
+                live.insert(address, block);
+                (Some(old), true)
+            } else {
+                (None, false)
             }
         };
         let sampling = self.options.sampling();
