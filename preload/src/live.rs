@@ -61,6 +61,11 @@ impl LiveTable {
         self.entries.len() - 1
     }
 
+    /// Whether the table outgrew the caches (prefetching a small one is wasted work).
+    pub fn is_large(&self) -> bool {
+        self.bits > 16
+    }
+
     /// Asks the CPU for `address`'s slot, ahead of a lookup.
     pub fn prefetch(&self, address: u64) {
         let at = &self.entries[self.home(address)] as *const Entry;
@@ -173,7 +178,10 @@ mod tests {
             if x % 3 == 0 {
                 assert_eq!(table.remove(address), model.remove(&address), "{i}");
             } else {
-                assert_eq!(table.insert(address, block(i)), model.insert(address, block(i)));
+                assert_eq!(
+                    table.insert(address, block(i)),
+                    model.insert(address, block(i))
+                );
             }
             assert_eq!(table.len(), model.len());
         }

@@ -21,8 +21,8 @@ use std::os::fd::OwnedFd;
 use unwind_tables::walk::WalkEnd;
 use unwind_tables::UnsupportedReason;
 
-use crate::live::{Block, LiveTable};
 use crate::layout::{self, event, region, ring_state, Event, Region, Ring, RINGS, RING_EVENTS};
+use crate::live::{Block, LiveTable};
 use crate::sys::{self, Shared};
 
 /// A multiply-rotate hash (rustc's FxHash) for the consumer's maps: their keys are
@@ -63,8 +63,9 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
 /// The mapping is increasing, as the clock is: events keep their order.
 struct Clock {
     samples: Vec<(u64, u64)>,
-    /// The bracket of the last conversion.
-    hint: usize,
+    /// The bracket of the last conversion: [from, to) in ticks, its start in ns and its
+    /// slope (no division per event).
+    bracket: (u64, u64, u64, f64),
 }
 
 /// Samples kept (the oldest go first; an event older than all is extrapolated).
@@ -81,7 +82,7 @@ impl Clock {
         }
         Clock {
             samples: vec![first, second],
-            hint: 0,
+            bracket: (0, 0, 0, 0.0),
         }
     }
 
@@ -106,29 +107,29 @@ impl Clock {
         }
         if self.samples.len() > CLOCK_SAMPLES {
             self.samples.drain(..CLOCK_SAMPLES / 2);
-            self.hint = 0;
         }
+        self.bracket = (0, 0, 0, 0.0);
     }
 
     fn ns(&mut self, ticks: u64) -> u64 {
+        let (from, to, ns, slope) = self.bracket;
+        if from <= ticks && ticks < to {
+            return ns + ((ticks - from) as f64 * slope) as u64;
+        }
         let s = &self.samples;
-        // events come mostly in order: the last bracket first
-        let hint = self.hint;
-        let i = if hint > 0 && hint < s.len() && s[hint - 1].0 <= ticks && ticks < s[hint].0 {
-            hint
-        } else {
-            s.partition_point(|&(t, _)| t <= ticks)
-        };
-        self.hint = i;
-        let (a, b) = if i == 0 {
-            (s[0], s[1])
+        let i = s.partition_point(|&(t, _)| t <= ticks);
+        let (a, b, to) = if i == 0 {
+            (s[0], s[1], 0) // before every sample: extrapolated, not kept
         } else if i >= s.len() {
-            (s[s.len() - 2], s[s.len() - 1])
+            (s[s.len() - 2], s[s.len() - 1], 0)
         } else {
-            (s[i - 1], s[i])
+            (s[i - 1], s[i], s[i].0)
         };
         // f64 keeps ns exact to well under a nanosecond over days of uptime (53 bits)
         let slope = (b.1 - a.1) as f64 / (b.0 - a.0).max(1) as f64;
+        if to != 0 {
+            self.bracket = (a.0, to, a.1, slope);
+        }
         let dt = ticks as f64 - a.0 as f64;
         (a.1 as f64 + dt * slope).max(0.0) as u64
     }
@@ -587,6 +588,8 @@ pub struct Recorder {
     live_blocks: usize,
     counters: Counters,
     clock: Clock,
+    /// The last (region, region's stack id, slot) looked up.
+    last_slot: (usize, u32, u32),
     /// Events handled so far.
     events: u64,
 }
@@ -606,6 +609,7 @@ impl Recorder {
             live_blocks: 0,
             counters: Counters::default(),
             clock: Clock::new(),
+            last_slot: (usize::MAX, 0, 0),
             events: 0,
         }
     }
@@ -767,7 +771,7 @@ impl Recorder {
                 next[at].1 = reader.event(ring, cursor);
             }
             // the live block an event further on will look up: asked for now
-            if cursor + PREFETCH_AHEAD < heads[ring] {
+            if cursor + PREFETCH_AHEAD < heads[ring] && self.live[process].is_large() {
                 let address = reader.event_address(ring, cursor + PREFETCH_AHEAD);
                 self.live[process].prefetch(address);
             }
@@ -795,7 +799,12 @@ impl Recorder {
     /// not store it: its region's stack area was full) and an unreadable record are the
     /// stack "not stored", with no frame, as the BPF path's `CT_STACK_NOT_STORED`.
     fn slot(&mut self, region: usize, id: u32) -> u32 {
+        let (last_region, last_id, last_slot) = self.last_slot;
+        if last_region == region && last_id == id {
+            return last_slot;
+        }
         if let Some(&slot) = self.regions[region].slots.get(&id) {
+            self.last_slot = (region, id, slot);
             return slot;
         }
         let stack = self.read_stack(region, id).unwrap_or(Stack {
@@ -815,6 +824,7 @@ impl Recorder {
             next
         });
         self.regions[region].slots.insert(id, slot);
+        self.last_slot = (region, id, slot);
         slot
     }
 
