@@ -160,7 +160,7 @@ mod tests {
             size: n,
             born_ns: n * 3,
             slot: n as u32,
-            mapped: n % 2 == 0,
+            mapped: n.is_multiple_of(2),
         }
     }
 
@@ -175,7 +175,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let address = ((x % 5000) + 1) << 4;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(table.remove(address), model.remove(&address), "{i}");
             } else {
                 assert_eq!(
