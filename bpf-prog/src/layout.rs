@@ -926,6 +926,20 @@ pub mod alloc {
         }
     );
 
+    /// `struct ct_free_entry`: one free of a thread's log.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CtFreeEntry {
+        pub address: u64,
+        pub ns: u64,
+    }
+    mirror!(
+        CtFreeEntry = ct_free_entry {
+            address: u64,
+            ns: u64
+        }
+    );
+
     /// `struct ct_alloc_thread` (BPF-internal: task storage).
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -936,6 +950,7 @@ pub mod alloc {
         pub free_log: u64,
         pub log_probe_id: u32,
         pub pad: u32,
+        pub told: [CtFreeEntry; FREE_LOG],
     }
     mirror!(
         CtAllocThread = ct_alloc_thread {
@@ -945,6 +960,7 @@ pub mod alloc {
             free_log: u64,
             log_probe_id: u32,
             pad: u32,
+            told: [CtFreeEntry; FREE_LOG] as [c::ct_free_entry; FREE_LOG],
         }
     );
 

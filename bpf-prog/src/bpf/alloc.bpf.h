@@ -130,7 +130,9 @@ struct {
 } alloc_counters SEC(".maps");
 
 /* A zeroed ct_alloc_stats, the first value of a new key: too big for the
- * BPF stack. Never written. */
+ * BPF stack (a ct_alloc_proc's too: the element is larger). Never written. */
+_Static_assert(sizeof(struct ct_alloc_stats) >= sizeof(struct ct_alloc_proc),
+	       "alloc_zero's element zeroes a ct_alloc_proc too");
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -379,10 +381,15 @@ static __always_inline struct ct_alloc_proc *alloc_proc_of(__u32 pid, __u32 prob
 	struct ct_alloc_proc_key key = { .pid = pid, .probe_id = probe_id };
 	struct ct_alloc_proc *proc = bpf_map_lookup_elem(&alloc_procs, &key);
 
+	__u32 zero = 0;
+
 	if (proc)
 		return proc;
-	struct ct_alloc_proc empty = {};
-	long err = bpf_map_update_elem(&alloc_procs, &key, &empty, BPF_NOEXIST);
+	/* zeroes: alloc_zero's element is larger, and its start will do */
+	struct ct_alloc_stats *empty = bpf_map_lookup_elem(&alloc_zero, &zero);
+	if (!empty)
+		return NULL;
+	long err = bpf_map_update_elem(&alloc_procs, &key, empty, BPF_NOEXIST);
 	if (err && err != -EEXIST) {
 		count_in(&alloc_counters, CT_ALLOC_STATS_FULL);
 		return NULL;
@@ -515,60 +522,80 @@ static __always_inline int take_live(__u64 address, __u32 pid, __u64 freed_ns,
 	return 0;
 }
 
+/* What tell_free works on: bpf_loop's context lives on the BPF stack. */
+struct told_frees {
+	struct ct_alloc_thread *t; /* the entries, in t->told */
+	__u32 tgid;
+	__u32 probe_id;
+};
+
+/* bpf_loop callback: tells the free of entry i (see tell_frees). */
+static int tell_free(__u32 i, void *arg)
+{
+	struct told_frees *c = arg;
+	struct ct_free_entry *entry = &c->t->told[i & (CT_FREE_LOG - 1)];
+	__u32 tgid = c->tgid;
+	__u64 address = entry->address, ns = entry->ns;
+
+	if (ns < alloc_logged_since)
+		return 0;
+	__u32 *count = live_filter_slot(address);
+	if (count && *count == 0)
+		return 0; /* a block left out */
+	struct ct_live_block block;
+	int taken = take_live(address, tgid, ns, &block);
+	if (taken == 0) {
+		account_free(&block, tgid, ns);
+		return 0;
+	}
+	struct ct_live_key key = { .address = address, .pid = tgid };
+	__u64 *reused = bpf_map_lookup_elem(&alloc_reused, &key);
+	if (reused && *reused >= ns) {
+		/* counted freed at the reuse: not a reuse without a free after
+		 * all (the sum over CPUs comes out right) */
+		bpf_map_delete_elem(&alloc_reused, &key);
+		__u32 index = CT_ALLOC_REUSED;
+		__u64 *reuses = bpf_map_lookup_elem(&alloc_counters, &index);
+		if (reuses)
+			*reuses -= 1;
+		return 0;
+	}
+	if (taken < 0)
+		count_unknown_free(tgid, c->probe_id);
+	return 0;
+}
+
 /*
  * Tells the kernel n frees of the thread's free log at user address log (a
- * struct ct_free_log) in process tgid: each block leaves the live map and
- * is counted freed at the time logged, as on_free would have counted it
- * then. A block born after its free was logged is another one the allocator
- * handed out at the address meanwhile (to another thread: this one tells its
- * log before it allocates); the logged block was counted freed then
- * (alloc_reused). Returns 0, or -1 if the log could not be read.
- * A global function: the verifier checks it once, on its own, rather than
- * at each call with the caller's state (with the walk after it, the paths
- * of on_preload_resize outgrew the verifier's budget); its entries take
- * half the BPF stack.
+ * struct ct_free_log) in process tgid, a wanted one: each block leaves the
+ * live map and is counted freed at the time logged, as on_free would have
+ * counted it then. A block born after its free was logged is another one
+ * the allocator handed out at the address meanwhile (to another thread:
+ * this one tells its log before it allocates); the logged block was counted
+ * freed then (alloc_reused). Returns 0, or -1 if the log could not be read.
+ * The entries are read at once into the thread's storage (no other program
+ * of the thread runs meanwhile; on the BPF stack they took half of it) and
+ * told by a bpf_loop callback, which the verifier checks once rather than
+ * for each of CT_FREE_LOG entries. A global function: checked once, on its
+ * own, rather than at each call with the caller's state.
  */
 __noinline int tell_frees(__u64 log, __u32 n, __u32 tgid, __u32 probe_id)
 {
-	struct ct_free_entry entries[CT_FREE_LOG];
-
 	if (n > CT_FREE_LOG)
 		n = CT_FREE_LOG;
 	if (n == 0)
 		return 0;
-	if (bpf_probe_read_user(entries, n * sizeof(entries[0]),
+	struct ct_alloc_thread *t = bpf_task_storage_get(&alloc_threads, bpf_get_current_task_btf(),
+							 NULL, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		return -1;
+	if (!t->tgid)
+		t->tgid = tgid; /* created here: see thread_calls */
+	if (bpf_probe_read_user(t->told, n * sizeof(t->told[0]),
 				(void *)(log + __builtin_offsetof(struct ct_free_log, entries))))
 		return -1;
-	for (__u32 i = 0; i < CT_FREE_LOG; i++) {
-		if (i >= n)
-			break;
-		__u64 address = entries[i].address, ns = entries[i].ns;
-		if (ns < alloc_logged_since)
-			continue;
-		__u32 *count = live_filter_slot(address);
-		if (count && *count == 0)
-			continue; /* a block left out */
-		struct ct_live_block block;
-		int taken = take_live(address, tgid, ns, &block);
-		if (taken == 0) {
-			account_free(&block, tgid, ns);
-			continue;
-		}
-		struct ct_live_key key = { .address = address, .pid = tgid };
-		__u64 *reused = bpf_map_lookup_elem(&alloc_reused, &key);
-		if (reused && *reused >= ns) {
-			/* counted freed at the reuse: not a reuse without a free
-			 * after all (the sum over CPUs comes out right) */
-			bpf_map_delete_elem(&alloc_reused, &key);
-			__u32 index = CT_ALLOC_REUSED;
-			__u64 *reuses = bpf_map_lookup_elem(&alloc_counters, &index);
-			if (reuses)
-				*reuses -= 1;
-			continue;
-		}
-		if (taken < 0)
-			count_unknown_free(tgid, probe_id);
-	}
+	struct told_frees c = { .t = t, .tgid = tgid, .probe_id = probe_id };
+	bpf_loop(n, tell_free, &c, 0);
 	return 0;
 }
 

@@ -575,6 +575,12 @@ enum ct_alloc_call_flags {
 };
 
 /* Task storage: the allocator calls in progress on one thread, innermost last. */
+/* One free of a thread's log (see struct ct_free_log below). */
+struct ct_free_entry {
+	__u64 address;
+	__u64 ns; /* CLOCK_MONOTONIC, as bpf_ktime_get_ns */
+};
+
 struct ct_alloc_thread {
 	__u32 depth;
 	__u32 tgid; /* the thread's process, wanted (pid_filter) when this was created */
@@ -582,6 +588,8 @@ struct ct_alloc_thread {
 	__u64 free_log;	      /* user address of the thread's struct ct_free_log; 0: none */
 	__u32 log_probe_id;   /* the probe whose site registered it */
 	__u32 pad;
+	/* the entries of its log being told (tell_frees): read here at once */
+	struct ct_free_entry told[CT_FREE_LOG];
 };
 
 /*
@@ -592,11 +600,6 @@ struct ct_alloc_thread {
  * full, and at the thread's exit or exec (registered at its first free).
  * The site of a free is a breakpoint; an entry of the log is two stores.
  */
-struct ct_free_entry {
-	__u64 address;
-	__u64 ns; /* CLOCK_MONOTONIC, as bpf_ktime_get_ns */
-};
-
 struct ct_free_log {
 	__u32 n; /* entries logged and not told yet */
 	__u32 registered;

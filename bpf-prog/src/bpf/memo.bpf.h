@@ -61,19 +61,18 @@ static __always_inline struct ct_memo_set *memo_set(__u32 cpu, __u32 tgid, __u64
 #define MEMO_CHUNK 32
 
 /* What compare_words and copy_words work on (bpf_loop's context lives on
- * the BPF stack). */
+ * the BPF stack). What they find goes to the walk's state (struct
+ * walk_state's memo_*), map memory: values a callback leaves on its
+ * caller's stack are part of the state the verifier must see converge from
+ * one call to the next, and a running minimum or OR never does until its
+ * range is all values (a copy_words checked 60 times, a third of a
+ * program's budget). */
 struct memo_words {
 	struct ct_memo_entry *entry;
 	__u64 *buf;	      /* compare_words: the words from `from` words above rsp on */
-	struct walk_state *w; /* copy_words: the walk to remember */
+	struct walk_state *w; /* copy_words: the walk to remember; both: what they find */
 	__u32 from;
-	__u32 n;       /* the entry's words */
-	__u64 changed; /* compare_words: 0 while every word is unchanged */
-	/* copy_words: the distances of the words copied OR'ed (a read below
-	 * rsp wraps to a huge one), the lowest and highest word (in words) */
-	__u64 reach;
-	__u64 lowest;
-	__u64 highest;
+	__u32 n; /* the entry's words */
 };
 
 static int compare_words(__u32 index, void *arg)
@@ -91,7 +90,7 @@ static int compare_words(__u32 index, void *arg)
 		__u32 at = (e->offsets[i & (CT_MEMO_WORDS - 1)] - from) & (CT_MEMO_SPAN_WORDS - 1);
 		changed |= (buf[at] ^ e->values[i & (CT_MEMO_WORDS - 1)]) & counts;
 	}
-	c->changed |= changed;
+	c->w->memo_changed |= changed;
 	return changed != 0;
 }
 
@@ -101,7 +100,7 @@ static int copy_words(__u32 index, void *arg)
 	struct ct_memo_entry *e = c->entry;
 	struct walk_state *w = c->w;
 	__u32 n = c->n;
-	__u64 reach = c->reach, lowest = c->lowest, highest = c->highest;
+	__u64 reach = w->memo_reach, lowest = w->memo_lowest, highest = w->memo_highest;
 
 	/* words past n, in the last chunk, are copied too, and never compared */
 	for (__u32 j = 0; j < MEMO_CHUNK; j++) {
@@ -118,24 +117,29 @@ static int copy_words(__u32 index, void *arg)
 		lowest = (word & below) | (lowest & ~below);
 		highest = (word & above) | (highest & ~above);
 	}
-	c->reach = reach;
-	c->lowest = lowest;
-	c->highest = highest;
+	w->memo_reach = reach;
+	w->memo_lowest = lowest;
+	w->memo_highest = highest;
 	return 0;
 }
 
 /*
- * The key a walk from these registers in process tgid (whose mappings are
- * of generation `generation`) would give, from an entry of set whose every
- * word is unchanged; CT_STACK_NONE if none. pages is the level-0 page_cache
- * element, used as one flat buffer: walk_user_stack forgets its pages at
- * every walk.
+ * The key the walk w is about to make (from w->start_rip, start_rsp and
+ * start_rbp, with the uretprobe trampoline w->trampoline, in process tgid,
+ * whose mappings are of generation `generation`) would give, from an entry
+ * of set whose every word is unchanged; CT_STACK_NONE if none. pages is the
+ * level-0 page_cache element, used as one flat buffer: walk_user_stack
+ * forgets its pages at every walk. A global function, as memo_remember: the
+ * verifier checks each once, and their frames are not under the walk's.
  */
-static __always_inline __u64 memo_answer(struct ct_memo_set *set, struct ct_user_pages *pages,
-					 __u32 tgid, __u32 generation, __u64 trampoline, __u64 rip,
-					 __u64 rsp, __u64 rbp)
+__noinline __u64 memo_answer(struct walk_state *w, struct ct_memo_set *set,
+			     struct ct_user_pages *pages, __u32 tgid, __u32 generation)
 {
+	if (!w || !set || !pages)
+		return CT_STACK_NONE;
 	__u64 *buf = pages->slots[0].words;
+	__u64 rip = w->start_rip, rsp = w->start_rsp, rbp = w->start_rbp;
+	__u64 trampoline = w->trampoline;
 	/* the words buf holds: [from, to) above rsp */
 	__u32 from = 0, to = 0;
 
@@ -157,48 +161,58 @@ static __always_inline __u64 memo_answer(struct ct_memo_set *set, struct ct_user
 			from = first;
 			to = end;
 		}
-		struct memo_words c = { .entry = e, .buf = buf, .from = from, .n = e->nwords };
+		struct memo_words c = {
+			.entry = e, .buf = buf, .w = w, .from = from, .n = e->nwords
+		};
+		w->memo_changed = 0;
 		bpf_loop((c.n + MEMO_CHUNK - 1) / MEMO_CHUNK, compare_words, &c, 0);
-		if (c.changed == 0)
+		if (w->memo_changed == 0)
 			return e->key;
 	}
 	return CT_STACK_NONE;
 }
 
 /*
- * Remembers the walk in w, from these registers in process tgid, which gave
- * key, in place of the oldest entry of set, if the memo can answer for it
- * (see above; that key is known to userspace is the caller's to say). What
- * the words read allow is found while they are copied: an entry that turns
- * out not to fit is left empty, and the next walk takes its place.
+ * Remembers the walk in w (from w->start_rip, start_rsp and start_rbp) in
+ * process tgid, which gave key, in place of the oldest entry of set, if the
+ * memo can answer for it (see above; that key is known to userspace is the
+ * caller's to say). What the words read allow is found while they are
+ * copied: an entry that turns out not to fit is left empty, and the next
+ * walk takes its place.
  */
-static __always_inline void memo_remember(struct ct_memo_set *set, struct walk_state *w, __u32 tgid,
-					  __u64 rip, __u64 rsp, __u64 rbp, __u64 key)
+__noinline int memo_remember(struct ct_memo_set *set, struct walk_state *w, __u32 tgid, __u64 key)
 {
+	if (!set || !w)
+		return 0;
 	__u32 n = w->nwords;
 
 	if (w->error != CT_WALK_COMPLETE || w->unfit || n == 0 || n > CT_MEMO_WORDS)
-		return;
+		return 0;
 	struct ct_memo_entry *e = &set->ways[set->next & (CT_MEMO_WAYS - 1)];
-	struct memo_words c = { .entry = e, .w = w, .n = n, .lowest = CT_MEMO_REACH };
+	struct memo_words c = { .entry = e, .w = w, .n = n };
+	w->memo_reach = 0;
+	w->memo_lowest = CT_MEMO_REACH;
+	w->memo_highest = 0;
 	bpf_loop((n + MEMO_CHUNK - 1) / MEMO_CHUNK, copy_words, &c, 0);
-	if ((c.reach & (sizeof(__u64) - 1)) || c.reach >= CT_MEMO_REACH * sizeof(__u64) ||
-	    c.highest - c.lowest >= CT_MEMO_SPAN_WORDS) {
+	__u64 reach = w->memo_reach, lowest = w->memo_lowest, highest = w->memo_highest;
+	if ((reach & (sizeof(__u64) - 1)) || reach >= CT_MEMO_REACH * sizeof(__u64) ||
+	    highest - lowest >= CT_MEMO_SPAN_WORDS) {
 		e->generation = 0;
-		return;
+		return 0;
 	}
 	set->next += 1;
-	e->rip = rip;
-	e->rsp = rsp;
-	e->rbp = rbp;
+	e->rip = w->start_rip;
+	e->rsp = w->start_rsp;
+	e->rbp = w->start_rbp;
 	e->trampoline = w->trampoline;
 	e->key = key;
 	e->tgid = tgid;
 	e->generation = w->generation;
 	e->nwords = n;
-	e->first = c.lowest;
-	e->span = c.highest - c.lowest + 1;
+	e->first = lowest;
+	e->span = highest - lowest + 1;
 	e->uses_rbp = w->uses_rbp;
+	return 0;
 }
 
 #endif /* MEMO_BPF_H */

@@ -65,13 +65,9 @@ static __always_inline void count_unseen(const struct ct_off_cpu_start *stay, __
 		count_stay(stay, elapsed - ran_since);
 }
 
-/* raw_tp sched_switch: args are (bool preempt, struct task_struct *prev,
- * struct task_struct *next, unsigned int prev_state). */
-SEC("raw_tp")
-int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
+/* The thread next_tid comes back: its stay, if one is kept, is counted. */
+__noinline int end_stay(__u32 next_tid)
 {
-	struct task_struct *next = (struct task_struct *)ctx->args[2];
-	__u32 next_tid = BPF_CORE_READ(next, pid);
 	struct ct_off_cpu_start *left = bpf_map_lookup_elem(&off_cpu_starts, &next_tid);
 
 	if (left) {
@@ -80,33 +76,38 @@ int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
 		bpf_map_delete_elem(&off_cpu_starts, &next_tid);
 		count_stay(&back, bpf_ktime_get_ns() - back.since);
 	}
+	return 0;
+}
 
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tgid = pid_tgid >> 32;
-	__u32 tid = (__u32)pid_tgid;
-	if (!tgid || !pid_wanted(tgid))
-		return 0;
-	struct task_struct *prev = bpf_get_current_task_btf();
-	if (prev->flags & CT_PF_EXITING) {
-		/* never back: a stay of its still open is counted now */
-		struct ct_off_cpu_start *unseen = bpf_map_lookup_elem(&off_cpu_starts, &tid);
-		if (unseen) {
-			struct ct_off_cpu_start back = *unseen;
+/* The current thread tid leaves, exiting: never back, a stay of its still
+ * open (ran: its sum_exec_runtime) is counted now. */
+__noinline int end_exiting_stay(__u32 tid, __u64 ran)
+{
+	struct ct_off_cpu_start *unseen = bpf_map_lookup_elem(&off_cpu_starts, &tid);
 
-			bpf_map_delete_elem(&off_cpu_starts, &tid);
-			count_unseen(&back, bpf_ktime_get_ns(), prev->se.sum_exec_runtime);
-		}
-		return 0;
+	if (unseen) {
+		struct ct_off_cpu_start back = *unseen;
+
+		bpf_map_delete_elem(&off_cpu_starts, &tid);
+		count_unseen(&back, bpf_ktime_get_ns(), ran);
 	}
-	struct event_stacks stacks = take_stacks_from_kernel(ctx, tgid);
+	return 0;
+}
+
+/* The current thread tid of tgid leaves: its stay starts now, under its
+ * stacks, for probe_id. */
+__noinline int start_stay(__u32 tid, __u32 tgid, __u64 user_stack, __u64 kernel_stack,
+			  __u32 probe_id)
+{
+	struct task_struct *prev = bpf_get_current_task_btf();
 	struct ct_off_cpu_start start = {
-		.user_stack = stacks.user,
-		.kernel_stack = stacks.kernel,
+		.user_stack = user_stack,
+		.kernel_stack = kernel_stack,
 		/* after the walk: the walk is time on the CPU */
 		.since = bpf_ktime_get_ns(),
 		.ran = prev->se.sum_exec_runtime,
 		.tgid = tgid,
-		.probe_id = bpf_get_attach_cookie(ctx),
+		.probe_id = probe_id,
 	};
 	/* One map operation on the common path: a stay still there is the rare
 	 * one whose switch in went unseen. */
@@ -122,6 +123,32 @@ int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
 	}
 	if (err)
 		count_loss(CT_LOSS_OFF_CPU_FULL);
+	return 0;
+}
+
+/* raw_tp sched_switch: args are (bool preempt, struct task_struct *prev,
+ * struct task_struct *next, unsigned int prev_state). The stays' bookkeeping
+ * is in global functions: their locals are then off the program's own
+ * frame, which is under the walk's in the BPF stack's 512 bytes. */
+SEC("raw_tp")
+int on_off_cpu(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *next = (struct task_struct *)ctx->args[2];
+
+	end_stay(BPF_CORE_READ(next, pid));
+
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	__u32 tid = (__u32)pid_tgid;
+	if (!tgid || !pid_wanted(tgid))
+		return 0;
+	struct task_struct *prev = bpf_get_current_task_btf();
+	if (prev->flags & CT_PF_EXITING) {
+		end_exiting_stay(tid, prev->se.sum_exec_runtime);
+		return 0;
+	}
+	struct event_stacks stacks = take_stacks_from_kernel(ctx, tgid);
+	start_stay(tid, tgid, stacks.user, stacks.kernel, bpf_get_attach_cookie(ctx));
 	return 0;
 }
 

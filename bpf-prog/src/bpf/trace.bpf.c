@@ -19,6 +19,19 @@
  * them. Per event: the process lookup, one bpf_probe_read_user per 4 KiB
  * page of stack touched, a look in this CPU's cache of known stacks and a
  * lookup of the counter. Per frame, no helper call (see walk.bpf.h).
+ *
+ * What the verifier takes (Linux 6.18 checks a bpf_loop callback until its
+ * state converges, and counts every frame of a call chain, callbacks
+ * included, in one 512-byte stack): the walk and what surrounds it are
+ * global functions (take_user_stack, memo_answer, memo_remember,
+ * store_kernel_stack, unregistered_mapping, uretprobe_return, tell_frees,
+ * the off-CPU stays' bookkeeping), each checked once
+ * per program whatever its callers' state, with their locals off the event
+ * program's frame; nothing a callback leaves on its caller's stack changes
+ * from one call to the next; and values whose range depends on how a loop
+ * ended are forgotten before they index (forget_range). A walking program
+ * verifies in about 260K instructions of the million allowed, its deepest
+ * chain of frames in about 430 bytes.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -216,7 +229,7 @@ static __always_inline bool send_stack(struct ct_stack *stack, __u64 key)
  * stack's check and misses.
  */
 static __always_inline __u64 store_stack(struct ct_stack *stack, __u64 hash,
-					 struct ct_known_cache *known, bool *settled)
+					 struct ct_known_cache *known, __u32 *settled)
 {
 	struct ct_known_entry *seen = &known->entries[hash & (CT_KNOWN_CACHE_SLOTS - 1)];
 	__u64 check = stack->check;
@@ -301,21 +314,31 @@ static __always_inline bool current_in_execve(void)
 }
 
 /*
- * Walks the user stack (see walk_user_stack), counts how the walk ended and
- * stores the stack; returns its key. At nesting level 0 the walk memo may
- * answer instead (memo.bpf.h), a walk counted as it would have ended, and
- * remembers the walk otherwise. CT_STACK_NONE when the event has no
- * user stack after all: inside execve, a walk that fails found the image
- * that called execve gone (its registers, but the new image's memory) or the
+ * Walks the user stack (see walk_user_stack) from the registers the caller
+ * put in w->start_rip, start_rsp, start_rbp and start_rdi, counts how the
+ * walk ended and stores the stack in known (this CPU's cache of known
+ * stacks); returns its key. At nesting level 0 the walk memo may answer
+ * instead (memo.bpf.h), a walk counted as it would have ended, and
+ * remembers the walk otherwise. CT_STACK_NONE when the event has no user
+ * stack after all: inside execve, a walk that fails found the image that
+ * called execve gone (its registers, but the new image's memory) or the
  * new image not registered yet (registers at its entry point, where nothing
  * of it has run; also just after execve, in the kernel still: no process
  * but one that is loading). Such an event is counted as CT_LOSS_IN_EXEC,
  * with its kernel stack only, rather than as a walk that failed.
+ *
+ * A global function: the verifier checks it once per program, on its own,
+ * whatever the state of its callers (the nesting level, the program's own
+ * paths); inlined, each event program had the walk checked for every way
+ * of reaching it, up to a million instructions on Linux 6.18. Its
+ * registers come through w because a global function takes 5 arguments.
  */
-static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_known_cache *known,
-					     __u32 level, __u32 tgid, __u64 rip, __u64 rsp,
-					     __u64 rbp, __u64 rdi)
+__noinline __u64 take_user_stack(struct walk_state *w, struct ct_known_cache *known, __u32 level,
+				 __u32 tgid)
 {
+	if (!w || !known)
+		return CT_STACK_NONE;
+	__u64 rip = w->start_rip, rsp = w->start_rsp;
 	struct ct_proc *proc = bpf_map_lookup_elem(&procs, &tgid);
 	__u64 trampoline = uretprobe_trampoline();
 
@@ -325,8 +348,8 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 		struct ct_user_pages *pages = bpf_map_lookup_elem(&page_cache, &pages_key);
 		struct ct_memo_set *memo = memo_set(cpu, tgid, rip, rsp);
 		if (memo && pages) {
-			__u64 key = memo_answer(memo, pages, tgid, proc->generation, trampoline,
-						rip, rsp, rbp);
+			w->trampoline = trampoline;
+			__u64 key = memo_answer(w, memo, pages, tgid, proc->generation);
 			if (key != CT_STACK_NONE) {
 				count_in(&walk_ends, CT_WALK_COMPLETE);
 				count_in(&memo_hits, 0);
@@ -334,7 +357,7 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 			}
 		}
 	}
-	walk_user_stack(w, level, proc, trampoline, rip, rsp, rbp, rdi);
+	walk_user_stack(w, level, proc, trampoline);
 	if (w->error != CT_WALK_COMPLETE &&
 	    (current_in_execve() ||
 	     (w->error == CT_WALK_NO_PROC && bpf_map_lookup_elem(&loading, &tgid)))) {
@@ -342,36 +365,31 @@ static __always_inline __u64 take_user_stack(struct walk_state *w, struct ct_kno
 		return CT_STACK_NONE;
 	}
 	count_in(&walk_ends, w->error);
-	bool settled;
+	__u32 settled;
 	__u64 key = store_stack(&w->stack, finish_hashes(&w->stack, w->hash, w->check), known,
 				&settled);
-	/* Level 0 as the walk keeps it, the CPU asked and the set looked up
-	 * again: a value the verifier knows something of (the level, the CPU
-	 * below the map's size, a pointer or NULL) live across the walk would
-	 * have it check the walk once for each. */
+	/* The CPU asked and the set looked up again: a value the verifier
+	 * knows something of (the CPU below the map's size, a pointer or NULL)
+	 * live across the walk would have it check the walk once for each. */
 	if (use_walk_memo && w->use_rule_cache && settled) {
-		struct ct_memo_set *memo = memo_set(bpf_get_smp_processor_id(), tgid, rip, rsp);
+		struct ct_memo_set *memo =
+			memo_set(bpf_get_smp_processor_id(), tgid, w->start_rip, w->start_rsp);
 		if (memo)
-			memo_remember(memo, w, tgid, rip, rsp, rbp, key);
+			memo_remember(memo, w, tgid, key);
 	}
 	return key;
 }
 
 /*
- * Takes the kernel stack of the event into k and stores it as
- * take_user_stack does the user stack; returns its key, or CT_STACK_NONE
- * if the kernel gave none.
+ * Stores the kernel stack of `bytes` bytes in k (as bpf_get_stack gave it)
+ * as take_user_stack does the user stack; returns its key. A global
+ * function: its loop is verified once, and not on the event program's
+ * stack.
  */
-static __always_inline __u64 take_kernel_stack(struct ct_stack *k, struct ct_known_cache *known,
-					       void *ctx)
+__noinline __u64 store_kernel_stack(struct ct_stack *k, struct ct_known_cache *known, __u32 len)
 {
-	long bytes = bpf_get_stack(ctx, k->pcs, CT_KSTACK_DEPTH * sizeof(__u64), 0);
-
-	if (bytes <= 0) {
-		count_loss(CT_LOSS_KSTACK_LOST);
+	if (!k || !known)
 		return CT_STACK_NONE;
-	}
-	__u32 len = bytes / sizeof(__u64);
 	__u64 hash = 0, check = 0x2545f4914f6cdd1dULL;
 	for (__u32 i = 0; i < CT_KSTACK_DEPTH; i++) {
 		if (i >= len)
@@ -382,8 +400,24 @@ static __always_inline __u64 take_kernel_stack(struct ct_stack *k, struct ct_kno
 	k->len = len;
 	k->error = CT_WALK_COMPLETE;
 	k->reason = 0;
-	bool settled;
+	__u32 settled;
 	return store_stack(k, finish_hashes(k, hash, check), known, &settled);
+}
+
+/*
+ * Takes the kernel stack of the event into k and stores it; returns its
+ * key, or CT_STACK_NONE if the kernel gave none.
+ */
+static __always_inline __u64 take_kernel_stack(struct ct_stack *k, struct ct_known_cache *known,
+					       void *ctx)
+{
+	long bytes = bpf_get_stack(ctx, k->pcs, CT_KSTACK_DEPTH * sizeof(__u64), 0);
+
+	if (bytes <= 0) {
+		count_loss(CT_LOSS_KSTACK_LOST);
+		return CT_STACK_NONE;
+	}
+	return store_kernel_stack(k, known, bytes / sizeof(__u64));
 }
 
 /* Claims a free nesting level of this CPU (see CT_NEST_LEVELS) in *held;
@@ -429,9 +463,13 @@ static __always_inline struct event_stacks take_stacks(void *kctx, __u32 tgid, _
 	struct ct_known_cache *known = bpf_map_lookup_elem(&known_cache, &cpu);
 	struct event_scratch *s = bpf_map_lookup_elem(&scratch, &level);
 	if (s && known) {
-		if (rip)
-			keys.user = take_user_stack(&s->walk, known, level, tgid, rip, rsp, rbp,
-						    rdi);
+		if (rip) {
+			s->walk.start_rip = rip;
+			s->walk.start_rsp = rsp;
+			s->walk.start_rbp = rbp;
+			s->walk.start_rdi = rdi;
+			keys.user = take_user_stack(&s->walk, known, level, tgid);
+		}
 		if (kctx)
 			keys.kernel = take_kernel_stack(&s->kstack, known, kctx);
 	}
@@ -459,16 +497,21 @@ static __always_inline void count_event(struct event_stacks stacks, __u32 tgid, 
 		if (err == -EEXIST)
 			count = bpf_map_lookup_elem(&counts, &key);
 		if (!count) {
-			/* no room (or no memory just now): userspace adds it */
-			struct ct_count_record record = {
-				.kind = CT_RECORD_COUNT,
-				.key = key,
-				.count = first,
-			};
-			if (bpf_ringbuf_output(&records, &record, sizeof(record), BPF_RB_NO_WAKEUP))
+			/* no room (or no memory just now): userspace adds it. Built
+			 * in the ring buffer: a copy on the BPF stack would add its
+			 * 56 bytes to every event program's share of the 512. */
+			struct ct_count_record *record =
+				bpf_ringbuf_reserve(&records, sizeof(*record), 0);
+			if (!record) {
 				count_loss(CT_LOSS_COUNT_LOST);
-			else
-				count_loss(CT_LOSS_COUNT_MAP_FULL);
+				return;
+			}
+			record->kind = CT_RECORD_COUNT;
+			record->pad = 0;
+			record->key = key;
+			record->count = first;
+			bpf_ringbuf_submit(record, BPF_RB_NO_WAKEUP);
+			count_loss(CT_LOSS_COUNT_MAP_FULL);
 			return;
 		}
 	}

@@ -93,21 +93,36 @@ struct walk_state {
 	__u32 generation; /* of the process's mappings (ct_proc.generation) */
 	__u64 rdi;	  /* the thread's: known at the first frame (stack.len 1) only */
 	struct ct_mapping unregistered; /* the last unregistered_mapping found (end 0: none) */
+	struct ct_file_key vma_key;	/* unregistered_mapping's, for its map lookup */
+	__u32 vma_found;		/* unregistered_mapping's: the VMA's file is known */
+	__u32 vma_pad;
 	__u64 trampoline; /* the process's uretprobe trampoline (see uretprobe_return); 0: none */
 	__u16 error;  /* enum ct_walk_end, once the walk stopped */
 	__u16 reason; /* for CT_WALK_UNSUPPORTED: the row's ct_rule.reason */
+	/* The registers the walk starts from, the thread's: take_user_stack's
+	 * caller puts them here (a global function takes five arguments). */
+	__u64 start_rip;
+	__u64 start_rsp;
+	__u64 start_rbp;
+	__u64 start_rdi;
 	/*
 	 * What the walk memo (memo.bpf.h) needs to know of the walk: every
-	 * word read (see log_read), and whether the walk depended on anything
-	 * else than its start, its process's mappings and those words.
+	 * word read (see log_read; distances from start_rsp), and whether the
+	 * walk depended on anything else than its start, its process's
+	 * mappings and those words.
 	 */
-	__u64 start_rsp;		/* the words' distances are counted from it */
 	__u32 nwords;			/* words read */
 	__u16 unfit;			/* it used more than its start and words (see memo.bpf.h) */
 	__u16 uses_rbp;			/* it used the thread's rbp */
 	__u64 rbp_from_regs;		/* rbp is still the thread's, not read from the stack */
 	__u64 distances[CT_MEMO_WORDS]; /* of each word read, in bytes above start_rsp */
 	__u64 values[CT_MEMO_WORDS];
+	__u32 forgotten[4]; /* see forget_range */
+	/* What the memo's callbacks find (see struct memo_words). */
+	__u64 memo_changed;
+	__u64 memo_reach;
+	__u64 memo_lowest;
+	__u64 memo_highest;
 };
 
 /* Pages of user stack read during the current walk: an element per level
@@ -191,8 +206,25 @@ static __always_inline __u64 mask_if_negative(__s64 value)
 	return (__u64)(value >> 63);
 }
 
+/*
+ * v as the verifier sees a value loaded from memory: any. A search that
+ * may end at any of its steps leaves its result with another range after
+ * each, and the verifier, which keeps an index it must bound precise,
+ * checked the rest of the walk step once for each way out (on Linux 6.18,
+ * most of a million instructions). One store and one load; slot tells
+ * apart values live at once.
+ */
+static __always_inline __u32 forget_range(struct walk_state *w, __u32 slot, __u32 v)
+{
+	volatile __u32 *at = &w->forgotten[slot & 3];
+
+	*at = v;
+	return *at;
+}
+
 /* Index of the mapping holding addr, or CT_MAX_MAPPINGS if none does. */
-static __always_inline __u32 find_mapping(struct ct_proc *proc, __u32 n, __u64 addr)
+static __always_inline __u32 find_mapping(struct walk_state *w, struct ct_proc *proc, __u32 n,
+					  __u64 addr)
 {
 	/* lo = number of mappings that start at or before addr */
 	__u32 lo = 0, len = n;
@@ -207,6 +239,7 @@ static __always_inline __u32 find_mapping(struct ct_proc *proc, __u32 n, __u64 a
 		lo += (half + 1) & take;
 		len = half - (take & ((len & 1) ^ 1));
 	}
+	lo = forget_range(w, 0, lo);
 	if (lo == 0)
 		return CT_MAX_MAPPINGS;
 	lo -= 1;
@@ -228,7 +261,8 @@ static __always_inline struct ct_row *row_at(__u32 index)
 /* The index in the rules map of the rule governing ELF address addr in
  * table t, -1 when the table has none (a gap); *row_offset is addr's offset
  * past the row's start, capped at CT_STEP_WINDOW. */
-static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr, __u32 *row_offset)
+static __always_inline __s64 find_rule(struct walk_state *w, struct ct_table *t, __u64 addr,
+				       __u32 *row_offset)
 {
 	__u64 page_index = (addr >> CT_PAGE_SHIFT) - t->first_page;
 
@@ -259,6 +293,9 @@ static __always_inline __s64 find_rule(struct ct_table *t, __u64 addr, __u32 *ro
 		rule = (row->rule & take) | (rule & ~take);
 		row_lo = (row->addr_lo & take) | (row_lo & ~take);
 	}
+	lo = forget_range(w, 0, lo);
+	rule = forget_range(w, 1, rule);
+	row_lo = forget_range(w, 2, row_lo);
 	if (lo == 0) {
 		/* no row of this page starts at or before addr: the row before
 		 * the page governs, if the table has one; it started in an
@@ -316,27 +353,32 @@ static __always_inline void name_frame(struct walk_state *w, __u32 object, __u64
 	w->named = len;
 }
 
-/* What bpf_find_vma's callback found of the VMA holding an address. */
-struct vma_file {
-	__u64 start;
-	__u64 end;
-	struct ct_file_key key;
-	__u32 found;
-};
-
+/* bpf_find_vma's callback: the VMA holding an address, as a mapping in
+ * w->unregistered (w->vma_found set) if userspace loaded its file
+ * (file_objects). Its context is w alone, and its reads are BTF loads, not
+ * probe-read helpers through the stack: both frames are under the walk's,
+ * in the BPF stack's 512 bytes. */
 static long read_vma_file(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
-	struct vma_file *f = data;
+	struct walk_state *w = *(struct walk_state **)data;
 	struct file *file = vma->vm_file;
 
 	if (!file)
 		return 0;
-	f->start = vma->vm_start;
-	f->end = vma->vm_end;
-	f->key.pgoff = vma->vm_pgoff;
-	f->key.inode = BPF_CORE_READ(file, f_inode, i_ino);
-	f->key.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-	f->found = 1;
+	struct inode *inode = file->f_inode;
+	w->vma_key.pgoff = vma->vm_pgoff;
+	w->vma_key.inode = inode->i_ino;
+	w->vma_key.dev = inode->i_sb->s_dev;
+	struct ct_file_object *o = bpf_map_lookup_elem(&file_objects, &w->vma_key);
+	if (!o)
+		return 0;
+	w->unregistered.start = vma->vm_start;
+	w->unregistered.end = vma->vm_end;
+	w->unregistered.bias = vma->vm_start + o->bias_from_start;
+	w->unregistered.table_id = o->table_id;
+	w->unregistered.flags = o->flags;
+	w->unregistered.object = o->object;
+	w->vma_found = 1;
 	return 0;
 }
 
@@ -344,26 +386,21 @@ static long read_vma_file(struct task_struct *task, struct vm_area_struct *vma, 
  * The mapping holding addr in the current process when none registered for
  * it does (a library ld.so maps and runs before the link map is consistent,
  * the moment userspace registers it): the kernel's VMA of addr, if userspace
- * loaded its file (file_objects). Written to w->unregistered; NULL if there
- * is none. Not inlined: it runs on a walk's way out only.
+ * loaded its file (file_objects). Written to w->unregistered; 0 if there is
+ * none. A global function: it runs on a walk's way out only, and the
+ * verifier checks it once rather than at every way a step reaches it.
  */
-static __noinline struct ct_mapping *unregistered_mapping(struct walk_state *w, __u64 addr)
+__noinline int unregistered_mapping(struct walk_state *w, __u64 addr)
 {
-	struct vma_file f = {};
+	struct walk_state *search = w;
 
+	if (!w)
+		return 0;
+	w->vma_found = 0;
 	/* mmap_lock is only tried: a walk never waits (-EBUSY is no mapping) */
-	if (bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma_file, &f, 0) || !f.found)
-		return NULL;
-	struct ct_file_object *o = bpf_map_lookup_elem(&file_objects, &f.key);
-	if (!o)
-		return NULL;
-	w->unregistered.start = f.start;
-	w->unregistered.end = f.end;
-	w->unregistered.bias = f.start + o->bias_from_start;
-	w->unregistered.table_id = o->table_id;
-	w->unregistered.flags = o->flags;
-	w->unregistered.object = o->object;
-	return &w->unregistered;
+	if (bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma_file, &search, 0))
+		return 0;
+	return w->vma_found;
 }
 
 /*
@@ -395,7 +432,7 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 	__u32 mi = w->mapping & (CT_MAX_MAPPINGS - 1);
 	struct ct_mapping *m = &proc->mappings[mi];
 	if (lookup < m->start || lookup >= m->end) {
-		mi = find_mapping(proc, w->nmappings, lookup);
+		mi = find_mapping(w, proc, w->nmappings, lookup);
 		if (mi < CT_MAX_MAPPINGS) {
 			m = &proc->mappings[mi];
 			w->mapping = mi;
@@ -403,8 +440,9 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 			/* the last one found first: bpf_find_vma may answer once
 			 * per interrupt only (its unlock waits for irq_work) */
 			m = &w->unregistered;
-			if (lookup < m->start || lookup >= m->end)
-				m = unregistered_mapping(w, lookup);
+			if ((lookup < m->start || lookup >= m->end) &&
+			    !unregistered_mapping(w, lookup))
+				m = NULL;
 			if (!m) {
 				name_frame(w, 0, 0);
 				w->error = CT_WALK_NO_MAPPING;
@@ -424,7 +462,7 @@ static __always_inline struct ct_rule *rule_for(struct walk_state *w, struct ct_
 		return NULL;
 	}
 	__u32 row_offset = 0;
-	__s64 found = find_rule(t, lookup - m->bias, &row_offset);
+	__s64 found = find_rule(w, t, lookup - m->bias, &row_offset);
 	if (found < 0) {
 		w->error = CT_WALK_NO_ROW;
 		return NULL;
@@ -542,21 +580,25 @@ static __always_inline __u64 uretprobe_trampoline(void)
 /*
  * The return address a uretprobe replaced in the stack slot at `slot` (any
  * slot if 0: the innermost, for a pc in the trampoline), and the slot in
- * *found; 0 if no return instance of the current thread holds it. Not inlined:
- * it runs only on a trampoline, and is verified once.
+ * *found; 0 if no return instance of the current thread holds it. A global
+ * function: it runs only on a trampoline, and is verified once.
  */
-static __noinline __u64 uretprobe_return(__u64 slot, __u64 *found)
+__noinline __u64 uretprobe_return(__u64 slot, __u64 *found)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	struct return_instance *ri = BPF_CORE_READ(task, utask, return_instances);
+	/* BTF loads (a fault reads 0), not probe-read helpers through the stack:
+	 * its frame is under the walk's */
+	struct uprobe_task *utask = task->utask;
+	struct return_instance *ri = utask ? utask->return_instances : NULL;
 
 	for (int i = 0; i < CT_URETPROBE_DEPTH && ri; i++) {
-		__u64 stack = BPF_CORE_READ(ri, stack);
+		__u64 stack = ri->stack;
 		if (!slot || stack == slot) {
-			*found = stack;
-			return BPF_CORE_READ(ri, orig_ret_vaddr);
+			if (found)
+				*found = stack;
+			return ri->orig_ret_vaddr;
 		}
-		ri = BPF_CORE_READ(ri, next);
+		ri = ri->next;
 	}
 	return 0;
 }
@@ -635,8 +677,7 @@ static __always_inline int walk_step(struct walk_state *w, struct ct_proc *proc,
 	if (read_user(w, pages, cfa - 8, &ra))
 		return stop(w, CT_WALK_READ_FAULT);
 	if (ra == w->trampoline && ra) {
-		__u64 slot = 0;
-		ra = uretprobe_return(cfa - 8, &slot);
+		ra = uretprobe_return(cfa - 8, NULL);
 		w->unfit = 1;
 	}
 	if (rule->rbp_kind == CT_RBP_AT_CFA) {
@@ -694,9 +735,9 @@ static int walk_steps(__u32 index, void *arg)
  * finish_hashes).
  */
 static __always_inline void walk_user_stack(struct walk_state *w, __u32 level,
-					    struct ct_proc *proc, __u64 trampoline, __u64 rip,
-					    __u64 rsp, __u64 rbp, __u64 rdi)
+					    struct ct_proc *proc, __u64 trampoline)
 {
+	__u64 rip = w->start_rip, rsp = w->start_rsp, rbp = w->start_rbp, rdi = w->start_rdi;
 	struct ct_stack *stack = &w->stack;
 	stack->pcs[0] = rip;
 	stack->len = 1;
@@ -714,7 +755,6 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level,
 	w->error = CT_WALK_COMPLETE;
 	w->reason = 0;
 	w->use_rule_cache = level == 0;
-	w->start_rsp = rsp;
 	w->nwords = 0;
 	w->unfit = 0;
 	w->uses_rbp = 0;
