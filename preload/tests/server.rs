@@ -72,3 +72,59 @@ fn the_library_lies_in_a_directory_only_root_can_change() {
         "the directory goes with the server"
     );
 }
+
+/// A peer that is not the library (garbage, or a region of the wrong size) is dropped,
+/// and nothing of it reaches the recorder.
+#[test]
+fn a_bad_hello_is_dropped() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        eprintln!("skipping: no private directory for the socket");
+        return;
+    }
+    let mut server = Server::new().unwrap();
+    let mut recorder = preload::Recorder::new(preload::Options::default());
+    let mut tables = preload::PlainTables::new();
+    for message in [&b"garbage!"[..], &[0u8; 24][..]] {
+        let socket = connect(server.socket_path());
+        // SAFETY: a connected socket we own; the buffer is valid for its length.
+        let sent = unsafe { libc::send(socket, message.as_ptr().cast(), message.len(), 0) };
+        assert_eq!(sent, message.len() as isize);
+        for _ in 0..10 {
+            server
+                .serve(
+                    &mut tables,
+                    &mut recorder,
+                    std::time::Duration::from_millis(20),
+                )
+                .unwrap();
+        }
+        assert_eq!(server.connections(), 0, "the peer is dropped");
+        assert_eq!(recorder.regions(), 0);
+        // SAFETY: closing the socket we opened.
+        unsafe { libc::close(socket) };
+    }
+}
+
+fn connect(path: &std::path::Path) -> i32 {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain arguments.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0) };
+    assert!(fd >= 0);
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, &src) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: a valid address of the size given.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    fd
+}
