@@ -200,6 +200,8 @@ struct ctp_ring {
 	uint64_t nested_events;	   /* events of a signal handler inside the recorder */
 	uint64_t inside_calls;	   /* wrapped calls made inside a wrapped allocator's
 				    * call (its own mmaps): part of it, not events */
+	uint64_t memo_timed;	   /* memo answers timed (one in 1024) ... */
+	uint64_t memo_ticks;	   /* ... and their TSC ticks */
 	struct ctp_event events[CTP_RING_EVENTS];
 };
 

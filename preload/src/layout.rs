@@ -280,6 +280,8 @@ pub struct Ring {
     pub waits: u64,
     pub nested_events: u64,
     pub inside_calls: u64,
+    pub memo_timed: u64,
+    pub memo_ticks: u64,
     pub events: [Event; RING_EVENTS],
 }
 mirror!(
@@ -302,6 +304,8 @@ mirror!(
         waits: u64,
         nested_events: u64,
         inside_calls: u64,
+        memo_timed: u64,
+        memo_ticks: u64,
         events: [Event; RING_EVENTS],
     }
 );

@@ -400,6 +400,10 @@ pub struct Counters {
     /// Wrapped calls made inside a wrapped allocator's call (its own mmaps, or a
     /// signal handler's calls then): part of that call, not events.
     pub inside_calls: u64,
+    /// Memo answers timed (one in 1024) and their time: ns per memo answer.
+    pub memo_timed: u64,
+    pub memo_ticks: u64,
+    pub memo_ns: u64,
     /// Mappings the library asked for (a pc in none it knew).
     pub lookups: u64,
 }
@@ -418,6 +422,8 @@ impl Counters {
         self.waits += ring.waits;
         self.nested_events += ring.nested_events;
         self.inside_calls += ring.inside_calls;
+        self.memo_timed += ring.memo_timed;
+        self.memo_ticks += ring.memo_ticks;
     }
 }
 
@@ -433,6 +439,8 @@ struct RingCounters {
     waits: u64,
     nested_events: u64,
     inside_calls: u64,
+    memo_timed: u64,
+    memo_ticks: u64,
 }
 
 /// The library's memory in one process.
@@ -542,6 +550,8 @@ impl RegionReader {
                 waits: read(offset_of!(Ring, waits)),
                 nested_events: read(offset_of!(Ring, nested_events)),
                 inside_calls: read(offset_of!(Ring, inside_calls)),
+                memo_timed: read(offset_of!(Ring, memo_timed)),
+                memo_ticks: read(offset_of!(Ring, memo_ticks)),
             });
             if self.used_rings[ring] || read(offset_of!(Ring, owners)) > 0 {
                 used += size_of::<Ring>() as u64;
@@ -1187,9 +1197,12 @@ impl Recorder {
             total.waits += c.waits;
             total.nested_events += c.nested_events;
             total.inside_calls += c.inside_calls;
+            total.memo_timed += c.memo_timed;
+            total.memo_ticks += c.memo_ticks;
             total.lookups += c.lookups;
         }
         total.walk_ns = (total.walk_ticks as f64 * self.clock.rate()) as u64;
+        total.memo_ns = (total.memo_ticks as f64 * self.clock.rate()) as u64;
         total
     }
 
