@@ -459,6 +459,9 @@ static void publish(struct thread *t, const struct ctp_event *e)
 		__asm__ volatile("" ::: "memory");
 		uint64_t head = t->head;
 		if (__builtin_expect(head - t->tail < CTP_RING_EVENTS, 1)) {
+			/* the line a few events on, for writing: it was last read by the
+			 * consumer's core (or evicted since), a miss the thread would wait on */
+			__builtin_prefetch(&r->events[(head + 8) & (CTP_RING_EVENTS - 1)], 1, 3);
 			r->events[head & (CTP_RING_EVENTS - 1)] = *e;
 			__atomic_store_n(&r->head, head + 1, __ATOMIC_RELEASE);
 			t->head = head + 1;

@@ -26,6 +26,14 @@ struct Entry {
     block: Block,
 }
 
+/// A slot found by [`LiveTable::lookup`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place {
+    at: usize,
+    /// A block is at the address.
+    pub live: bool,
+}
+
 pub(crate) struct LiveTable {
     entries: Vec<Entry>,
     /// log2 of the capacity.
@@ -94,6 +102,30 @@ impl LiveTable {
 
     pub fn contains(&self, address: u64) -> bool {
         address != 0 && self.find(address).1
+    }
+
+    /// Where `address` is (or would go) and whether a block is there: for
+    /// [`LiveTable::put`], with no second search.
+    pub fn lookup(&self, address: u64) -> Place {
+        let (at, live) = self.find(address);
+        Place { at, live }
+    }
+
+    /// Puts `block` at `address`, at the place [`LiveTable::lookup`] gave (nothing
+    /// changed in between); the block it replaces, if any.
+    pub fn put(&mut self, place: Place, address: u64, block: Block) -> Option<Block> {
+        debug_assert!(
+            address != 0 && self.entries[place.at].address == if place.live { address } else { 0 }
+        );
+        if place.live {
+            return Some(std::mem::replace(&mut self.entries[place.at].block, block));
+        }
+        self.entries[place.at] = Entry { address, block };
+        self.len += 1;
+        if self.len * 2 > self.entries.len() {
+            self.grow();
+        }
+        None
     }
 
     /// Puts `block` at `address`; the block it replaces, if any.

@@ -513,6 +513,12 @@ impl RegionReader {
         self.map().read(at)
     }
 
+    fn prefetch_event(&self, ring: usize, index: u64) {
+        let at =
+            ring_at(ring) + RING_EVENTS_AT + (index as usize % RING_EVENTS) * size_of::<Event>();
+        self.map().prefetch(at);
+    }
+
     fn event_address(&self, ring: usize, index: u64) -> u64 {
         let at = ring_at(ring)
             + RING_EVENTS_AT
@@ -780,7 +786,11 @@ impl Recorder {
             } else {
                 next[at].1 = reader.event(ring, cursor);
             }
-            // the live block an event further on will look up: asked for now
+            // the ring's line a few events on (written on the target's core), and the
+            // live block an event further on will look up: asked for now
+            if cursor + 8 < heads[ring] {
+                reader.prefetch_event(ring, cursor + 8);
+            }
             if cursor + PREFETCH_AHEAD < heads[ring] && self.live[process].is_large() {
                 let address = reader.event_address(ring, cursor + PREFETCH_AHEAD);
                 self.live[process].prefetch(address);
@@ -1044,26 +1054,20 @@ impl Recorder {
             mapped,
         };
         let live = &mut self.live[process];
-        if defer && live.contains(address) {
+        let place = live.lookup(address);
+        if defer && place.live {
             return false; // its free may be in another ring
         }
-        let room = self.live_blocks < self.options.max_live_blocks;
-        let (old, tracked) = if room {
-            let old = live.insert(address, block);
-            if old.is_none() {
-                self.live_blocks += 1;
-            }
-            (old, true)
+        // full: a block at the address is replaced still (it was freed unseen)
+        let tracked = place.live || self.live_blocks < self.options.max_live_blocks;
+        let old = if tracked {
+            live.put(place, address, block)
         } else {
-            // full: a block at the address is replaced still (it was freed unseen)
-            let old = live.remove(address);
-            if let Some(old) = old {
-                live.insert(address, block);
-                (Some(old), true)
-            } else {
-                (None, false)
-            }
+            None
         };
+        if tracked && old.is_none() {
+            self.live_blocks += 1;
+        }
         let sampling = self.options.sampling();
         let (weight_count, weight_bytes) = (
             self.options.weight_count(size),

@@ -76,6 +76,19 @@ impl Shared {
         unsafe { std::ptr::read_volatile(self.addr.add(offset).cast::<T>()) }
     }
 
+    /// Asks the CPU for the line at `offset`, ahead of a read.
+    pub fn prefetch(&self, offset: usize) {
+        if offset < self.len {
+            // SAFETY: a prefetch is a hint that never faults; the address is inside the
+            // mapping.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    self.addr.add(offset).cast(),
+                )
+            };
+        }
+    }
+
     /// Reads the u64 at `offset` (8-aligned) with acquire ordering.
     pub fn load_acquire(&self, offset: usize) -> u64 {
         assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
