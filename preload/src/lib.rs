@@ -6,7 +6,9 @@
 //! launches (`LD_PRELOAD`). It runs in one of two modes, chosen at its first call:
 //! - **BPF sites** (no `CARGO_TRACE_HEAP` in the environment): after each call it calls a
 //!   site, a function starting with a nop, where cargo-trace's uprobes count the call
-//!   ([`SITES`]; the BPF programs walk the stack). Unchanged from before this crate.
+//!   ([`SITES`]; the BPF programs walk the stack). Behaviour unchanged from before this
+//!   crate (the sites where a stack is walked are now assembly: a nop, then a return
+//!   unless recording in-process, so both modes walk from the same call instruction).
 //! - **In-process recording** (`CARGO_TRACE_HEAP=<socket>`, see [`Server::environment`]):
 //!   no kernel event at all. The library connects to the socket, walks its own thread's
 //!   stack with the compact unwind tables cargo-trace compiled (the walk of
@@ -53,7 +55,9 @@
 //! to probe kinds), compiles tables only through `unwind_tables` (the [`TableSource`] the
 //! session gives decides which), and symbolizes nothing: stacks come out as typed frames
 //! ([`Frame`]). Allocators linked statically into a program (Rust's jemalloc or mimalloc
-//! crates) are not interposable by `LD_PRELOAD`: the BPF path keeps them.
+//! crates) are not interposable by `LD_PRELOAD`: the BPF path keeps them. A hook at
+//! such a function could record through the same entry the sites jump to
+//! (`ctp_record(kind, address, size, rip, rsp, rbp)` in `c/record.h`).
 
 pub mod layout;
 mod live;
