@@ -100,6 +100,15 @@ impl LiveTable {
         }
     }
 
+    /// The slot of the block at `address`, if one is live (to prefetch its counters).
+    pub fn slot_of(&self, address: u64) -> Option<u32> {
+        if address == 0 {
+            return None;
+        }
+        let (at, found) = self.find(address);
+        found.then(|| self.entries[at].block.slot)
+    }
+
     pub fn contains(&self, address: u64) -> bool {
         address != 0 && self.find(address).1
     }

@@ -146,6 +146,16 @@ impl Clock {
 /// few instructions' time, that of the allocation whose pointer it got.
 const STAMP_SLACK_NS: f64 = 1000.0;
 
+/// Asks the CPU for the line at `value`, ahead of a use.
+fn prefetch<T>(value: &T) {
+    // SAFETY: a prefetch is a hint that never faults; the address is a live reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (value as *const T).cast(),
+        )
+    };
+}
+
 /// Log2 buckets of the size and lifetime histograms (`CT_ALLOC_BUCKETS`).
 pub const BUCKETS: usize = 48;
 /// Fixed point of the estimated counts (`CT_ALLOC_WEIGHT_SHIFT`).
@@ -811,6 +821,17 @@ impl Recorder {
             if cursor + PREFETCH_AHEAD < heads[ring] && self.live[process].is_large() {
                 let address = reader.event_address(ring, cursor + PREFETCH_AHEAD);
                 self.live[process].prefetch(address);
+                // half as far on, the counters of the event's stack: its live block
+                // (asked for above, that many events ago) or its stack id names them
+                let soon = reader.event(ring, cursor + PREFETCH_AHEAD / 2);
+                let slot = match soon.kind {
+                    event::FREE | event::MUNMAP => self.live[process].slot_of(soon.address),
+                    event::ALLOC | event::MMAP => reader.slots.get(&soon.stack).copied(),
+                    _ => None,
+                };
+                if let Some(slot) = slot.and_then(|slot| self.slots.get(slot as usize)) {
+                    prefetch(&slot.state);
+                }
             }
             let reader = &mut self.regions[index];
             if handled.is_multiple_of(1024) {
