@@ -144,6 +144,7 @@ static struct {
 	struct mapset *maps;
 	uint32_t mapsets;
 	int lookup_lock;
+	uint32_t mappings_epoch; /* region->mappings_epoch last acted on */
 	uint64_t negatives[NEGATIVES];
 	uint32_t negatives_generation;
 	uint32_t nnegatives;
@@ -684,6 +685,24 @@ static const struct ctp_mapping *find_in(const struct mapset *set, uint64_t addr
 	return &set->m[lo - 1];
 }
 
+/* Asks cargo-trace for the process's mappings (the one at pc wanted); under
+ * lookup_lock. 0 when the new set is in conn.maps. */
+static int fetch_mappings(uint64_t pc)
+{
+	struct ctp_msg_lookup ask = { .kind = CTP_MSG_LOOKUP, .pc = pc };
+
+	if (conn.mapsets >= MAX_MAPSETS)
+		return -1; /* no room for another set: unasked, so no answer waits unread */
+	__atomic_fetch_add(&conn.region->lookups, 1, __ATOMIC_RELAXED);
+	internal++;
+	int ok = send(conn.fd, &ask, sizeof(ask), MSG_NOSIGNAL) == (ssize_t)sizeof(ask) &&
+		 receive_mappings(NULL) == 0;
+	internal--;
+	if (!ok && !consumer_alive())
+		detach();
+	return ok ? 0 : -1;
+}
+
 /* Asks cargo-trace for the mapping at pc (a library mapped since the last
  * answer); under lookup_lock. */
 static void ask_mapping(struct walk_env *env, uint64_t pc)
@@ -702,23 +721,27 @@ static void ask_mapping(struct walk_env *env, uint64_t pc)
 		conn.negatives_generation = now->generation;
 		conn.nnegatives = 0;
 	}
-	struct ctp_msg_lookup ask = { .kind = CTP_MSG_LOOKUP, .pc = pc };
-	__atomic_fetch_add(&conn.region->lookups, 1, __ATOMIC_RELAXED);
-	internal++;
-	int ok = send(conn.fd, &ask, sizeof(ask), MSG_NOSIGNAL) == (ssize_t)sizeof(ask) &&
-		 receive_mappings(NULL) == 0;
-	internal--;
-	if (!ok) {
-		if (!consumer_alive())
-			detach();
+	if (fetch_mappings(pc))
 		return;
-	}
 	env->maps = __atomic_load_n(&conn.maps, __ATOMIC_ACQUIRE);
 	if (!find_in(env->maps, pc)) {
 		conn.negatives_generation = env->maps->generation;
 		if (conn.nnegatives < NEGATIVES)
 			conn.negatives[conn.nnegatives++] = pc;
 	}
+}
+
+/* cargo-trace said the process's mappings changed (a library unmapped, another
+ * mapped over it): asks for them all again before the next walk. */
+static void refresh_mappings(uint32_t epoch)
+{
+	spin_lock(&conn.lookup_lock);
+	if (conn.mappings_epoch != epoch && conn.state == CONN_UP) {
+		/* asked once whatever the answer: a failure is a detach, or no room */
+		fetch_mappings(0);
+		conn.mappings_epoch = epoch;
+	}
+	spin_unlock(&conn.lookup_lock);
 }
 
 static const struct ctp_mapping *walk_mapping(struct walk_env *env, uint64_t addr)
@@ -870,6 +893,9 @@ static void memo_remember(struct thread *t, uint32_t generation, const struct ct
 /* The stack id of the wrapper's caller chain at c. */
 static uint32_t stack_of(struct thread *t, const struct ctp_call *c, uint32_t level)
 {
+	uint32_t epoch = __atomic_load_n(&conn.region->mappings_epoch, __ATOMIC_ACQUIRE);
+	if (__builtin_expect(epoch != conn.mappings_epoch, 0) && level == 0)
+		refresh_mappings(epoch);
 	struct mapset *maps = __atomic_load_n(&conn.maps, __ATOMIC_ACQUIRE);
 	int use_memo = level == 0 && !(conn.options.flags & CTP_OPT_NO_MEMO);
 
@@ -1130,6 +1156,7 @@ static void record_forked_child(void)
 	conn.maps = NULL;
 	conn.mapsets = 0;
 	conn.nnegatives = 0;
+	conn.mappings_epoch = 0;
 	/* the parent's threads' states are copies here: the next owners of
 	 * this child's rings start from them afresh */
 	self = NULL;

@@ -234,6 +234,14 @@ struct ctp_region {
 	uint64_t lookups;     /* mappings asked of cargo-trace */
 	uint32_t detached;    /* cargo-trace went away: the library passes through */
 	uint32_t ring_limit;  /* rings [0, ring_limit) were ever taken */
+	/* cargo-trace's: bumped when the process's mappings changed otherwise than by
+	 * a new library the library will ask for (one unmapped, another mapped over
+	 * it): the next walk asks for the mappings again. On a line of its own: every
+	 * walk reads it. */
+	uint64_t pad[5];
+	uint32_t mappings_epoch;
+	uint32_t pad2;
+	uint64_t pad3[7];
 };
 
 /* Messages on the socket (SOCK_SEQPACKET). */

@@ -311,6 +311,10 @@ mirror!(
 );
 // SAFETY: an array of a Pod type is Pod.
 unsafe impl Pod for [Event; RING_EVENTS] {}
+// SAFETY: as above.
+unsafe impl Pod for [u64; 5] {}
+// SAFETY: as above.
+unsafe impl Pod for [u64; 7] {}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -351,6 +355,10 @@ pub struct Region {
     pub lookups: u64,
     pub detached: u32,
     pub ring_limit: u32,
+    pub pad: [u64; 5],
+    pub mappings_epoch: u32,
+    pub pad2: u32,
+    pub pad3: [u64; 7],
 }
 mirror!(
     Region = ctp_region {
@@ -375,6 +383,10 @@ mirror!(
         lookups: u64,
         detached: u32,
         ring_limit: u32,
+        pad: [u64; 5],
+        mappings_epoch: u32,
+        pad2: u32,
+        pad3: [u64; 7],
     }
 );
 

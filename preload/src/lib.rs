@@ -40,6 +40,8 @@
 //!     recorder.poll();                        // drain the rings: every 0.1-1 ms while
 //!                                             // events flow (64 Ki events a thread)
 //!     // live view: recorder.live_bytes(), recorder.events(), recorder.top_live(n)
+//!     // the session's own re-read of a pid's mappings found a change:
+//!     //     recorder.mappings_changed(pid)   (a library unmapped, another over it)
 //! }
 //! until server.connections() == 0 { serve; poll }  // children and exec'd images too
 //! recorder.poll();

@@ -697,6 +697,23 @@ impl Recorder {
         }
     }
 
+    /// Tells the library in process `pid` that its mappings changed otherwise than by a
+    /// new object (one unmapped and another mapped over it, which the library cannot
+    /// see): its next walk asks for them again. For the session's periodic re-read of
+    /// the mappings (`ProcessTables::sync`) to call when it finds a change.
+    pub fn mappings_changed(&mut self, pid: u32) {
+        for region in &self.regions {
+            if region.pid != pid || region.closed {
+                continue;
+            }
+            if let Some(map) = &region.map {
+                let at = offset_of!(Region, mappings_epoch);
+                let epoch: u32 = map.read(at);
+                map.store_u32_release(at, epoch.wrapping_add(1));
+            }
+        }
+    }
+
     /// Reads every region's new events, in order; the events handled.
     pub fn poll(&mut self) -> u64 {
         let before = self.events;

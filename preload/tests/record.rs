@@ -559,3 +559,28 @@ fn python_for_profiling() {
     println!("{:?} {:?}", started.elapsed(), run.recorder.counters());
     println!("{} stacks", run.recorder.stacks().len());
 }
+
+/// The session says the mappings changed: the library asks for them again before its
+/// next walk, and goes on recording exactly.
+#[test]
+fn the_library_asks_again_when_told_the_mappings_changed() {
+    let exe = c_fixture("heap_storm");
+    let mut told = false;
+    let mut run = common::record_with(
+        std::process::Command::new(&exe).args(["3000000", "4"]),
+        Options::default(),
+        |pid, recorder| {
+            if !told && recorder.events() > 10_000 {
+                recorder.mappings_changed(pid);
+                told = true;
+            }
+        },
+    );
+    assert!(told && run.status.success());
+    let pid = run.pid;
+    let stacks = run.stacks_through(pid, "storm");
+    assert_eq!(stacks.iter().map(|(_, s)| s.allocs).sum::<u64>(), 3_000_000);
+    let counters = run.recorder.counters();
+    assert!(counters.lookups >= 1, "{counters:?}");
+    assert_eq!(counters.unknown_frees, 0, "{counters:?}");
+}

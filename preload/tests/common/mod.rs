@@ -35,7 +35,7 @@ pub fn record(program: &Path, args: &[&str], options: Options) -> Run {
 pub fn record_with(
     command: &mut Command,
     options: Options,
-    mut during: impl FnMut(u32, &Recorder),
+    mut during: impl FnMut(u32, &mut Recorder),
 ) -> Run {
     let mut server = Server::new().expect("starting the server");
     let mut recorder = Recorder::new(options);
@@ -68,7 +68,7 @@ pub fn record_with(
         if busy {
             std::thread::sleep(Duration::from_micros(100));
         }
-        during(pid, &recorder);
+        during(pid, &mut recorder);
         if let Some(status) = child.try_wait().expect("waiting") {
             break status;
         }
