@@ -4,6 +4,13 @@
  * CARGO_TRACE_HEAP names cargo-trace's socket, its in-process recorder
  * (record.h: no kernel event at all, see the preload crate's lib.rs).
  *
+ * Both modes run the same wrappers and call the same sites from the same
+ * instructions: in-process, the sites of allocations and of realloc's entry
+ * jump to the recorder, which walks from the site's caller exactly as the BPF
+ * programs do from the site's probe, so the stacks are the same. Frees and
+ * unmaps are recorded before the block goes back (no walk); the free log is
+ * the BPF mode's only.
+ *
  * Probing libc's allocator costs three kernel events per malloc/free pair: a
  * breakpoint at malloc's entry, its return probe, a breakpoint at free's
  * entry. Preloaded, this library's malloc and the rest call libc's and then
@@ -69,12 +76,14 @@
 #define SITE EXPORT __attribute__((noipa, used))
 #define NOP __asm__ volatile("nop" ::: "memory")
 
-SITE void cargo_trace_allocated(void *address, size_t size, int mapped, struct ct_free_log *log,
-			       unsigned n)
-{
-	NOP;
-	(void)address, (void)size, (void)mapped, (void)log, (void)n;
-}
+/* cargo_trace_allocated, cargo_trace_resizing and cargo_trace_resized are
+ * written in assembly (record.h): a nop, and when recording in-process, the
+ * jump to the recorder with the registers a probe of the site would see, so
+ * that both modes walk from the very same call instruction of the wrapper. */
+EXPORT void cargo_trace_allocated(void *address, size_t size, int mapped, struct ct_free_log *log,
+				  unsigned n);
+EXPORT void cargo_trace_resizing(void *old, size_t size, struct ct_free_log *log, unsigned n);
+EXPORT void cargo_trace_resized(void *address);
 
 SITE void cargo_trace_freed(struct ct_free_log *log, unsigned n)
 {
@@ -100,17 +109,6 @@ SITE void cargo_trace_unmapping(void *address)
 	(void)address;
 }
 
-SITE void cargo_trace_resizing(void *old, size_t size, struct ct_free_log *log, unsigned n)
-{
-	NOP;
-	(void)old, (void)size, (void)log, (void)n;
-}
-
-SITE void cargo_trace_resized(void *address)
-{
-	NOP;
-	(void)address;
-}
 
 /* The functions wrapped, as the next object in the lookup order defines
  * them (libc's, or an allocator preloaded after this library). */
@@ -291,26 +289,33 @@ static int ready(void)
 	return next.free != NULL;
 }
 
-/* In-process recording of a wrapped call: the allocator's own calls to the
- * wrappers (mmap inside malloc) are part of the call, not events. */
-#define RECORDED(call, kind, size, failed)                 \
-	do {                                              \
-		if (in_call)                              \
-			return call;                      \
-		in_call++;                                \
-		__typeof__(call) r_ = call;               \
-		in_call--;                                \
-		RECORD(kind, (failed) ? NULL : r_, size); \
-		return r_;                                \
+/* A wrapped allocator's call: when recording in-process, what the allocator
+ * calls of the wrappers meanwhile (an allocator's own mmaps) is part of the
+ * call (in_call is only ever set then). A macro: the wrapper itself calls. */
+#define CALLING(call)                          \
+	({                                     \
+		int recording_ = recording_mode; \
+		in_call += recording_;          \
+		__typeof__(call) r_ = (call);  \
+		in_call -= recording_;          \
+		r_;                            \
+	})
+
+/* Inside a wrapped allocator's call: straight through (see CALLING). */
+#define INSIDE_CALL(call)             \
+	do {                          \
+		if (in_call) {        \
+			inside_call(); \
+			return call;  \
+		}                     \
 	} while (0)
 
 EXPORT void *malloc(size_t size)
 {
 	if (!ready())
 		return bootstrap_alloc(size);
-	if (recording())
-		RECORDED(next.malloc(size), CTP_EV_ALLOC, size, 0);
-	void *p = next.malloc(size);
+	INSIDE_CALL(next.malloc(size));
+	void *p = CALLING(next.malloc(size));
 	ALLOCATED(p, size, 0);
 	return p;
 }
@@ -323,9 +328,8 @@ EXPORT void *calloc(size_t n, size_t size)
 			return NULL;
 		return bootstrap_alloc(bytes); /* static storage: zeroed */
 	}
-	if (recording())
-		RECORDED(next.calloc(n, size), CTP_EV_ALLOC, n * size, 0);
-	void *p = next.calloc(n, size);
+	INSIDE_CALL(next.calloc(n, size));
+	void *p = CALLING(next.calloc(n, size));
 	ALLOCATED(p, n * size, 0);
 	return p;
 }
@@ -334,9 +338,11 @@ EXPORT void free(void *p)
 {
 	if (!p || in_bootstrap(p))
 		return;
-	if (recording()) {
+	if (recording_mode) {
 		if (!in_call)
 			RECORD(CTP_EV_FREE, p, 0);
+		else
+			inside_call();
 		next.free(p);
 		return;
 	}
@@ -362,21 +368,12 @@ static __attribute__((noinline)) void *resize(void *old, size_t size)
 		}
 		return p;
 	}
-	if (recording()) {
-		if (in_call)
-			return next.realloc(old, size);
-		RECORD(CTP_EV_RESIZING, old, size);
-		in_call++;
-		void *p = next.realloc(old, size);
-		in_call--;
-		RECORD(CTP_EV_RESIZED, p, size);
-		return p;
-	}
+	INSIDE_CALL(next.realloc(old, size));
 	unsigned logged = free_log.n;
 	cargo_trace_resizing(old, size, &free_log, logged);
 	if (logged)
 		free_log.n = 0;
-	void *p = next.realloc(old, size);
+	void *p = CALLING(next.realloc(old, size));
 	cargo_trace_resized(p);
 	return p;
 }
@@ -405,16 +402,8 @@ EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 {
 	if (!ready())
 		return ENOMEM;
-	if (recording()) {
-		if (in_call)
-			return next.posix_memalign(out, alignment, size);
-		in_call++;
-		int failed = next.posix_memalign(out, alignment, size);
-		in_call--;
-		RECORD(CTP_EV_ALLOC, failed ? NULL : *out, size);
-		return failed;
-	}
-	int error = next.posix_memalign(out, alignment, size);
+	INSIDE_CALL(next.posix_memalign(out, alignment, size));
+	int error = CALLING(next.posix_memalign(out, alignment, size));
 	ALLOCATED(error ? NULL : *out, size, 0);
 	return error;
 }
@@ -423,9 +412,8 @@ EXPORT void *aligned_alloc(size_t alignment, size_t size)
 {
 	if (!ready())
 		return NULL;
-	if (recording())
-		RECORDED(next.aligned_alloc(alignment, size), CTP_EV_ALLOC, size, 0);
-	void *p = next.aligned_alloc(alignment, size);
+	INSIDE_CALL(next.aligned_alloc(alignment, size));
+	void *p = CALLING(next.aligned_alloc(alignment, size));
 	ALLOCATED(p, size, 0);
 	return p;
 }
@@ -434,9 +422,8 @@ EXPORT void *memalign(size_t alignment, size_t size)
 {
 	if (!ready())
 		return NULL;
-	if (recording())
-		RECORDED(next.memalign(alignment, size), CTP_EV_ALLOC, size, 0);
-	void *p = next.memalign(alignment, size);
+	INSIDE_CALL(next.memalign(alignment, size));
+	void *p = CALLING(next.memalign(alignment, size));
 	ALLOCATED(p, size, 0);
 	return p;
 }
@@ -445,9 +432,8 @@ EXPORT void *valloc(size_t size)
 {
 	if (!ready())
 		return NULL;
-	if (recording())
-		RECORDED(next.valloc(size), CTP_EV_ALLOC, size, 0);
-	void *p = next.valloc(size);
+	INSIDE_CALL(next.valloc(size));
+	void *p = CALLING(next.valloc(size));
 	ALLOCATED(p, size, 0);
 	return p;
 }
@@ -456,9 +442,8 @@ EXPORT void *pvalloc(size_t size)
 {
 	if (!ready())
 		return NULL;
-	if (recording())
-		RECORDED(next.pvalloc(size), CTP_EV_ALLOC, size, 0);
-	void *p = next.pvalloc(size);
+	INSIDE_CALL(next.pvalloc(size));
+	void *p = CALLING(next.pvalloc(size));
 	ALLOCATED(p, size, 0);
 	return p;
 }
@@ -469,16 +454,9 @@ EXPORT void *mmap(void *address, size_t length, int prot, int flags, int fd, off
 		errno = ENOMEM;
 		return MAP_FAILED;
 	}
-	if (recording() && (flags & MAP_ANONYMOUS)) {
-		if (in_call)
-			return next.mmap(address, length, prot, flags, fd, offset);
-		in_call++;
-		void *p = next.mmap(address, length, prot, flags, fd, offset);
-		in_call--;
-		RECORD(CTP_EV_MMAP, p == MAP_FAILED ? NULL : p, length);
-		return p;
-	}
-	void *p = next.mmap(address, length, prot, flags, fd, offset);
+	if (flags & MAP_ANONYMOUS)
+		INSIDE_CALL(next.mmap(address, length, prot, flags, fd, offset));
+	void *p = CALLING(next.mmap(address, length, prot, flags, fd, offset));
 	if (flags & MAP_ANONYMOUS)
 		ALLOCATED(p == MAP_FAILED ? NULL : p, length, 1);
 	return p;
@@ -493,9 +471,11 @@ EXPORT int munmap(void *address, size_t length)
 		errno = ENOMEM;
 		return -1;
 	}
-	if (recording()) {
+	if (recording_mode) {
 		if (!in_call)
 			RECORD(CTP_EV_MUNMAP, address, length);
+		else
+			inside_call();
 		return next.munmap(address, length);
 	}
 	cargo_trace_unmapping(address);

@@ -27,6 +27,7 @@
  */
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -40,24 +41,30 @@ struct walk_env;
 static const struct ctp_mapping *walk_mapping(struct walk_env *env, uint64_t addr);
 static int walk_read(struct walk_env *env, uint64_t addr, uint64_t *value);
 static const unsigned char *walk_tables(struct walk_env *env);
+static int walk_cached(struct walk_env *env, uint64_t lookup, struct ctp_rule *rule,
+		       uint32_t *object, uint64_t *bias);
+static void walk_cache(struct walk_env *env, uint64_t lookup, const struct ctp_rule *rule,
+		       uint32_t object, uint64_t bias);
 
 #include "walk.h"
 
 enum record_limits {
 	NEST_LEVELS = 2,	 /* a signal handler inside the recorder, and no deeper */
-	PENDING = 8,		 /* events of a nested level waiting for the outer one */
-	MEMO_SETS = 8,		 /* per thread: sets of the walk memo ... */
+	PENDING = 64,		 /* events of a nested level waiting for the outer one */
+	MEMO_SETS = 32,		 /* per thread: sets of the walk memo ... */
 	MEMO_WAYS = 2,		 /* ... of this many walks each */
-	MEMO_WORDS = 256,	 /* words a remembered walk read, at most */
-	MAX_MAPSETS = 4096,	 /* mapping sets received (each a lookup) */
+	MEMO_WORDS = 192,	 /* words a remembered walk read, at most */
+	RULE_CACHE = 2048,	 /* per thread: rules found, by address (direct-mapped) */
+	MAX_MAPSETS = 256,	 /* mapping sets received (each a lookup); more: NoMapping */
 	NEGATIVES = 64,		 /* pcs cargo-trace knew no mapping for */
 	STACK_PROBES = 64,	 /* slots tried for a stack */
 	WAIT_NS = 20000,	 /* a full ring's wait between looks */
+	RING_TRIES = 5000,	 /* looks for a free ring, WAIT_NS * 10 apart: 1 s */
 };
 
 #define TABLES_RESERVE (1ULL << 36) /* the tables memfd's mapping: address space only */
 
-/* What a wrapper hands the recorder; rip, rsp and rbp filled by ctp_capture. */
+/* What a wrapper hands the recorder, and where the walk starts (ctp_capture). */
 struct ctp_call {
 	uint64_t rip;
 	uint64_t rsp;
@@ -83,6 +90,16 @@ struct memo_entry {
 	uint64_t value[MEMO_WORDS];
 };
 
+/* A rule found for (lookup address, mapping set): a set, once sent, never
+ * changes, nor do tables, so an entry never goes stale. */
+struct rule_cache_entry {
+	uint64_t lookup;
+	uint32_t generation; /* 0: empty */
+	uint32_t object;
+	uint64_t bias;
+	struct ctp_rule rule;
+};
+
 struct memo_set {
 	uint32_t next;
 	struct memo_entry ways[MEMO_WAYS];
@@ -105,10 +122,11 @@ struct thread {
 	uint64_t stack_lo, stack_hi; /* the thread's stack, read directly */
 	uint64_t random;
 	uint32_t npending;
-	uint32_t pad;
+	uint32_t publishing; /* inside publish: a nested level must not publish */
 	struct ctp_event pending[PENDING];
 	struct ctp_walk scratch[NEST_LEVELS];
 	struct memo_set memo[MEMO_SETS];
+	struct rule_cache_entry rules[RULE_CACHE];
 };
 
 #define THREAD_BYTES ((sizeof(struct thread) + 4095) & ~4095UL)
@@ -131,6 +149,7 @@ static struct {
 	struct mapset *maps;
 	uint32_t mapsets;
 	int lookup_lock;
+	uint32_t mappings_epoch; /* region->mappings_epoch last acted on */
 	uint64_t negatives[NEGATIVES];
 	uint32_t negatives_generation;
 	uint32_t nnegatives;
@@ -144,8 +163,13 @@ enum conn_state {
 	CONN_FAILED = 2, /* no cargo-trace, or it went away: pass through */
 };
 
-/* Whether the library records (CARGO_TRACE_HEAP set), decided at the first call. */
-static int recording_mode;
+/* Whether the library records in-process: set at its first call when
+ * CARGO_TRACE_HEAP is, cleared for good when cargo-trace goes away (detach).
+ * Read by the sites' assembly, hence not static. */
+__attribute__((visibility("hidden"))) int recording_mode;
+/* CARGO_TRACE_HEAP_NO_STACKS=1: events without stacks, for the benchmark's account of
+ * where a pair's time goes (the consumer counts no allocation without its stack). */
+static int no_stacks;
 
 static __thread struct thread *self __attribute__((tls_model("initial-exec")));
 /* The library's own calls into libc that may allocate: never counted. */
@@ -155,10 +179,6 @@ static __thread int in_call __attribute__((tls_model("initial-exec")));
 
 static pthread_key_t thread_key;
 
-static inline int recording(void)
-{
-	return __builtin_expect(recording_mode, 0) && conn.state != CONN_FAILED;
-}
 
 static void spin_lock(int *lock)
 {
@@ -185,6 +205,15 @@ static uint64_t monotonic_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
 }
 
+/* An event's time: the TSC (~8 ns, clock_gettime ~18 ns: the largest cost of a pair
+ * after the allocator itself), which the consumer turns into CLOCK_MONOTONIC ns
+ * (recorder.rs, Clock). The kernel's clocksource here is this TSC, constant and
+ * synchronized across CPUs. */
+static inline uint64_t now_ticks(void)
+{
+	return __builtin_ia32_rdtsc();
+}
+
 static void *map_private(size_t bytes)
 {
 	void *p = next.mmap ? next.mmap(NULL, bytes, PROT_READ | PROT_WRITE,
@@ -204,6 +233,7 @@ static void detach(void)
 	if (conn.region)
 		__atomic_store_n(&conn.region->detached, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&conn.state, CONN_FAILED, __ATOMIC_RELEASE);
+	__atomic_store_n(&recording_mode, 0, __ATOMIC_RELAXED);
 }
 
 /* Whether cargo-trace's end of the socket is still open. */
@@ -228,13 +258,13 @@ static int consumer_alive(void)
 static int receive_mappings(int *tables_fd)
 {
 	size_t most = sizeof(struct ctp_msg_mappings) + CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping);
-	size_t set_bytes = (sizeof(struct mapset) + CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) +
-			    4095) & ~4095UL;
+	size_t buf_bytes = (most + 4095) & ~4095UL;
 	if (conn.mapsets >= MAX_MAPSETS)
 		return -1;
-	struct mapset *set = map_private(set_bytes);
-	unsigned char *buf = map_private((most + 4095) & ~4095UL);
-	if (!set || !buf)
+	/* not counted in private_bytes: unmapped below */
+	unsigned char *buf = next.mmap(NULL, buf_bytes, PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED)
 		return -1;
 	char control[CMSG_SPACE(sizeof(int))];
 	struct iovec iov = { .iov_base = buf, .iov_len = most };
@@ -262,6 +292,13 @@ static int receive_mappings(int *tables_fd)
 				close(fd);
 		}
 	}
+	struct mapset *set = NULL;
+	if (ok) {
+		size_t set_bytes = (sizeof(struct mapset) +
+				    head->nmappings * sizeof(struct ctp_mapping) + 4095) & ~4095UL;
+		set = map_private(set_bytes);
+		ok = set != NULL;
+	}
 	if (ok) {
 		conn.options = head->options;
 		set->n = head->nmappings;
@@ -270,7 +307,7 @@ static int receive_mappings(int *tables_fd)
 		conn.mapsets++;
 		__atomic_store_n(&conn.maps, set, __ATOMIC_RELEASE);
 	}
-	next.munmap(buf, (most + 4095) & ~4095UL);
+	next.munmap(buf, buf_bytes);
 	return ok ? 0 : -1;
 }
 
@@ -317,10 +354,11 @@ static int connect_now(void)
 	r->nslots = CTP_STACK_SLOTS;
 	r->words_offset = r->slots_offset + (uint64_t)CTP_STACK_SLOTS * sizeof(struct ctp_stack_slot);
 	r->nwords = CTP_STACK_WORDS;
+	/* the thread states, the mapping sets kept, one message buffer at a time */
 	r->private_bound = (uint64_t)CTP_RINGS * THREAD_BYTES +
-			   (uint64_t)MAX_MAPSETS * 2 *
+			   (uint64_t)(MAX_MAPSETS + 1) *
 				   ((sizeof(struct mapset) +
-				     CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) + 8191) &
+				     CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) + 4095) &
 				    ~4095UL);
 	conn.region = r;
 	conn.rings = (struct ctp_ring *)((unsigned char *)r + r->rings_offset);
@@ -328,8 +366,8 @@ static int connect_now(void)
 	conn.words = (uint64_t *)((unsigned char *)r + r->words_offset);
 
 	struct ctp_msg_hello hello = {
-		.magic = CTP_MAGIC,
 		.kind = CTP_MSG_HELLO,
+		.magic = CTP_MAGIC,
 		.version = CTP_VERSION,
 		.pid = conn.pid,
 		.region_bytes = bytes,
@@ -389,29 +427,59 @@ static int ensure_connected(void)
 	return conn.state == CONN_UP ? 0 : -1;
 }
 
-/* Publishes e in t's ring; a full ring waits for the consumer (never drops)
- * unless the consumer is gone. */
-static void publish(struct thread *t, const struct ctp_event *e)
+/* Waits until t's ring has room (never drops) unless the consumer is gone;
+ * 0 when there is room. A nested level may publish meanwhile. */
+static int wait_for_room(struct thread *t)
 {
 	struct ctp_ring *r = t->ring;
-	uint64_t head = t->head;
 
-	if (__builtin_expect(head - t->tail >= CTP_RING_EVENTS, 0)) {
-		t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
-		while (head - t->tail >= CTP_RING_EVENTS) {
-			r->waits++;
+	t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+	if (t->head - t->tail >= CTP_RING_EVENTS)
+		r->waits++;
+	for (unsigned spins = 0; t->head - t->tail >= CTP_RING_EVENTS; spins++) {
+		/* the consumer drains on another core: yield first, sleep later */
+		if (spins < 64) {
+			sched_yield();
+		} else {
 			if (!consumer_alive()) {
 				detach();
-				return;
+				return -1;
 			}
 			struct timespec pause = { 0, WAIT_NS };
 			nanosleep(&pause, NULL);
-			t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
 		}
+		t->tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
 	}
-	r->events[head & (CTP_RING_EVENTS - 1)] = *e;
-	__atomic_store_n(&r->head, head + 1, __ATOMIC_RELEASE);
-	t->head = head + 1;
+	return 0;
+}
+
+/* Publishes e in t's ring. Only the few instructions that take a slot and
+ * publish it keep a nested level (a signal handler) from publishing too. */
+static void publish(struct thread *t, const struct ctp_event *e)
+{
+	struct ctp_ring *r = t->ring;
+
+	for (;;) {
+		if (__builtin_expect(t->head - t->tail >= CTP_RING_EVENTS, 0) && wait_for_room(t))
+			return;
+		t->publishing = 1;
+		__asm__ volatile("" ::: "memory");
+		uint64_t head = t->head;
+		if (__builtin_expect(head - t->tail < CTP_RING_EVENTS, 1)) {
+			/* the line a few events on, for writing: it was last read by the
+			 * consumer's core (or evicted since), a miss the thread would wait on */
+			__builtin_prefetch(&r->events[(head + 8) & (CTP_RING_EVENTS - 1)], 1, 3);
+			r->events[head & (CTP_RING_EVENTS - 1)] = *e;
+			__atomic_store_n(&r->head, head + 1, __ATOMIC_RELEASE);
+			t->head = head + 1;
+			__asm__ volatile("" ::: "memory");
+			t->publishing = 0;
+			return;
+		}
+		/* a nested level took the room while this one waited */
+		__asm__ volatile("" ::: "memory");
+		t->publishing = 0;
+	}
 }
 
 /* Publishes the events a nested level left (a signal handler that allocated
@@ -559,13 +627,11 @@ static void find_stack(struct thread *t)
 	syscall(SYS_close, fd);
 }
 
-/* A ring for the calling thread and its state; NULL when there is none. */
-static struct thread *thread_start(void)
+/* Takes a free ring for the calling thread, with its state; NULL if none is free. */
+static struct thread *take_ring(void)
 {
-	if (internal || ensure_connected())
-		return NULL;
-	internal++;
 	struct thread *t = NULL;
+
 	for (int i = 0; i < CTP_RINGS && !t; i++) {
 		struct ctp_ring *r = &conn.rings[i];
 		uint32_t free_state = CTP_RING_FREE;
@@ -583,13 +649,41 @@ static struct thread *thread_start(void)
 		}
 		memset(t, 0, offsetof(struct thread, scratch));
 		memset(t->memo, 0, sizeof(t->memo));
+		memset(t->rules, 0, sizeof(t->rules));
 		t->ring = r;
 		t->index = i;
 		t->head = __atomic_load_n(&r->head, __ATOMIC_RELAXED);
 		t->tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
 		t->random = (monotonic_ns() ^ ((uint64_t)i << 32) ^ (uint64_t)(uintptr_t)&t) | 1;
 		r->tid = (uint32_t)syscall(SYS_gettid);
+		uint32_t limit = __atomic_load_n(&conn.region->ring_limit, __ATOMIC_RELAXED);
+		while (limit < (uint32_t)i + 1 &&
+		       !__atomic_compare_exchange_n(&conn.region->ring_limit, &limit, i + 1, 0,
+						    __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+			;
 		r->owners++;
+	}
+	return t;
+}
+
+/* A ring for the calling thread and its state; NULL when there is none. */
+static struct thread *thread_start(void)
+{
+	if (internal || ensure_connected())
+		return NULL;
+	internal++;
+	struct thread *t = NULL;
+	/* every ring taken: threads that ended wait for the consumer to drain theirs */
+	for (unsigned tries = 0; !t && tries < RING_TRIES; tries++) {
+		if (tries > 0) {
+			if (!consumer_alive()) {
+				detach();
+				break;
+			}
+			struct timespec pause = { 0, WAIT_NS * 10 };
+			nanosleep(&pause, NULL);
+		}
+		t = take_ring();
 	}
 	if (t) {
 		find_stack(t);
@@ -606,6 +700,7 @@ static struct thread *thread_start(void)
 
 struct walk_env {
 	struct mapset *maps;
+	struct rule_cache_entry *rules; /* the thread's (level 0), or NULL */
 	uint64_t direct_lo, direct_hi; /* read directly: inside the thread's stack */
 	int may_ask;		       /* may ask cargo-trace for a mapping (level 0) */
 	int asked;
@@ -633,6 +728,40 @@ static int walk_read(struct walk_env *env, uint64_t addr, uint64_t *value)
 	return read_through_kernel(addr, value);
 }
 
+static inline struct rule_cache_entry *rule_slot(struct walk_env *env, uint64_t lookup)
+{
+	uint64_t mix = lookup * 0x9e3779b97f4a7c15ULL;
+
+	return &env->rules[(mix >> 40) & (RULE_CACHE - 1)];
+}
+
+static int walk_cached(struct walk_env *env, uint64_t lookup, struct ctp_rule *rule,
+		       uint32_t *object, uint64_t *bias)
+{
+	if (!env->rules)
+		return 0;
+	struct rule_cache_entry *e = rule_slot(env, lookup);
+	if (e->lookup != lookup || e->generation != env->maps->generation)
+		return 0;
+	*rule = e->rule;
+	*object = e->object;
+	*bias = e->bias;
+	return 1;
+}
+
+static void walk_cache(struct walk_env *env, uint64_t lookup, const struct ctp_rule *rule,
+		       uint32_t object, uint64_t bias)
+{
+	if (!env->rules)
+		return;
+	struct rule_cache_entry *e = rule_slot(env, lookup);
+	e->lookup = lookup;
+	e->generation = env->maps->generation;
+	e->object = object;
+	e->bias = bias;
+	e->rule = *rule;
+}
+
 static const unsigned char *walk_tables(struct walk_env *env)
 {
 	(void)env;
@@ -657,6 +786,24 @@ static const struct ctp_mapping *find_in(const struct mapset *set, uint64_t addr
 	return &set->m[lo - 1];
 }
 
+/* Asks cargo-trace for the process's mappings (the one at pc wanted); under
+ * lookup_lock. 0 when the new set is in conn.maps. */
+static int fetch_mappings(uint64_t pc)
+{
+	struct ctp_msg_lookup ask = { .kind = CTP_MSG_LOOKUP, .pc = pc };
+
+	if (conn.mapsets >= MAX_MAPSETS)
+		return -1; /* no room for another set: unasked, so no answer waits unread */
+	__atomic_fetch_add(&conn.region->lookups, 1, __ATOMIC_RELAXED);
+	internal++;
+	int ok = send(conn.fd, &ask, sizeof(ask), MSG_NOSIGNAL) == (ssize_t)sizeof(ask) &&
+		 receive_mappings(NULL) == 0;
+	internal--;
+	if (!ok && !consumer_alive())
+		detach();
+	return ok ? 0 : -1;
+}
+
 /* Asks cargo-trace for the mapping at pc (a library mapped since the last
  * answer); under lookup_lock. */
 static void ask_mapping(struct walk_env *env, uint64_t pc)
@@ -675,23 +822,27 @@ static void ask_mapping(struct walk_env *env, uint64_t pc)
 		conn.negatives_generation = now->generation;
 		conn.nnegatives = 0;
 	}
-	struct ctp_msg_lookup ask = { .kind = CTP_MSG_LOOKUP, .pc = pc };
-	__atomic_fetch_add(&conn.region->lookups, 1, __ATOMIC_RELAXED);
-	internal++;
-	int ok = send(conn.fd, &ask, sizeof(ask), MSG_NOSIGNAL) == (ssize_t)sizeof(ask) &&
-		 receive_mappings(NULL) == 0;
-	internal--;
-	if (!ok) {
-		if (!consumer_alive())
-			detach();
+	if (fetch_mappings(pc))
 		return;
-	}
 	env->maps = __atomic_load_n(&conn.maps, __ATOMIC_ACQUIRE);
 	if (!find_in(env->maps, pc)) {
 		conn.negatives_generation = env->maps->generation;
 		if (conn.nnegatives < NEGATIVES)
 			conn.negatives[conn.nnegatives++] = pc;
 	}
+}
+
+/* cargo-trace said the process's mappings changed (a library unmapped, another
+ * mapped over it): asks for them all again before the next walk. */
+static void refresh_mappings(uint32_t epoch)
+{
+	spin_lock(&conn.lookup_lock);
+	if (conn.mappings_epoch != epoch && conn.state == CONN_UP) {
+		/* asked once whatever the answer: a failure is a detach, or no room */
+		fetch_mappings(0);
+		conn.mappings_epoch = epoch;
+	}
+	spin_unlock(&conn.lookup_lock);
 }
 
 static const struct ctp_mapping *walk_mapping(struct walk_env *env, uint64_t addr)
@@ -817,6 +968,10 @@ static void memo_remember(struct thread *t, uint32_t generation, const struct ct
 {
 	if (w->end != CTP_WALK_COMPLETE || w->unfit || w->nwords > MEMO_WORDS || !stack)
 		return;
+	/* a walk from a signal's alternate stack: what lies between it and the thread's
+	 * stack may be unmapped by the time the memo reads again */
+	if (rsp < t->stack_lo || rsp >= t->stack_hi)
+		return;
 	for (uint32_t i = 0; i < w->nwords; i++)
 		if (w->word_addr[i] < rsp || w->word_addr[i] + 8 > t->stack_hi ||
 		    w->word_addr[i] - rsp > UINT32_MAX)
@@ -839,26 +994,39 @@ static void memo_remember(struct thread *t, uint32_t generation, const struct ct
 /* The stack id of the wrapper's caller chain at c. */
 static uint32_t stack_of(struct thread *t, const struct ctp_call *c, uint32_t level)
 {
+	uint32_t epoch = __atomic_load_n(&conn.region->mappings_epoch, __ATOMIC_ACQUIRE);
+	if (__builtin_expect(epoch != conn.mappings_epoch, 0) && level == 0)
+		refresh_mappings(epoch);
 	struct mapset *maps = __atomic_load_n(&conn.maps, __ATOMIC_ACQUIRE);
 	int use_memo = level == 0 && !(conn.options.flags & CTP_OPT_NO_MEMO);
 
 	if (use_memo) {
+		/* one answer in 1024 timed, for the figures */
+		int timed = (t->ring->memo_hits & 1023) == 0;
+		uint64_t started = timed ? now_ticks() : 0;
 		uint32_t id = memo_find(t, maps->generation, c->rip, c->rsp, c->rbp);
 		if (id) {
-			t->ring->memo_hits++;
+			struct ctp_ring *r = t->ring;
+			if (timed) {
+				r->memo_ticks += now_ticks() - started;
+				r->memo_timed++;
+			}
+			r->memo_hits++;
 			return id;
 		}
 	}
-	struct walk_env env = { .maps = maps, .may_ask = level == 0 };
+	struct walk_env env = {
+		.maps = maps, .rules = level == 0 ? t->rules : NULL, .may_ask = level == 0
+	};
 	if (c->rsp >= t->stack_lo && c->rsp < t->stack_hi) {
 		env.direct_lo = c->rsp;
 		env.direct_hi = t->stack_hi;
 	}
 	struct ctp_walk *w = &t->scratch[level];
-	uint64_t started = monotonic_ns();
+	uint64_t started = now_ticks();
 	ctp_walk_stack(&env, w, c->rip, c->rsp, c->rbp, 0, 0);
 	struct ctp_ring *r = t->ring;
-	r->walk_ns += monotonic_ns() - started;
+	r->walk_ticks += now_ticks() - started;
 	r->walks++;
 	r->walked_frames += w->len;
 	r->walk_ends[w->end & (CTP_WALK_END_COUNT - 1)]++;
@@ -868,6 +1036,15 @@ static uint32_t stack_of(struct thread *t, const struct ctp_call *c, uint32_t le
 	else if (use_memo && !env.asked)
 		memo_remember(t, maps->generation, w, c->rip, c->rsp, c->rbp, id);
 	return id;
+}
+
+/* A wrapped call made inside a wrapped allocator's call: part of that call. */
+static void inside_call(void)
+{
+	struct thread *t = self;
+
+	if (t && t->ring)
+		t->ring->inside_calls++;
 }
 
 /* ---- sampling (bpf_prog::AllocOptions, as alloc.bpf.h draws) ---- */
@@ -904,9 +1081,23 @@ static inline int size_wanted(uint64_t size)
 
 /* ---- the recorder ---- */
 
-/* Called by ctp_capture with the wrapper's registers in c. Not static: the
- * stub jumps here. */
-__attribute__((visibility("hidden"), used)) void ctp_record(struct ctp_call *c)
+static void record(struct ctp_call *c);
+
+/* Called by ctp_capture with the wrapper's arguments and registers, all in
+ * registers (a struct the wrapper stored and this loaded would stall on store
+ * forwarding). Not static: the stub jumps here. */
+__attribute__((visibility("hidden"), used)) void ctp_record(uint32_t kind, uint64_t address,
+							    uint64_t size, uint64_t rip,
+							    uint64_t rsp, uint64_t rbp)
+{
+	struct ctp_call c = {
+		.rip = rip, .rsp = rsp, .rbp = rbp, .address = address, .size = size, .kind = kind
+	};
+
+	record(&c);
+}
+
+static inline __attribute__((always_inline)) void record(struct ctp_call *c)
 {
 	struct thread *t = self;
 
@@ -943,23 +1134,29 @@ __attribute__((visibility("hidden"), used)) void ctp_record(struct ctp_call *c)
 		else
 			walk = 1;
 		break;
-	case CTP_EV_RESIZED:
+	case CTP_EV_RESIZING:
+		/* as the BPF path's realloc entry: walked there, unless left out */
 		if ((conn.options.sample_every > 1 && !sampled(t, 0)) || !size_wanted(c->size) ||
 		    (conn.options.sample_bytes > 0 && !sampled(t, c->size)))
 			e.flags = CTP_EV_UNSAMPLED;
 		else
-			walk = c->address != 0;
+			walk = 1;
 		break;
 	default:
 		break;
 	}
 	if (keep) {
-		if (walk)
+		if (walk && !no_stacks)
 			e.stack = stack_of(t, c, level);
-		e.time = monotonic_ns();
+		e.time = now_ticks();
+		if (level > 0)
+			t->ring->nested_events++;
 		if (level == 0) {
 			publish(t, &e);
 			publish_pending(t);
+		} else if (!t->publishing) {
+			/* the interrupted level is not publishing: in order, at once */
+			publish(t, &e);
 		} else {
 			uint32_t n = t->npending;
 			if (n < PENDING) {
@@ -974,34 +1171,75 @@ __attribute__((visibility("hidden"), used)) void ctp_record(struct ctp_call *c)
 	t->level = level;
 }
 
-/* ctp_capture(c): fills c->rip, c->rsp and c->rbp as a site's probe would see
- * them with the site's frame popped (the wrapper's return address, the
- * wrapper's rsp), then goes on to ctp_record(c). */
-void ctp_capture(struct ctp_call *c);
+/* ctp_capture(kind, address, size): adds the registers a site's probe would
+ * see with the site's frame popped (rip: the wrapper's return address, rsp:
+ * the wrapper's, rbp) as ctp_record's fourth to sixth arguments, and goes on
+ * there. */
+void ctp_capture(uint32_t kind, uint64_t address, uint64_t size);
 __asm__(".text\n"
 	".globl ctp_capture\n"
 	".hidden ctp_capture\n"
 	".type ctp_capture, @function\n"
 	"ctp_capture:\n"
 	".cfi_startproc\n"
-	"\tmovq (%rsp), %rax\n"
-	"\tmovq %rax, 0(%rdi)\n"
-	"\tleaq 8(%rsp), %rax\n"
-	"\tmovq %rax, 8(%rdi)\n"
-	"\tmovq %rbp, 16(%rdi)\n"
+	"\tmovq (%rsp), %rcx\n"
+	"\tleaq 8(%rsp), %r8\n"
+	"\tmovq %rbp, %r9\n"
 	"\tjmp ctp_record\n"
 	".cfi_endproc\n"
 	".size ctp_capture, .-ctp_capture\n");
 
+/* The sites cargo_trace_allocated(address, size, mapped, log, n),
+ * cargo_trace_resizing(old, size, log, n) and cargo_trace_resized(address):
+ * a one-byte nop first (where the BPF path's uprobe is, emulated), a return
+ * unless recording in-process, else ctp_record with the event and the
+ * registers a probe of the site sees, the site's frame popped. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define EV_ALLOC 1
+#define EV_MMAP 3
+#define EV_RESIZING 5
+#define EV_RESIZED 6
+_Static_assert(EV_ALLOC == CTP_EV_ALLOC && EV_MMAP == CTP_EV_MMAP &&
+		       EV_RESIZING == CTP_EV_RESIZING && EV_RESIZED == CTP_EV_RESIZED,
+	       "the sites' event kinds");
+#define SITE_ASM(name, body)                                 \
+	".text\n"                                            \
+	".globl " #name "\n"                                 \
+	".type " #name ", @function\n" #name ":\n"           \
+	".cfi_startproc\n"                                   \
+	"\tnop\n"                                            \
+	"\tcmpl $0, recording_mode(%rip)\n"                  \
+	"\tjne 1f\n"                                         \
+	"\tret\n"                                            \
+	"1:\n" body "\tmovq (%rsp), %rcx\n"                  \
+	"\tleaq 8(%rsp), %r8\n"                              \
+	"\tmovq %rbp, %r9\n"                                 \
+	"\tjmp ctp_record\n"                                 \
+	".cfi_endproc\n"                                     \
+	".size " #name ", .-" #name "\n"
+__asm__(SITE_ASM(cargo_trace_allocated,
+		 "\tmovl %edx, %eax\n"
+		 "\tmovq %rsi, %rdx\n"
+		 "\tmovq %rdi, %rsi\n"
+		 "\tmovl $" STR(EV_ALLOC) ", %edi\n"
+		 "\ttestl %eax, %eax\n"
+		 "\tje 2f\n"
+		 "\tmovl $" STR(EV_MMAP) ", %edi\n"
+		 "2:\n"));
+__asm__(SITE_ASM(cargo_trace_resizing,
+		 "\tmovq %rsi, %rdx\n"
+		 "\tmovq %rdi, %rsi\n"
+		 "\tmovl $" STR(EV_RESIZING) ", %edi\n"));
+__asm__(SITE_ASM(cargo_trace_resized,
+		 "\tmovq %rdi, %rsi\n"
+		 "\txorl %edx, %edx\n"
+		 "\tmovl $" STR(EV_RESIZED) ", %edi\n"));
+
 /* Records an event of the calling wrapper: a macro, so that the stub is
  * called from the wrapper itself and the walk starts in it. */
-#define RECORD(kind_, address_, size_)                                                       \
-	do {                                                                                 \
-		struct ctp_call call_ = { .address = (uint64_t)(uintptr_t)(address_),       \
-					  .size = (uint64_t)(size_),                          \
-					  .kind = (kind_) };                                  \
-		ctp_capture(&call_);                                                         \
-	} while (0)
+#define RECORD(kind_, address_, size_) \
+	ctp_capture((kind_), (uint64_t)(uintptr_t)(address_), (uint64_t)(size_))
 
 /* A forked child records apart: its own region and connection, at its first
  * event. The parent's region stays mapped (the child never writes it). */
@@ -1020,6 +1258,7 @@ static void record_forked_child(void)
 	conn.maps = NULL;
 	conn.mapsets = 0;
 	conn.nnegatives = 0;
+	conn.mappings_epoch = 0;
 	/* the parent's threads' states are copies here: the next owners of
 	 * this child's rings start from them afresh */
 	self = NULL;
@@ -1038,6 +1277,8 @@ static void record_init(void)
 	if (pthread_key_create(&thread_key, thread_ended))
 		return;
 	pthread_atfork(NULL, NULL, record_forked_child);
+	const char *bare = getenv("CARGO_TRACE_HEAP_NO_STACKS");
+	no_stacks = bare && bare[0] == '1';
 	recording_mode = 1;
 }
 

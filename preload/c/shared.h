@@ -34,8 +34,8 @@ enum ctp_limits {
 	CTP_MAGIC = 0x52505443, /* "CTPR" */
 	CTP_VERSION = 2,
 	CTP_MAX_FRAMES = 512,
-	CTP_RINGS = 256,
-	CTP_RING_EVENTS = 4096,
+	CTP_RINGS = 128,
+	CTP_RING_EVENTS = 65536,
 	CTP_STACK_SLOTS = 262144,
 	CTP_STACK_WORDS = 8388608,
 	CTP_MAX_MAPPINGS = 1024,
@@ -154,8 +154,8 @@ enum ctp_event_kind {
 	CTP_EV_FREE = 2,     /* address, before the allocator takes it back */
 	CTP_EV_MMAP = 3,     /* address, size, stack: anonymous memory mapped */
 	CTP_EV_MUNMAP = 4,   /* address, before it is unmapped */
-	CTP_EV_RESIZING = 5, /* address (the old block, 0: none), size: a realloc's entry */
-	CTP_EV_RESIZED = 6,  /* address (0: failed or freed), size, stack: its return */
+	CTP_EV_RESIZING = 5, /* address (the old block, 0: none), size, stack: a realloc's entry */
+	CTP_EV_RESIZED = 6,  /* address (0: failed or freed): its return */
 	CTP_EV_FAILED = 7,   /* size: an allocation that returned NULL */
 };
 
@@ -164,7 +164,7 @@ enum ctp_event_flags {
 };
 
 struct ctp_event {
-	uint64_t time; /* CLOCK_MONOTONIC ns */
+	uint64_t time; /* TSC ticks (the consumer makes them CLOCK_MONOTONIC ns) */
 	uint64_t address;
 	uint64_t size;
 	uint32_t stack; /* stack id, 0: none */
@@ -191,13 +191,17 @@ struct ctp_ring {
 	uint64_t pad2[7];
 	uint64_t walks;	    /* stacks walked (memo misses) */
 	uint64_t memo_hits; /* stacks the memo answered */
-	uint64_t walk_ns;   /* time spent walking (sampled, see preload.c) */
+	uint64_t walk_ticks; /* TSC ticks spent walking */
 	uint64_t walked_frames;
 	uint64_t walk_ends[CTP_WALK_END_COUNT];
 	uint64_t nested_lost;	   /* events lost: too deeply nested signal handlers */
 	uint64_t not_stored;	   /* stacks not stored: the stack area was full */
 	uint64_t waits;		   /* times the ring was full and the thread waited */
-	uint64_t pad3[1];
+	uint64_t nested_events;	   /* events of a signal handler inside the recorder */
+	uint64_t inside_calls;	   /* wrapped calls made inside a wrapped allocator's
+				    * call (its own mmaps): part of it, not events */
+	uint64_t memo_timed;	   /* memo answers timed (one in 1024) ... */
+	uint64_t memo_ticks;	   /* ... and their TSC ticks */
 	struct ctp_event events[CTP_RING_EVENTS];
 };
 
@@ -229,7 +233,15 @@ struct ctp_region {
 	uint64_t stacks_full; /* stacks not stored: no room */
 	uint64_t lookups;     /* mappings asked of cargo-trace */
 	uint32_t detached;    /* cargo-trace went away: the library passes through */
-	uint32_t pad;
+	uint32_t ring_limit;  /* rings [0, ring_limit) were ever taken */
+	/* cargo-trace's: bumped when the process's mappings changed otherwise than by
+	 * a new library the library will ask for (one unmapped, another mapped over
+	 * it): the next walk asks for the mappings again. On a line of its own: every
+	 * walk reads it. */
+	uint64_t pad[5];
+	uint32_t mappings_epoch;
+	uint32_t pad2;
+	uint64_t pad3[7];
 };
 
 /* Messages on the socket (SOCK_SEQPACKET). */
@@ -239,9 +251,10 @@ enum ctp_msg_kind {
 	CTP_MSG_LOOKUP = 3,   /* library -> cargo-trace: the mapping at pc? */
 };
 
+/* Every message starts with its kind. */
 struct ctp_msg_hello {
-	uint32_t magic;
 	uint32_t kind;
+	uint32_t magic;
 	uint32_t version;
 	uint32_t pid;
 	uint64_t region_bytes;

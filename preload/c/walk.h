@@ -12,11 +12,21 @@
  *   static int walk_read(struct walk_env *, uint64_t addr, uint64_t *value);
  *     the word at addr, 0 on success, as bpf_probe_read_user (never faults);
  *   static const unsigned char *walk_tables(struct walk_env *);
- *     where the tables memfd is mapped.
+ *     where the tables memfd is mapped;
+ *   static int walk_cached(struct walk_env *, uint64_t lookup, struct ctp_rule *,
+ *                          uint32_t *object, uint64_t *bias);
+ *   static void walk_cache(struct walk_env *, uint64_t lookup, const struct ctp_rule *,
+ *                          uint32_t object, uint64_t bias);
+ *     a cache of the rules found (resolved at lookup: never CTP_RULE_CFA_RSP_STEPS)
+ *     with their mapping's object and bias, in front of the mapping and row
+ *     searches, as the BPF walker's rule cache; walk_cached is 1 on a hit.
  *
- * The walk also logs every word it read (address and value) for the walk
- * memo (preload.c), and whether it depended on anything else than its start
- * and those words (unfit: then it is not remembered).
+ * The walk also logs the words it read that its result depends on (address
+ * and value) for the walk memo (record.h), and whether it depended on
+ * anything else than its start and those words (unfit: then it is not
+ * remembered). A caller's rbp read from the stack is logged only once a rule
+ * uses it: code that keeps a loop variable in rbp saves a new value in every
+ * iteration, which changes no frame unless an rbp-based rule reads it.
  */
 #ifndef CTP_WALK_H
 #define CTP_WALK_H
@@ -45,7 +55,46 @@ struct walk_state {
 	int has_rdi;
 	int exact;
 	int rbp_from_regs; /* rbp is still the thread's, not one read */
+	int rbp_unlogged;  /* rbp was read from rbp_at, and not logged yet */
+	uint64_t rbp_at;
 };
+
+static inline void walk_log(struct ctp_walk *w, uint64_t addr, uint64_t value)
+{
+	uint32_t n = w->nwords;
+
+	if (n < WALK_LOG_WORDS) {
+		w->word_addr[n] = addr;
+		w->word_value[n] = value;
+	} else {
+		w->unfit = 1;
+	}
+	w->nwords = n + 1;
+}
+
+/* A rule uses rbp: the walk depends on the thread's rbp, or on the word it
+ * was read from. */
+static inline void walk_use_rbp(struct ctp_walk *w, struct walk_state *s)
+{
+	if (s->rbp_from_regs) {
+		w->uses_rbp = 1;
+	} else if (s->rbp_unlogged) {
+		walk_log(w, s->rbp_at, s->rbp);
+		s->rbp_unlogged = 0;
+	}
+}
+
+/* Reads the caller's rbp at addr (logged once used). */
+static inline int walk_read_rbp(struct walk_env *env, struct walk_state *s, uint64_t addr,
+				uint64_t *value)
+{
+	if (walk_read(env, addr, value))
+		return -1;
+	s->rbp_from_regs = 0;
+	s->rbp_unlogged = 1;
+	s->rbp_at = addr;
+	return 0;
+}
 
 static inline int walk_read_logged(struct walk_env *env, struct ctp_walk *w, uint64_t addr,
 				   uint64_t *value)
@@ -140,21 +189,36 @@ static inline int walk_stop(struct ctp_walk *w, uint16_t end)
 static inline int walk_step(struct walk_env *env, struct ctp_walk *w, struct walk_state *s)
 {
 	uint64_t lookup = s->exact ? s->pc : s->pc - 1;
-	const struct ctp_mapping *m = walk_mapping(env, lookup);
+	struct ctp_rule resolved;
+	uint32_t object;
+	uint64_t bias;
+	const struct ctp_rule *rule = &resolved;
 
-	if (!m) {
-		w->frames[w->len - 1] = s->pc;
-		return walk_stop(w, CTP_WALK_NO_MAPPING);
+	if (walk_cached(env, lookup, &resolved, &object, &bias)) {
+		w->frames[w->len - 1] = walk_frame(s->pc, object, bias);
+	} else {
+		const struct ctp_mapping *m = walk_mapping(env, lookup);
+		if (!m) {
+			w->frames[w->len - 1] = s->pc;
+			return walk_stop(w, CTP_WALK_NO_MAPPING);
+		}
+		w->frames[w->len - 1] = walk_frame(s->pc, m->object, m->bias);
+		if ((m->flags & CTP_MAPPING_NO_TABLE) || m->table == CTP_NO_TABLE)
+			return walk_stop(w, CTP_WALK_NO_ROW);
+		const unsigned char *tables = walk_tables(env);
+		const struct ctp_table *t = (const struct ctp_table *)(tables + m->table);
+		uint32_t row_offset = 0;
+		const struct ctp_rule *found =
+			walk_find_rule(tables, t, lookup - m->bias, &row_offset);
+		if (!found)
+			return walk_stop(w, CTP_WALK_NO_ROW);
+		resolved = *found;
+		if (resolved.kind == CTP_RULE_CFA_RSP_STEPS) {
+			resolved.kind = CTP_RULE_CFA_RSP;
+			resolved.cfa_off += 8 * walk_steps_moved(found->cfa_arg, row_offset);
+		}
+		walk_cache(env, lookup, &resolved, m->object, m->bias);
 	}
-	w->frames[w->len - 1] = walk_frame(s->pc, m->object, m->bias);
-	if ((m->flags & CTP_MAPPING_NO_TABLE) || m->table == CTP_NO_TABLE)
-		return walk_stop(w, CTP_WALK_NO_ROW);
-	const unsigned char *tables = walk_tables(env);
-	const struct ctp_table *t = (const struct ctp_table *)(tables + m->table);
-	uint32_t row_offset = 0;
-	const struct ctp_rule *rule = walk_find_rule(tables, t, lookup - m->bias, &row_offset);
-	if (!rule)
-		return walk_stop(w, CTP_WALK_NO_ROW);
 
 	uint64_t rsp = s->rsp, rbp = s->rbp, cfa = 0, ra = 0;
 	int exact = 0;
@@ -162,11 +226,8 @@ static inline int walk_step(struct walk_env *env, struct ctp_walk *w, struct wal
 	case CTP_RULE_CFA_RSP:
 		cfa = rsp + (int64_t)rule->cfa_off;
 		break;
-	case CTP_RULE_CFA_RSP_STEPS:
-		cfa = rsp + (int64_t)rule->cfa_off + 8 * walk_steps_moved(rule->cfa_arg, row_offset);
-		break;
 	case CTP_RULE_CFA_RBP:
-		w->uses_rbp |= s->rbp_from_regs;
+		walk_use_rbp(w, s);
 		cfa = rbp + (int64_t)rule->cfa_off;
 		break;
 	case CTP_RULE_PLT:
@@ -175,7 +236,7 @@ static inline int walk_step(struct walk_env *env, struct ctp_walk *w, struct wal
 	case CTP_RULE_CFA_DEREF: {
 		int from_rbp = rule->cfa_reg == CTP_REG_RBP;
 		if (from_rbp)
-			w->uses_rbp |= s->rbp_from_regs;
+			walk_use_rbp(w, s);
 		if (walk_read_logged(env, w, (from_rbp ? rbp : rsp) + (int64_t)rule->cfa_off, &cfa))
 			return walk_stop(w, CTP_WALK_READ_FAULT);
 		cfa += (int64_t)(int32_t)rule->cfa_arg;
@@ -195,9 +256,8 @@ static inline int walk_step(struct walk_env *env, struct ctp_walk *w, struct wal
 	case CTP_RULE_SIGNAL:
 		if (walk_read_logged(env, w, rsp + CTP_SIGFRAME_RIP, &ra) ||
 		    walk_read_logged(env, w, rsp + CTP_SIGFRAME_RSP, &cfa) ||
-		    walk_read_logged(env, w, rsp + CTP_SIGFRAME_RBP, &rbp))
+		    walk_read_rbp(env, s, rsp + CTP_SIGFRAME_RBP, &rbp))
 			return walk_stop(w, CTP_WALK_READ_FAULT);
-		s->rbp_from_regs = 0;
 		exact = 1;
 		goto push;
 	case CTP_RULE_UNSUPPORTED:
@@ -212,14 +272,12 @@ static inline int walk_step(struct walk_env *env, struct ctp_walk *w, struct wal
 	if (walk_read_logged(env, w, cfa - 8, &ra))
 		return walk_stop(w, CTP_WALK_READ_FAULT);
 	if (rule->rbp_kind == CTP_RBP_AT_CFA) {
-		if (walk_read_logged(env, w, cfa + (int64_t)rule->rbp_off, &rbp))
+		if (walk_read_rbp(env, s, cfa + (int64_t)rule->rbp_off, &rbp))
 			return walk_stop(w, CTP_WALK_READ_FAULT);
-		s->rbp_from_regs = 0;
 	} else if (rule->rbp_kind == CTP_RBP_AT_RBP) {
-		w->uses_rbp |= s->rbp_from_regs;
-		if (walk_read_logged(env, w, rbp + (int64_t)rule->rbp_off, &rbp))
+		walk_use_rbp(w, s);
+		if (walk_read_rbp(env, s, rbp + (int64_t)rule->rbp_off, &rbp))
 			return walk_stop(w, CTP_WALK_READ_FAULT);
-		s->rbp_from_regs = 0;
 	}
 	if (cfa <= rsp)
 		return walk_stop(w, CTP_WALK_BAD_RA);

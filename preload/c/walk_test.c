@@ -37,6 +37,20 @@ static const unsigned char *walk_tables(struct walk_env *env)
 	return env->tables;
 }
 
+/* No rule cache: every frame searched, as the twin does. */
+static int walk_cached(struct walk_env *env, uint64_t lookup, struct ctp_rule *rule,
+		       uint32_t *object, uint64_t *bias)
+{
+	(void)env, (void)lookup, (void)rule, (void)object, (void)bias;
+	return 0;
+}
+
+static void walk_cache(struct walk_env *env, uint64_t lookup, const struct ctp_rule *rule,
+		       uint32_t object, uint64_t bias)
+{
+	(void)env, (void)lookup, (void)rule, (void)object, (void)bias;
+}
+
 #include "walk.h"
 
 /* Walks from the registers; frames gets up to CTP_MAX_FRAMES frames. Returns

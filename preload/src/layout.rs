@@ -272,13 +272,16 @@ pub struct Ring {
     pub pad2: [u64; 7],
     pub walks: u64,
     pub memo_hits: u64,
-    pub walk_ns: u64,
+    pub walk_ticks: u64,
     pub walked_frames: u64,
     pub walk_ends: [u64; WALK_ENDS],
     pub nested_lost: u64,
     pub not_stored: u64,
     pub waits: u64,
-    pub pad3: [u64; 1],
+    pub nested_events: u64,
+    pub inside_calls: u64,
+    pub memo_timed: u64,
+    pub memo_ticks: u64,
     pub events: [Event; RING_EVENTS],
 }
 mirror!(
@@ -293,18 +296,25 @@ mirror!(
         pad2: [u64; 7],
         walks: u64,
         memo_hits: u64,
-        walk_ns: u64,
+        walk_ticks: u64,
         walked_frames: u64,
         walk_ends: [u64; WALK_ENDS],
         nested_lost: u64,
         not_stored: u64,
         waits: u64,
-        pad3: [u64; 1],
+        nested_events: u64,
+        inside_calls: u64,
+        memo_timed: u64,
+        memo_ticks: u64,
         events: [Event; RING_EVENTS],
     }
 );
 // SAFETY: an array of a Pod type is Pod.
 unsafe impl Pod for [Event; RING_EVENTS] {}
+// SAFETY: as above.
+unsafe impl Pod for [u64; 5] {}
+// SAFETY: as above.
+unsafe impl Pod for [u64; 7] {}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -344,7 +354,11 @@ pub struct Region {
     pub stacks_full: u64,
     pub lookups: u64,
     pub detached: u32,
-    pub pad: u32,
+    pub ring_limit: u32,
+    pub pad: [u64; 5],
+    pub mappings_epoch: u32,
+    pub pad2: u32,
+    pub pad3: [u64; 7],
 }
 mirror!(
     Region = ctp_region {
@@ -368,15 +382,19 @@ mirror!(
         stacks_full: u64,
         lookups: u64,
         detached: u32,
-        pad: u32,
+        ring_limit: u32,
+        pad: [u64; 5],
+        mappings_epoch: u32,
+        pad2: u32,
+        pad3: [u64; 7],
     }
 );
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MsgHello {
-    pub magic: u32,
     pub kind: u32,
+    pub magic: u32,
     pub version: u32,
     pub pid: u32,
     pub region_bytes: u64,
@@ -385,8 +403,8 @@ pub struct MsgHello {
 }
 mirror!(
     MsgHello = ctp_msg_hello {
-        magic: u32,
         kind: u32,
+        magic: u32,
         version: u32,
         pid: u32,
         region_bytes: u64,

@@ -6,7 +6,9 @@
 //! launches (`LD_PRELOAD`). It runs in one of two modes, chosen at its first call:
 //! - **BPF sites** (no `CARGO_TRACE_HEAP` in the environment): after each call it calls a
 //!   site, a function starting with a nop, where cargo-trace's uprobes count the call
-//!   ([`SITES`]; the BPF programs walk the stack). Unchanged from before this crate.
+//!   ([`SITES`]; the BPF programs walk the stack). Behaviour unchanged from before this
+//!   crate (the sites where a stack is walked are now assembly: a nop, then a return
+//!   unless recording in-process, so both modes walk from the same call instruction).
 //! - **In-process recording** (`CARGO_TRACE_HEAP=<socket>`, see [`Server::environment`]):
 //!   no kernel event at all. The library connects to the socket, walks its own thread's
 //!   stack with the compact unwind tables cargo-trace compiled (the walk of
@@ -28,14 +30,39 @@
 //! Every shared byte is defined once, in `c/shared.h`, mirrored in [`layout`] with
 //! compile-time checks against the C compiler's layout.
 //!
+//! # Using it from a session
+//! ```text
+//! let mut server = Server::new()?;            // private dir, library file, socket
+//! command.envs(server.environment(std::env::var_os("LD_PRELOAD")));  // then launch
+//! let mut recorder = Recorder::new(options);  // the heap options (sampling, sizes)
+//! while the target runs {                     // the session's wait loop
+//!     server.serve(&mut tables, &mut recorder, timeout)?;  // hellos, lookups, closes
+//!     recorder.poll();                        // drain the rings: every 0.1-1 ms while
+//!                                             // events flow (64 Ki events a thread)
+//!     // live view: recorder.live_bytes(), recorder.events(), recorder.top_live(n)
+//!     // the session's own re-read of a pid's mappings found a change:
+//!     //     recorder.mappings_changed(pid)   (a library unmapped, another over it)
+//! }
+//! until server.connections() == 0 { serve; poll }  // children and exec'd images too
+//! recorder.poll();
+//! // recorder.stats(), processes(), counters(), library_memory(), stacks()
+//! ```
+//! `tables` is the session's [`TableSource`]: the mappings as it registers them for the
+//! BPF walker, with its object ids (frames are stored under them, so one stack is one
+//! stack for both paths). A thread that meets a pc in no mapping it knows waits for
+//! [`Server::serve`]'s answer: serve often.
+//!
 //! # What it does not do
 //! It knows nothing of BPF (the sites' kinds are its own [`Site`]; cargo-trace maps them
 //! to probe kinds), compiles tables only through `unwind_tables` (the [`TableSource`] the
 //! session gives decides which), and symbolizes nothing: stacks come out as typed frames
 //! ([`Frame`]). Allocators linked statically into a program (Rust's jemalloc or mimalloc
-//! crates) are not interposable by `LD_PRELOAD`: the BPF path keeps them.
+//! crates) are not interposable by `LD_PRELOAD`: the BPF path keeps them. A hook at
+//! such a function could record through the same entry the sites jump to
+//! (`ctp_record(kind, address, size, rip, rsp, rbp)` in `c/record.h`).
 
 pub mod layout;
+mod live;
 mod recorder;
 mod server;
 mod sys;

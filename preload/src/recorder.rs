@@ -14,6 +14,7 @@
 //! predecessor then is what the BPF path counts: an unknown free, a reused address.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::offset_of;
 use std::os::fd::OwnedFd;
 
@@ -21,7 +22,139 @@ use unwind_tables::walk::WalkEnd;
 use unwind_tables::UnsupportedReason;
 
 use crate::layout::{self, event, region, ring_state, Event, Region, Ring, RINGS, RING_EVENTS};
+use crate::live::{Block, LiveTable};
 use crate::sys::{self, Shared};
+
+/// A multiply-rotate hash (rustc's FxHash) for the consumer's maps: their keys are
+/// addresses and small ids, not attacker-chosen strings, and SipHash would cost the
+/// consumer most of its time per event.
+#[derive(Clone, Copy, Default)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        // the product's low bits are poor (addresses are 16-aligned: four zero bits),
+        // and hashbrown picks buckets with them: bring well-mixed high bits down
+        self.0.rotate_left(26)
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+
+/// Turns the library's TSC stamps into `CLOCK_MONOTONIC` ns: piecewise linear between
+/// (ticks, ns) pairs this process takes, at least a millisecond apart (the last one at
+/// every poll, after the rings' heads were read, so every event read lies before it).
+/// The mapping is increasing, as the clock is: events keep their order.
+struct Clock {
+    samples: Vec<(u64, u64)>,
+    /// The bracket of the last conversion: [from, to) in ticks, its start in ns and its
+    /// slope (no division per event).
+    bracket: (u64, u64, u64, f64),
+}
+
+/// Samples kept (the oldest go first; an event older than all is extrapolated).
+const CLOCK_SAMPLES: usize = 1 << 16;
+const CLOCK_SPACING_NS: u64 = 1_000_000;
+
+impl Clock {
+    fn new() -> Clock {
+        let first = Clock::sample();
+        let mut second = Clock::sample();
+        while second.1 < first.1 + 2 * CLOCK_SPACING_NS {
+            std::hint::spin_loop();
+            second = Clock::sample();
+        }
+        Clock {
+            samples: vec![first, second],
+            bracket: (0, 0, 0, 0.0),
+        }
+    }
+
+    /// Ticks and ns read at once (the ticks read on both sides, their middle taken).
+    fn sample() -> (u64, u64) {
+        let before = sys::ticks();
+        let ns = sys::monotonic_ns();
+        let after = sys::ticks();
+        (before + (after - before) / 2, ns)
+    }
+
+    fn update(&mut self) {
+        let now = Clock::sample();
+        let n = self.samples.len();
+        if now.0 <= self.samples[n - 1].0 {
+            return;
+        }
+        if self.samples[n - 1].1 < self.samples[n - 2].1 + CLOCK_SPACING_NS {
+            self.samples[n - 1] = now; // the tip moves until it is far enough
+        } else {
+            self.samples.push(now);
+        }
+        if self.samples.len() > CLOCK_SAMPLES {
+            self.samples.drain(..CLOCK_SAMPLES / 2);
+        }
+        self.bracket = (0, 0, 0, 0.0);
+    }
+
+    fn ns(&mut self, ticks: u64) -> u64 {
+        let (from, to, ns, slope) = self.bracket;
+        if from <= ticks && ticks < to {
+            return ns + ((ticks - from) as f64 * slope) as u64;
+        }
+        let s = &self.samples;
+        let i = s.partition_point(|&(t, _)| t <= ticks);
+        let (a, b, to) = if i == 0 {
+            (s[0], s[1], 0) // before every sample: extrapolated, not kept
+        } else if i >= s.len() {
+            (s[s.len() - 2], s[s.len() - 1], 0)
+        } else {
+            (s[i - 1], s[i], s[i].0)
+        };
+        // f64 keeps ns exact to well under a nanosecond over days of uptime (53 bits)
+        let slope = (b.1 - a.1) as f64 / (b.0 - a.0).max(1) as f64;
+        if to != 0 {
+            self.bracket = (a.0, to, a.1, slope);
+        }
+        let dt = ticks as f64 - a.0 as f64;
+        (a.1 as f64 + dt * slope).max(0.0) as u64
+    }
+
+    /// ns per tick, over everything sampled.
+    fn rate(&self) -> f64 {
+        let (a, b) = (self.samples[0], self.samples[self.samples.len() - 1]);
+        (b.1 - a.1) as f64 / (b.0 - a.0).max(1) as f64
+    }
+}
+
+/// How far (in ns) an event's predecessor on another thread may be stamped after it: the
+/// TSC read is not ordered with the loads before it, so a free's stamp can precede, by a
+/// few instructions' time, that of the allocation whose pointer it got.
+const STAMP_SLACK_NS: f64 = 1000.0;
+
+/// Asks the CPU for the line at `value`, ahead of a use.
+fn prefetch<T>(value: &T) {
+    // SAFETY: a prefetch is a hint that never faults; the address is a live reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (value as *const T).cast(),
+        )
+    };
+}
 
 /// Log2 buckets of the size and lifetime histograms (`CT_ALLOC_BUCKETS`).
 pub const BUCKETS: usize = 48;
@@ -40,7 +173,9 @@ pub struct Options {
     /// Only allocations of at least / at most this many bytes (0: any).
     pub min_size: u64,
     pub max_size: u64,
-    /// Blocks tracked at once (all processes); beyond, counted but untracked.
+    /// Blocks tracked at once (all processes); beyond, counted but untracked. In this
+    /// process's memory (about 50 bytes a block), not the kernel's: the default is 16 Mi
+    /// blocks where the BPF path's live map holds 1 Mi.
     pub max_live_blocks: usize,
     /// The library's walk memo (off: every stack walked, for the benchmark's figures).
     pub walk_memo: bool,
@@ -57,7 +192,7 @@ impl Default for Options {
             sample_bytes: 0,
             min_size: 0,
             max_size: 0,
-            max_live_blocks: 1 << 20,
+            max_live_blocks: 1 << 24,
             walk_memo: true,
             count_mapped: true,
         }
@@ -172,37 +307,62 @@ pub struct AllocStats {
 
 /// The raw per-stack state, with what the lazy peak needs.
 #[derive(Clone, Debug)]
+struct Slot {
+    pid: u32,
+    process: u32,
+    stack: StackId,
+    state: StackState,
+}
+
+/// One (process, stack)'s counters as the consumer keeps them: what every allocation
+/// and free changes in one cache line, the rest after (a process with thousands of
+/// stacks makes each event's stack a cache miss: one line rather than four).
+#[derive(Clone, Debug)]
+#[repr(C, align(64))]
 struct StackState {
-    stats: AllocStats,
-    est_allocs: u64,
-    est_frees: u64,
+    allocs: u64,
+    bytes: u64,
+    frees: u64,
+    freed_bytes: u64,
+    live_bytes: i64,
+    live_birth_us: u64,
+    /// The process's change count at this stack's last change, and its live bytes
+    /// at the process's last peak if it changed since (alloc.bpf.h's lazy peak).
     changed_seq: u64,
     peak_live_bytes: i64,
+    temporaries: u64,
+    untracked: u64,
+    untracked_bytes: u64,
+    est_allocs: u64,
+    est_frees: u64,
+    est_bytes: u64,
+    est_freed_bytes: u64,
+    mapped: bool,
+    size_hist: [u64; BUCKETS],
+    life_hist: [u64; BUCKETS],
 }
 
 impl Default for StackState {
     fn default() -> Self {
         StackState {
-            stats: AllocStats {
-                allocs: 0,
-                bytes: 0,
-                frees: 0,
-                freed_bytes: 0,
-                temporaries: 0,
-                untracked: 0,
-                untracked_bytes: 0,
-                live_bytes: 0,
-                live_birth_us: 0,
-                peak_bytes: 0,
-                size_hist: [0; BUCKETS],
-                life_hist: [0; BUCKETS],
-                estimated: Estimated::default(),
-                mapped: false,
-            },
-            est_allocs: 0,
-            est_frees: 0,
+            allocs: 0,
+            bytes: 0,
+            frees: 0,
+            freed_bytes: 0,
+            live_bytes: 0,
+            live_birth_us: 0,
             changed_seq: 0,
             peak_live_bytes: 0,
+            temporaries: 0,
+            untracked: 0,
+            untracked_bytes: 0,
+            est_allocs: 0,
+            est_frees: 0,
+            est_bytes: 0,
+            est_freed_bytes: 0,
+            mapped: false,
+            size_hist: [0; BUCKETS],
+            life_hist: [0; BUCKETS],
         }
     }
 }
@@ -256,6 +416,8 @@ pub struct Counters {
     pub walks: u64,
     pub memo_hits: u64,
     pub walked_frames: u64,
+    /// Time spent walking, in TSC ticks (see [`Recorder::counters`] for ns).
+    pub walk_ticks: u64,
     pub walk_ns: u64,
     /// Events lost: signal handlers nested deeper than the library's levels.
     pub nested_lost: u64,
@@ -265,6 +427,15 @@ pub struct Counters {
     pub no_ring: u64,
     /// Times a thread's ring was full and it waited for this consumer.
     pub waits: u64,
+    /// Events of signal handlers that ran inside the recorder (published by it after).
+    pub nested_events: u64,
+    /// Wrapped calls made inside a wrapped allocator's call (its own mmaps, or a
+    /// signal handler's calls then): part of that call, not events.
+    pub inside_calls: u64,
+    /// Memo answers timed (one in 1024) and their time: ns per memo answer.
+    pub memo_timed: u64,
+    pub memo_ticks: u64,
+    pub memo_ns: u64,
     /// Mappings the library asked for (a pc in none it knew).
     pub lookups: u64,
 }
@@ -274,13 +445,17 @@ impl Counters {
         self.walks += ring.walks;
         self.memo_hits += ring.memo_hits;
         self.walked_frames += ring.walked_frames;
-        self.walk_ns += ring.walk_ns;
+        self.walk_ticks += ring.walk_ticks;
         for (total, n) in self.walk_ends.iter_mut().zip(ring.walk_ends) {
             *total += n;
         }
         self.nested_lost += ring.nested_lost;
         self.not_stored += ring.not_stored;
         self.waits += ring.waits;
+        self.nested_events += ring.nested_events;
+        self.inside_calls += ring.inside_calls;
+        self.memo_timed += ring.memo_timed;
+        self.memo_ticks += ring.memo_ticks;
     }
 }
 
@@ -289,11 +464,15 @@ struct RingCounters {
     walks: u64,
     memo_hits: u64,
     walked_frames: u64,
-    walk_ns: u64,
+    walk_ticks: u64,
     walk_ends: [u64; layout::WALK_ENDS],
     nested_lost: u64,
     not_stored: u64,
     waits: u64,
+    nested_events: u64,
+    inside_calls: u64,
+    memo_timed: u64,
+    memo_ticks: u64,
 }
 
 /// The library's memory in one process.
@@ -309,20 +488,23 @@ pub struct LibraryMemory {
     pub private_bound: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    size: u64,
-    stack: StackId,
-    born_ns: u64,
-    mapped: bool,
-}
-
-/// A realloc's entry kept until its return: the old block, taken from the live blocks.
+/// A realloc's entry kept until its return: the old block, taken from the live blocks,
+/// the size asked for and the stack walked at the entry (none if left out).
 #[derive(Clone, Copy, Debug)]
 struct Resizing {
     old: u64,
+    size: u64,
     block: Option<Block>,
+    slot: Option<u32>,
 }
+
+/// How far ahead in a ring the consumer asks for the live block an event will look up
+/// (a cache miss takes about as long as handling this many events).
+const PREFETCH_AHEAD: u64 = 16;
+
+/// Realloc entries kept per ring for their returns (a signal handler's realloc may
+/// come between an entry and its return; the target could write entries alone).
+const MAX_CALLS: usize = 64;
 
 /// One process image's region.
 struct RegionReader {
@@ -336,8 +518,10 @@ struct RegionReader {
     cursors: Vec<u64>,
     /// Rings a thread ever owned (for the memory figures).
     used_rings: Vec<bool>,
-    /// The region's stack ids, as the recorder's.
-    stacks: HashMap<u32, StackId>,
+    /// Its process's index in `Recorder::processes`.
+    process: u32,
+    /// The region's stack ids, as the recorder's (process, stack) slots.
+    slots: FxMap<u32, u32>,
     calls: Vec<Vec<Resizing>>,
     /// Counters and memory, kept once the region is unmapped.
     final_counters: Option<(Counters, LibraryMemory)>,
@@ -363,6 +547,20 @@ impl RegionReader {
         self.map().read(at)
     }
 
+    fn prefetch_event(&self, ring: usize, index: u64) {
+        let at =
+            ring_at(ring) + RING_EVENTS_AT + (index as usize % RING_EVENTS) * size_of::<Event>();
+        self.map().prefetch(at);
+    }
+
+    fn event_address(&self, ring: usize, index: u64) -> u64 {
+        let at = ring_at(ring)
+            + RING_EVENTS_AT
+            + (index as usize % RING_EVENTS) * size_of::<Event>()
+            + offset_of!(Event, address);
+        self.map().read(at)
+    }
+
     fn head(&self, ring: usize) -> u64 {
         self.map().load_acquire(ring_at(ring) + RING_HEAD)
     }
@@ -385,11 +583,15 @@ impl RegionReader {
                 walks: read(offset_of!(Ring, walks)),
                 memo_hits: read(offset_of!(Ring, memo_hits)),
                 walked_frames: read(offset_of!(Ring, walked_frames)),
-                walk_ns: read(offset_of!(Ring, walk_ns)),
+                walk_ticks: read(offset_of!(Ring, walk_ticks)),
                 walk_ends,
                 nested_lost: read(offset_of!(Ring, nested_lost)),
                 not_stored: read(offset_of!(Ring, not_stored)),
                 waits: read(offset_of!(Ring, waits)),
+                nested_events: read(offset_of!(Ring, nested_events)),
+                inside_calls: read(offset_of!(Ring, inside_calls)),
+                memo_timed: read(offset_of!(Ring, memo_timed)),
+                memo_ticks: read(offset_of!(Ring, memo_ticks)),
             });
             if self.used_rings[ring] || read(offset_of!(Ring, owners)) > 0 {
                 used += size_of::<Ring>() as u64;
@@ -426,10 +628,18 @@ pub struct Recorder {
     regions: Vec<RegionReader>,
     stacks: Vec<Stack>,
     stack_ids: HashMap<Stack, StackId>,
-    stats: HashMap<(u32, StackId), StackState>,
-    processes: HashMap<u32, ProcessState>,
-    live: HashMap<(u32, u64), Block>,
+    /// Per (process, stack): its statistics, by slot (the live blocks name theirs).
+    slots: Vec<Slot>,
+    slot_ids: FxMap<(u32, StackId), u32>,
+    processes: Vec<ProcessState>,
+    process_ids: FxMap<u32, u32>,
+    /// Per process: its live blocks by address.
+    live: Vec<LiveTable>,
+    live_blocks: usize,
     counters: Counters,
+    clock: Clock,
+    /// The last (region, region's stack id, slot) looked up.
+    last_slot: (usize, u32, u32),
     /// Events handled so far.
     events: u64,
 }
@@ -441,10 +651,15 @@ impl Recorder {
             regions: Vec::new(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
-            stats: HashMap::new(),
-            processes: HashMap::new(),
-            live: HashMap::new(),
+            slots: Vec::new(),
+            slot_ids: FxMap::default(),
+            processes: Vec::new(),
+            process_ids: FxMap::default(),
+            live: Vec::new(),
+            live_blocks: 0,
             counters: Counters::default(),
+            clock: Clock::new(),
+            last_slot: (usize::MAX, 0, 0),
             events: 0,
         }
     }
@@ -472,6 +687,7 @@ impl Recorder {
         }
         let map = Shared::map(fd, region::BYTES, true)
             .map_err(|source| RegionError::Map { pid, source })?;
+        let process = self.process_index(pid);
         self.regions.push(RegionReader {
             pid,
             image,
@@ -479,16 +695,10 @@ impl Recorder {
             closed: false,
             cursors: vec![0; RINGS],
             used_rings: vec![false; RINGS],
-            stacks: HashMap::new(),
+            process,
+            slots: FxMap::default(),
             calls: vec![Vec::new(); RINGS],
             final_counters: None,
-        });
-        self.processes.entry(pid).or_insert_with(|| ProcessState {
-            totals: ProcessTotals {
-                pid,
-                ..ProcessTotals::default()
-            },
-            ..ProcessState::default()
         });
         Ok(self.regions.len() - 1)
     }
@@ -498,6 +708,23 @@ impl Recorder {
     pub(crate) fn close(&mut self, region: usize) {
         if let Some(r) = self.regions.get_mut(region) {
             r.closed = true;
+        }
+    }
+
+    /// Tells the library in process `pid` that its mappings changed otherwise than by a
+    /// new object (one unmapped and another mapped over it, which the library cannot
+    /// see): its next walk asks for them again. For the session's periodic re-read of
+    /// the mappings (`ProcessTables::sync`) to call when it finds a change.
+    pub fn mappings_changed(&mut self, pid: u32) {
+        for region in &self.regions {
+            if region.pid != pid || region.closed {
+                continue;
+            }
+            if let Some(map) = &region.map {
+                let at = offset_of!(Region, mappings_epoch);
+                let epoch: u32 = map.read(at);
+                map.store_u32_release(at, epoch.wrapping_add(1));
+            }
         }
     }
 
@@ -524,10 +751,6 @@ impl Recorder {
     }
 
     /// Processes (regions) that connected so far.
-    pub fn regions(&self) -> usize {
-        self.regions.len()
-    }
-
     /// The pid of every process image that connected so far (a pid that exec'd twice
     /// with the library is there twice).
     pub fn images(&self) -> Vec<u32> {
@@ -538,60 +761,125 @@ impl Recorder {
             .collect()
     }
 
+    pub fn regions(&self) -> usize {
+        self.regions.len()
+    }
+
+    fn process_index(&mut self, pid: u32) -> u32 {
+        if let Some(&index) = self.process_ids.get(&pid) {
+            return index;
+        }
+        let index = self.processes.len() as u32;
+        self.processes.push(ProcessState {
+            totals: ProcessTotals {
+                pid,
+                ..ProcessTotals::default()
+            },
+            ..ProcessState::default()
+        });
+        self.live.push(LiveTable::default());
+        self.process_ids.insert(pid, index);
+        index
+    }
+
     fn drain(&mut self, index: usize) {
         let mut heads = [0u64; RINGS];
-        let mut active: Vec<usize> = Vec::new();
-        let refresh = |reader: &RegionReader, heads: &mut [u64; RINGS], active: &mut Vec<usize>| {
-            active.clear();
-            for (ring, head) in heads.iter_mut().enumerate() {
-                let mut h = reader.head(ring);
-                let cursor = reader.cursors[ring];
-                // a head the target scribbled: no more than a ring ahead
-                if h < cursor || h - cursor > RING_EVENTS as u64 {
-                    h = cursor;
+        // the next event of each ring that has one, read once
+        let mut next: Vec<(usize, Event)> = Vec::new();
+        let refresh =
+            |reader: &RegionReader, heads: &mut [u64; RINGS], next: &mut Vec<(usize, Event)>| {
+                next.clear();
+                let limit =
+                    (reader.map().read::<u32>(offset_of!(Region, ring_limit)) as usize).min(RINGS);
+                for (ring, head) in heads.iter_mut().enumerate().take(limit) {
+                    let mut h = reader.head(ring);
+                    let cursor = reader.cursors[ring];
+                    // a head the target scribbled: no more than a ring ahead
+                    if h < cursor || h - cursor > RING_EVENTS as u64 {
+                        h = cursor;
+                    }
+                    *head = h;
+                    if h > cursor {
+                        next.push((ring, reader.event(ring, cursor)));
+                    }
                 }
-                *head = h;
-                if h > cursor {
-                    active.push(ring);
-                }
-            }
-        };
-        refresh(&self.regions[index], &mut heads, &mut active);
+            };
+        refresh(&self.regions[index], &mut heads, &mut next);
+        self.clock.update();
+        let process = self.regions[index].process as usize;
+        let slack = (STAMP_SLACK_NS / self.clock.rate()) as u64;
         let mut refreshed_for: Option<(usize, u64)> = None;
-        loop {
-            let reader = &self.regions[index];
-            let mut best: Option<(u64, usize)> = None;
-            for &ring in &active {
-                let time = reader.event(ring, reader.cursors[ring]).time;
-                if best.is_none_or(|(t, _)| time < t) {
-                    best = Some((time, ring));
+        let mut handled = 0u64;
+        while !next.is_empty() {
+            let mut at = 0;
+            for (i, (_, e)) in next.iter().enumerate().skip(1) {
+                if e.time < next[at].1.time {
+                    at = i;
                 }
             }
-            let Some((time, ring)) = best else { break };
-            let event = reader.event(ring, reader.cursors[ring]);
-            let pid = reader.pid;
-            let mut take = ring;
-            if self.needs_predecessor(pid, &event) {
-                let cursor = self.regions[index].cursors[ring];
+            let (ring, event) = next[at];
+            let cursor = self.regions[index].cursors[ring];
+            if !self.handle(index, ring, &event, true) {
+                // its predecessor may be in another ring, published since the heads
+                // were read: read them again, once
                 if refreshed_for != Some((ring, cursor)) {
-                    refresh(&self.regions[index], &mut heads, &mut active);
+                    refresh(&self.regions[index], &mut heads, &mut next);
+                    self.clock.update();
                     refreshed_for = Some((ring, cursor));
+                    continue;
                 }
-                let reader = &self.regions[index];
-                if let Some(&other) = active.iter().find(|&&other| {
-                    other != ring && reader.event(other, reader.cursors[other]).time <= time
-                }) {
-                    take = other;
+                // the earliest event of another ring stamped no later (within the
+                // stamps' slack) goes first; else it has none
+                let mut first: Option<usize> = None;
+                for (i, &(r, e)) in next.iter().enumerate() {
+                    if r != ring
+                        && e.time <= event.time.saturating_add(slack)
+                        && first.is_none_or(|f| e.time < next[f].1.time)
+                    {
+                        first = Some(i);
+                    }
+                }
+                at = first.unwrap_or(at);
+                let (ring, event) = next[at];
+                self.handle(index, ring, &event, false);
+            }
+            let ring = next[at].0;
+            handled += 1;
+            let reader = &mut self.regions[index];
+            reader.cursors[ring] += 1;
+            reader.used_rings[ring] = true;
+            let cursor = reader.cursors[ring];
+            if cursor == heads[ring] {
+                next.swap_remove(at);
+            } else {
+                next[at].1 = reader.event(ring, cursor);
+            }
+            // the ring's line a few events on (written on the target's core), and the
+            // live block an event further on will look up: asked for now
+            if cursor + 8 < heads[ring] {
+                reader.prefetch_event(ring, cursor + 8);
+            }
+            if cursor + PREFETCH_AHEAD < heads[ring] && self.live[process].is_large() {
+                let address = reader.event_address(ring, cursor + PREFETCH_AHEAD);
+                self.live[process].prefetch(address);
+                // half as far on, the counters of the event's stack: its live block
+                // (asked for above, that many events ago) or its stack id names them
+                let soon = reader.event(ring, cursor + PREFETCH_AHEAD / 2);
+                let slot = match soon.kind {
+                    event::FREE | event::MUNMAP => self.live[process].slot_of(soon.address),
+                    event::ALLOC | event::MMAP => reader.slots.get(&soon.stack).copied(),
+                    _ => None,
+                };
+                if let Some(slot) = slot.and_then(|slot| self.slots.get(slot as usize)) {
+                    prefetch(&slot.state);
                 }
             }
-            let reader = &self.regions[index];
-            let event = reader.event(take, reader.cursors[take]);
-            self.handle(index, take, &event);
             let reader = &mut self.regions[index];
-            reader.cursors[take] += 1;
-            reader.used_rings[take] = true;
-            if reader.cursors[take] == heads[take] {
-                active.retain(|&r| r != take);
+            if handled.is_multiple_of(1024) {
+                // room for the producer while this drain goes on
+                reader
+                    .map()
+                    .store_release(ring_at(ring) + RING_TAIL, cursor);
             }
         }
         let reader = &self.regions[index];
@@ -606,31 +894,52 @@ impl Recorder {
         }
     }
 
-    fn needs_predecessor(&self, pid: u32, e: &Event) -> bool {
-        match e.kind {
-            event::FREE | event::MUNMAP | event::RESIZING => {
-                e.address != 0 && !self.live.contains_key(&(pid, e.address))
-            }
-            event::ALLOC | event::MMAP => self.live.contains_key(&(pid, e.address)),
-            event::RESIZED => {
-                e.address != 0
-                    && e.flags & event::UNSAMPLED == 0
-                    && self.live.contains_key(&(pid, e.address))
-            }
-            _ => false,
+    /// The (process, stack) slot of the region's stack `id`; id 0 (the library could
+    /// not store it: its region's stack area was full) and an unreadable record are the
+    /// stack "not stored", with no frame, as the BPF path's `CT_STACK_NOT_STORED`.
+    fn slot(&mut self, region: usize, id: u32) -> u32 {
+        let (last_region, last_id, last_slot) = self.last_slot;
+        if last_region == region && last_id == id {
+            return last_slot;
         }
+        if let Some(&slot) = self.regions[region].slots.get(&id) {
+            self.last_slot = (region, id, slot);
+            return slot;
+        }
+        let stack = self.read_stack(region, id).unwrap_or(Stack {
+            frames: Vec::new(),
+            end: WalkEnd::Complete,
+        });
+        let stack = self.intern(stack);
+        let (pid, process) = (self.regions[region].pid, self.regions[region].process);
+        let next = self.slots.len() as u32;
+        let slot = *self.slot_ids.entry((pid, stack)).or_insert_with(|| {
+            self.slots.push(Slot {
+                pid,
+                process,
+                stack,
+                state: StackState::default(),
+            });
+            next
+        });
+        self.regions[region].slots.insert(id, slot);
+        self.last_slot = (region, id, slot);
+        slot
     }
 
-    /// The recorder's id of the region's stack `id` (0: none, or unreadable).
-    fn stack(&mut self, region: usize, id: u32) -> Option<StackId> {
+    fn intern(&mut self, stack: Stack) -> StackId {
+        let next = StackId(self.stacks.len() as u32);
+        *self.stack_ids.entry(stack.clone()).or_insert_with(|| {
+            self.stacks.push(stack);
+            next
+        })
+    }
+
+    fn read_stack(&self, region: usize, id: u32) -> Option<Stack> {
         if id == 0 {
             return None;
         }
-        let reader = &self.regions[region];
-        if let Some(&known) = reader.stacks.get(&id) {
-            return Some(known);
-        }
-        let map = reader.map();
+        let map = self.regions[region].map();
         let at = id as usize - 1;
         if at >= region::WORDS {
             return None;
@@ -645,122 +954,152 @@ impl Recorder {
         let frames = (0..len)
             .map(|i| Frame::from_stored(word(at + 1 + i)))
             .collect();
-        let stack = Stack { frames, end };
-        let next = StackId(self.stacks.len() as u32);
-        let known = *self.stack_ids.entry(stack.clone()).or_insert_with(|| {
-            self.stacks.push(stack);
-            next
-        });
-        self.regions[region].stacks.insert(id, known);
-        Some(known)
+        Some(Stack { frames, end })
     }
 
-    fn handle(&mut self, region: usize, ring: usize, e: &Event) {
-        self.events += 1;
-        let pid = self.regions[region].pid;
+    /// Handles one event. With `defer`, an event whose predecessor on another thread is
+    /// not seen yet (a free of an address not live, an allocation at one still live) is
+    /// left as it is, and false returned.
+    fn handle(&mut self, region: usize, ring: usize, e: &Event, defer: bool) -> bool {
+        let process = self.regions[region].process as usize;
+        // the common kinds first, with one lookup of the live blocks each
         match e.kind {
-            event::ALLOC | event::MMAP => {
-                if let Some(stack) = self.stack(region, e.stack) {
-                    self.account_alloc(
-                        pid,
-                        e.address,
-                        e.size,
-                        stack,
-                        e.time,
-                        e.kind == event::MMAP,
-                    );
-                }
-            }
-            event::FAILED => self.counters.failed += 1,
             event::FREE | event::MUNMAP => {
-                if let Some(block) = self.live.remove(&(pid, e.address)) {
-                    self.account_free(&block, pid, e.time);
-                } else if e.kind == event::FREE {
-                    self.count_unknown_free(pid);
-                }
-            }
-            event::RESIZING => {
                 let block = match e.address {
                     0 => None,
-                    old => self.live.remove(&(pid, old)),
+                    address => self.live[process].remove(address),
                 };
-                self.regions[region].calls[ring].push(Resizing {
-                    old: e.address,
-                    block,
-                });
+                if block.is_none() && defer && e.address != 0 {
+                    return false;
+                }
+                self.events += 1;
+                let now = self.clock.ns(e.time);
+                match block {
+                    Some(block) => {
+                        self.live_blocks -= 1;
+                        self.account_free(&block, process, now);
+                    }
+                    None if e.kind == event::FREE => self.count_unknown_free(process),
+                    None => {}
+                }
+                return true;
             }
-            event::RESIZED => {
-                let call = self.regions[region].calls[ring].pop().unwrap_or(Resizing {
-                    old: 0,
-                    block: None,
-                });
-                self.resized(region, pid, call, e);
+            event::ALLOC | event::MMAP => {
+                let slot = self.slot(region, e.stack);
+                let now = self.clock.ns(e.time);
+                let mapped = e.kind == event::MMAP;
+                if !self.alloc_block(process, e.address, e.size, slot, now, mapped, defer) {
+                    return false;
+                }
+                self.events += 1;
+                return true;
             }
             _ => {}
         }
+        let live = &self.live[process];
+        match e.kind {
+            event::RESIZING if defer && e.address != 0 && !live.contains(e.address) => {
+                return false;
+            }
+            event::RESIZED
+                if defer
+                    && e.address != 0
+                    && self.regions[region].calls[ring]
+                        .last()
+                        .is_some_and(|call| call.slot.is_some())
+                    && live.contains(e.address) =>
+            {
+                return false;
+            }
+            _ => {}
+        }
+        self.events += 1;
+        let now = self.clock.ns(e.time);
+        match e.kind {
+            event::FAILED => self.counters.failed += 1,
+            event::RESIZING => {
+                let block = match e.address {
+                    0 => None,
+                    old => self.take_live(process, old),
+                };
+                let slot = (e.flags & event::UNSAMPLED == 0).then(|| self.slot(region, e.stack));
+                let calls = &mut self.regions[region].calls[ring];
+                if calls.len() >= MAX_CALLS {
+                    // entries whose returns never came (the target wrote them): the
+                    // oldest goes, as a thread's deepest calls do in alloc.bpf.h
+                    calls.remove(0);
+                }
+                calls.push(Resizing {
+                    old: e.address,
+                    size: e.size,
+                    block,
+                    slot,
+                });
+            }
+            event::RESIZED => {
+                // a return whose entry was not seen (CT_ALLOC_NO_ENTRY): nothing to pair
+                if let Some(call) = self.regions[region].calls[ring].pop() {
+                    self.resized(process, call, e.address, now);
+                }
+            }
+            _ => {}
+        }
+        true
     }
 
-    /// A realloc's return (alloc_return in alloc.bpf.h).
-    fn resized(&mut self, region: usize, pid: u32, call: Resizing, e: &Event) {
+    fn take_live(&mut self, process: usize, address: u64) -> Option<Block> {
+        let block = self.live[process].remove(address)?;
+        self.live_blocks -= 1;
+        Some(block)
+    }
+
+    /// A realloc's return (alloc_return in alloc.bpf.h), of `address`.
+    fn resized(&mut self, process: usize, call: Resizing, address: u64, now: u64) {
         if call.old != 0 {
-            if e.address == 0 && e.size != 0 {
+            if address == 0 && call.size != 0 {
                 // failed: the old block lives on
                 self.counters.failed += 1;
                 if let Some(block) = call.block {
-                    self.live.insert((pid, call.old), block);
+                    if self.live[process].insert(call.old, block).is_none() {
+                        self.live_blocks += 1;
+                    }
                 }
                 return;
             }
             match call.block {
-                Some(block) => self.account_free(&block, pid, e.time),
-                None => self.count_unknown_free(pid),
+                Some(block) => self.account_free(&block, process, now),
+                None => self.count_unknown_free(process),
             }
         }
-        if e.address == 0 {
+        if address == 0 {
             // realloc(p, 0) freeing p is not a failure
             if call.old == 0 {
                 self.counters.failed += 1;
             }
             return;
         }
-        if e.flags & event::UNSAMPLED != 0 {
-            return;
-        }
-        if let Some(stack) = self.stack(region, e.stack) {
-            self.account_alloc(pid, e.address, e.size, stack, e.time, false);
+        if let Some(slot) = call.slot {
+            self.alloc_block(process, address, call.size, slot, now, false, false);
         }
     }
 
-    fn count_unknown_free(&mut self, pid: u32) {
+    fn count_unknown_free(&mut self, process: usize) {
         if self.options.leaving_out() {
             return; // most are frees of blocks left out
         }
         self.counters.unknown_frees += 1;
-        self.process(pid).totals.unknown_frees += 1;
+        self.processes[process].totals.unknown_frees += 1;
     }
 
-    fn process(&mut self, pid: u32) -> &mut ProcessState {
-        self.processes.entry(pid).or_insert_with(|| ProcessState {
-            totals: ProcessTotals {
-                pid,
-                ..ProcessTotals::default()
-            },
-            ..ProcessState::default()
-        })
-    }
-
-    /// Adds delta to the live bytes of a stack and of its process, keeping the peak
-    /// lazily (change_live in alloc.bpf.h); a mapping's, to its stack's alone when the
-    /// mappings are apart.
-    fn change_live(&mut self, pid: u32, stack: StackId, delta: i64, mapped: bool) {
+    /// Adds delta to the live bytes of a slot and of its process, keeping the peak
+    /// lazily (change_live in alloc.bpf.h).
+    fn change_live(&mut self, process: usize, slot: u32, delta: i64, mapped: bool) {
         if mapped && !self.options.count_mapped {
-            self.stats.entry((pid, stack)).or_default().stats.live_bytes += delta;
+            // apart: the stack's live bytes alone, out of the process's and its peak
+            self.slots[slot as usize].state.live_bytes += delta;
             return;
         }
-        let proc = self
-            .processes
-            .get_mut(&pid)
-            .expect("a process before its changes");
+        let proc = &mut self.processes[process];
         proc.seq += 1;
         let seq = proc.seq;
         let peak_seq = proc.peak_seq;
@@ -769,81 +1108,95 @@ impl Recorder {
             proc.totals.peak_bytes = proc.totals.live_bytes;
             proc.peak_seq = seq;
         }
-        let state = self.stats.entry((pid, stack)).or_default();
+        let state = &mut self.slots[slot as usize].state;
         if peak_seq >= state.changed_seq {
-            state.peak_live_bytes = state.stats.live_bytes;
+            state.peak_live_bytes = state.live_bytes;
         }
-        state.stats.live_bytes += delta;
+        state.live_bytes += delta;
         state.changed_seq = seq;
     }
 
-    fn account_alloc(
+    /// Counts the allocation of `size` bytes at `address` under `slot` and tracks the
+    /// block (account_alloc in alloc.bpf.h), with one lookup of the live blocks. With
+    /// `defer`, an address still live is left as it is (its free may be in another
+    /// ring) and false returned.
+    #[allow(clippy::too_many_arguments)]
+    fn alloc_block(
         &mut self,
-        pid: u32,
+        process: usize,
         address: u64,
         size: u64,
-        stack: StackId,
+        slot: u32,
         now: u64,
         mapped: bool,
-    ) {
+        defer: bool,
+    ) -> bool {
+        let block = Block {
+            size,
+            slot,
+            born_ns: now,
+            mapped,
+        };
+        let live = &mut self.live[process];
+        let place = live.lookup(address);
+        if defer && place.live {
+            return false; // its free may be in another ring
+        }
+        // full: a block at the address is replaced still (it was freed unseen)
+        let tracked = place.live || self.live_blocks < self.options.max_live_blocks;
+        let old = if tracked {
+            live.put(place, address, block)
+        } else {
+            None
+        };
+        if tracked && old.is_none() {
+            self.live_blocks += 1;
+        }
         let sampling = self.options.sampling();
         let (weight_count, weight_bytes) = (
             self.options.weight_count(size),
             self.options.weight_bytes(size),
         );
-        let state = self.stats.entry((pid, stack)).or_default();
-        let s = &mut state.stats;
+        let s = &mut self.slots[slot as usize].state;
         s.allocs += 1;
         s.bytes += size;
         s.size_hist[log2_bucket(size)] += 1;
         s.mapped |= mapped;
         if sampling {
-            state.est_allocs += weight_count;
-            s.estimated.bytes += weight_bytes;
+            s.est_allocs += weight_count;
+            s.est_bytes += weight_bytes;
         }
-        let count_mapped = self.options.count_mapped;
-        let proc = self.process(pid);
-        if !mapped || count_mapped {
-            proc.totals.allocs += 1;
-            proc.totals.bytes += size;
+        let counted = !mapped || self.options.count_mapped;
+        let totals = &mut self.processes[process].totals;
+        if counted {
+            totals.allocs += 1;
+            totals.bytes += size;
         }
         if mapped {
-            proc.totals.mapped.allocs += 1;
-            proc.totals.mapped.bytes += size;
+            totals.mapped.allocs += 1;
+            totals.mapped.bytes += size;
         }
-        if let Some(old) = self.live.remove(&(pid, address)) {
+        if let Some(old) = old {
             // handed out again with no free seen: the old block is counted freed now
             self.counters.reused += 1;
-            self.account_free(&old, pid, now);
+            self.account_free(&old, process, now);
         }
-        if self.live.len() >= self.options.max_live_blocks {
+        if !tracked {
             self.counters.live_map_full += 1;
-            let s = &mut self.stats.entry((pid, stack)).or_default().stats;
+            let s = &mut self.slots[slot as usize].state;
             s.untracked += 1;
             s.untracked_bytes += size;
-            return;
+            return true;
         }
-        self.live.insert(
-            (pid, address),
-            Block {
-                size,
-                stack,
-                born_ns: now,
-                mapped,
-            },
-        );
-        self.stats
-            .entry((pid, stack))
-            .or_default()
-            .stats
-            .live_birth_us += now / 1000;
+        self.slots[slot as usize].state.live_birth_us += now / 1000;
         if mapped {
-            self.process(pid).totals.mapped.live_bytes += size as i64;
+            self.processes[process].totals.mapped.live_bytes += size as i64;
         }
-        self.change_live(pid, stack, size as i64, mapped);
+        self.change_live(process, slot, size as i64, mapped);
+        true
     }
 
-    fn account_free(&mut self, block: &Block, pid: u32, now: u64) {
+    fn account_free(&mut self, block: &Block, process: usize, now: u64) {
         let lifetime = now.saturating_sub(block.born_ns);
         let temporary = lifetime < self.options.temporary_ns;
         let sampling = self.options.sampling();
@@ -851,8 +1204,7 @@ impl Recorder {
             self.options.weight_count(block.size),
             self.options.weight_bytes(block.size),
         );
-        let state = self.stats.entry((pid, block.stack)).or_default();
-        let s = &mut state.stats;
+        let s = &mut self.slots[block.slot as usize].state;
         s.frees += 1;
         s.freed_bytes += block.size;
         if temporary {
@@ -861,20 +1213,20 @@ impl Recorder {
         s.life_hist[log2_bucket(lifetime)] += 1;
         s.live_birth_us = s.live_birth_us.wrapping_sub(block.born_ns / 1000);
         if sampling {
-            state.est_frees += weight_count;
-            s.estimated.freed_bytes += weight_bytes;
+            s.est_frees += weight_count;
+            s.est_freed_bytes += weight_bytes;
         }
-        self.change_live(pid, block.stack, -(block.size as i64), block.mapped);
-        let count_mapped = self.options.count_mapped;
-        let proc = self.process(pid);
-        if !block.mapped || count_mapped {
-            proc.totals.frees += 1;
-            proc.totals.freed_bytes += block.size;
+        self.change_live(process, block.slot, -(block.size as i64), block.mapped);
+        let counted = !block.mapped || self.options.count_mapped;
+        let totals = &mut self.processes[process].totals;
+        if counted {
+            totals.frees += 1;
+            totals.freed_bytes += block.size;
         }
         if block.mapped {
-            proc.totals.mapped.frees += 1;
-            proc.totals.mapped.freed_bytes += block.size;
-            proc.totals.mapped.live_bytes -= block.size as i64;
+            totals.mapped.frees += 1;
+            totals.mapped.freed_bytes += block.size;
+            totals.mapped.live_bytes -= block.size as i64;
         }
     }
 
@@ -891,20 +1243,39 @@ impl Recorder {
     /// process's peak resolved.
     pub fn stats(&self) -> Vec<(u32, StackId, AllocStats)> {
         let mut out: Vec<_> = self
-            .stats
+            .slots
             .iter()
-            .map(|(&(pid, stack), state)| {
-                let mut stats = state.stats.clone();
-                let peak_seq = self.processes.get(&pid).map_or(0, |p| p.peak_seq);
-                stats.peak_bytes = if peak_seq >= state.changed_seq {
-                    stats.live_bytes
-                } else {
-                    state.peak_live_bytes
-                };
+            .map(|slot| {
+                let state = &slot.state;
+                let peak_seq = self.processes[slot.process as usize].peak_seq;
                 let fixed = |v: u64| v as f64 / f64::from(1u32 << WEIGHT_SHIFT);
-                stats.estimated.allocs = fixed(state.est_allocs);
-                stats.estimated.frees = fixed(state.est_frees);
-                (pid, stack, stats)
+                let stats = AllocStats {
+                    allocs: state.allocs,
+                    bytes: state.bytes,
+                    frees: state.frees,
+                    freed_bytes: state.freed_bytes,
+                    temporaries: state.temporaries,
+                    untracked: state.untracked,
+                    untracked_bytes: state.untracked_bytes,
+                    live_bytes: state.live_bytes,
+                    live_birth_us: state.live_birth_us,
+                    // unchanged since the process's last peak: its live bytes now
+                    peak_bytes: if peak_seq >= state.changed_seq {
+                        state.live_bytes
+                    } else {
+                        state.peak_live_bytes
+                    },
+                    size_hist: state.size_hist,
+                    life_hist: state.life_hist,
+                    estimated: Estimated {
+                        allocs: fixed(state.est_allocs),
+                        bytes: state.est_bytes,
+                        frees: fixed(state.est_frees),
+                        freed_bytes: state.est_freed_bytes,
+                    },
+                    mapped: state.mapped,
+                };
+                (slot.pid, slot.stack, stats)
             })
             .collect();
         out.sort_by_key(|(pid, stack, _)| (*pid, *stack));
@@ -913,7 +1284,7 @@ impl Recorder {
 
     /// Each process's totals.
     pub fn processes(&self) -> Vec<ProcessTotals> {
-        let mut out: Vec<_> = self.processes.values().map(|p| p.totals).collect();
+        let mut out: Vec<_> = self.processes.iter().map(|p| p.totals).collect();
         out.sort_by_key(|p| p.pid);
         out
     }
@@ -926,7 +1297,7 @@ impl Recorder {
             total.walks += c.walks;
             total.memo_hits += c.memo_hits;
             total.walked_frames += c.walked_frames;
-            total.walk_ns += c.walk_ns;
+            total.walk_ticks += c.walk_ticks;
             for (t, n) in total.walk_ends.iter_mut().zip(c.walk_ends) {
                 *t += n;
             }
@@ -934,8 +1305,14 @@ impl Recorder {
             total.not_stored += c.not_stored;
             total.no_ring += c.no_ring;
             total.waits += c.waits;
+            total.nested_events += c.nested_events;
+            total.inside_calls += c.inside_calls;
+            total.memo_timed += c.memo_timed;
+            total.memo_ticks += c.memo_ticks;
             total.lookups += c.lookups;
         }
+        total.walk_ns = (total.walk_ticks as f64 * self.clock.rate()) as u64;
+        total.memo_ns = (total.memo_ticks as f64 * self.clock.rate()) as u64;
         total
     }
 
@@ -946,7 +1323,7 @@ impl Recorder {
 
     /// Live bytes now, all processes (the live view).
     pub fn live_bytes(&self) -> i64 {
-        self.processes.values().map(|p| p.totals.live_bytes).sum()
+        self.processes.iter().map(|p| p.totals.live_bytes).sum()
     }
 
     /// Events handled so far (the live view's call counts).
@@ -957,10 +1334,10 @@ impl Recorder {
     /// The `n` stacks with the most live bytes now, most first.
     pub fn top_live(&self, n: usize) -> Vec<(u32, StackId, i64)> {
         let mut all: Vec<_> = self
-            .stats
+            .slots
             .iter()
-            .filter(|(_, s)| s.stats.live_bytes > 0)
-            .map(|(&(pid, stack), s)| (pid, stack, s.stats.live_bytes))
+            .filter(|slot| slot.state.live_bytes > 0)
+            .map(|slot| (slot.pid, slot.stack, slot.state.live_bytes))
             .collect();
         all.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
         all.truncate(n);

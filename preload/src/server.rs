@@ -333,7 +333,7 @@ impl Server {
         if len == 0 {
             return Ok(false);
         }
-        let kind = from_bytes::<u32>(&buf[4..]).unwrap_or(0);
+        let kind = from_bytes::<u32>(&buf[..len]).unwrap_or(0);
         let pid = self.connections[index].pid;
         match kind {
             msg::HELLO if self.connections[index].region.is_none() => {

@@ -76,9 +76,22 @@ impl Shared {
         unsafe { std::ptr::read_volatile(self.addr.add(offset).cast::<T>()) }
     }
 
+    /// Asks the CPU for the line at `offset`, ahead of a read.
+    pub fn prefetch(&self, offset: usize) {
+        if offset < self.len {
+            // SAFETY: a prefetch is a hint that never faults; the address is inside the
+            // mapping.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    self.addr.add(offset).cast(),
+                )
+            };
+        }
+    }
+
     /// Reads the u64 at `offset` (8-aligned) with acquire ordering.
     pub fn load_acquire(&self, offset: usize) -> u64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: in bounds and aligned (checked); AtomicU64 has u64's layout, and the
         // memory lives as long as `self`.
         let atomic = unsafe { &*self.addr.add(offset).cast::<std::sync::atomic::AtomicU64>() };
@@ -87,7 +100,7 @@ impl Shared {
 
     /// Writes `value` at `offset` (8-aligned) with release ordering.
     pub fn store_release(&self, offset: usize, value: u64) {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: as in `load_acquire`.
         let atomic = unsafe { &*self.addr.add(offset).cast::<std::sync::atomic::AtomicU64>() };
         atomic.store(value, std::sync::atomic::Ordering::Release);
@@ -95,7 +108,7 @@ impl Shared {
 
     /// Writes the u32 at `offset` (4-aligned) with release ordering.
     pub fn store_u32_release(&self, offset: usize, value: u32) {
-        assert!(offset % 4 == 0 && offset + 4 <= self.len);
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len);
         // SAFETY: as in `load_acquire`, for a u32.
         let atomic = unsafe { &*self.addr.add(offset).cast::<std::sync::atomic::AtomicU32>() };
         atomic.store(value, std::sync::atomic::Ordering::Release);
@@ -318,4 +331,19 @@ pub fn random_name() -> io::Result<String> {
         return Err(io::Error::last_os_error());
     }
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Reads the clock the library stamps events with (`CLOCK_MONOTONIC`), in ns.
+pub fn monotonic_ns() -> u64 {
+    // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The time stamp counter, as the library reads it.
+pub fn ticks() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    unsafe { std::arch::x86_64::_rdtsc() }
 }

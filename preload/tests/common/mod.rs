@@ -35,7 +35,7 @@ pub fn record(program: &Path, args: &[&str], options: Options) -> Run {
 pub fn record_with(
     command: &mut Command,
     options: Options,
-    mut during: impl FnMut(u32, &Recorder),
+    mut during: impl FnMut(u32, &mut Recorder),
 ) -> Run {
     let mut server = Server::new().expect("starting the server");
     let mut recorder = Recorder::new(options);
@@ -54,12 +54,21 @@ pub fn record_with(
         text
     });
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut busy = false;
     let status = loop {
+        let wait = if busy {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(2)
+        };
         server
-            .serve(&mut tables, &mut recorder, Duration::from_millis(5))
+            .serve(&mut tables, &mut recorder, wait)
             .expect("serving");
-        recorder.poll();
-        during(pid, &recorder);
+        busy = recorder.poll() > 0;
+        if busy {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        during(pid, &mut recorder);
         if let Some(status) = child.try_wait().expect("waiting") {
             break status;
         }
