@@ -227,6 +227,22 @@ fn anonymous_mappings_are_apart_by_default() {
             "{name}: {mapped}"
         );
         assert_eq!(mapped["live_bytes"].as_i64(), Some(0), "{name}: {mapped}");
+        // The library's memory, where it recorded: one process, within its bounds.
+        let memory = &json["heap"]["in_process"];
+        if extra.is_empty() {
+            assert_eq!(memory["processes"], 1, "{name}: {memory}");
+            let used = memory["region_used_bytes"].as_u64().unwrap();
+            assert!(used > 0 && used <= memory["region_bytes"].as_u64().unwrap());
+            let own = memory["own_bytes"].as_u64().unwrap();
+            assert!(own > 0 && own <= memory["own_bound_bytes"].as_u64().unwrap());
+            assert!(
+                run.stderr.contains("cargo-trace: note: recorded in the process by the preloaded library: its memory in 1 process, at most "),
+                "{name}: {}",
+                run.stderr
+            );
+        } else {
+            assert!(memory.is_null(), "{name}: {memory}");
+        }
         assert!(
             run.stderr
                 .contains("cargo-trace: note: mapped memory (anonymous mmap) "),

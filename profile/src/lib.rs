@@ -35,6 +35,6 @@ pub mod writers;
 
 pub use model::{
     Frame, HeapPoint, HeapProcess, HeapSums, HeapTotals, Location, LocationId, Lost, MappedMemory,
-    MappedProcess, Mapping, MappingId, Metadata, Profile, Sample, SamplingMode, Summary,
-    TimelinePoint, ValueType, MERGED_PID,
+    MappedProcess, Mapping, MappingId, Metadata, Profile, RecorderMemory, Sample, SamplingMode,
+    Summary, TimelinePoint, ValueType, MERGED_PID,
 };

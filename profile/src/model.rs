@@ -257,6 +257,41 @@ pub struct HeapTotals {
     /// Anonymous memory the processes mapped themselves (mmap), apart from their heap
     /// blocks; `None` where it was not told apart.
     pub mapped: Option<MappedMemory>,
+    /// What recording in the processes cost them in memory, where it was recorded there.
+    pub in_process: Option<RecorderMemory>,
+}
+
+/// The memory the preloaded library took in the processes it recorded in: a shared
+/// region, used as touched up to its bound, and memory of its own (thread states,
+/// mapping sets), bounded too. The figures of the process that used the most.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecorderMemory {
+    /// Processes recorded in.
+    pub processes: u32,
+    /// Of the shared region: used at the end, and its size.
+    pub region_used: u64,
+    pub region_bound: u64,
+    /// Its other memory at the end, and the most it can take.
+    pub private_bytes: u64,
+    pub private_bound: u64,
+}
+
+impl RecorderMemory {
+    /// One line: "in 3 processes, at most 6.0 MiB of a 324 MiB shared region and 252 KiB
+    /// of 42 MiB of its own in any one".
+    pub fn describe(&self) -> String {
+        let b = |n: u64| crate::units::bytes(n as i64);
+        format!(
+            "in {} process{}, at most {} of a {} shared region (touched as used) and {} of \
+             its own memory (at most {}) in any one",
+            self.processes,
+            if self.processes == 1 { "" } else { "es" },
+            b(self.region_used),
+            b(self.region_bound),
+            b(self.private_bytes),
+            b(self.private_bound),
+        )
+    }
 }
 
 /// Anonymous memory mapped by the program itself (mmap, munmap), apart from its heap

@@ -307,6 +307,7 @@ impl Collector for InProcessCollector {
                 lost: limits::reported(&heap_counters),
                 now_ns: bpf_prog::monotonic_ns(),
                 mapped: Some(mapped),
+                in_process: recorder_memory(recorder),
             }),
             walks: walks(&counters),
             ..Collected::default()
@@ -424,6 +425,20 @@ impl InProcessCollector {
             first.pid
         ))
     }
+}
+
+/// The library's memory in the processes it recorded in: the most any one used.
+fn recorder_memory(recorder: &Recorder) -> Option<profile::RecorderMemory> {
+    let each = recorder.library_memory();
+    let most =
+        |field: fn(&preload::LibraryMemory) -> u64| each.iter().map(field).max().unwrap_or(0);
+    (!each.is_empty()).then(|| profile::RecorderMemory {
+        processes: each.len() as u32,
+        region_used: most(|m| m.region_used),
+        region_bound: most(|m| m.region_bound),
+        private_bytes: most(|m| m.private_bytes),
+        private_bound: most(|m| m.private_bound),
+    })
 }
 
 /// What the library is told of the session's heap settings.

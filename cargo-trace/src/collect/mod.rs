@@ -112,6 +112,8 @@ pub struct HeapCollected {
     pub now_ns: u64,
     /// Anonymous memory mapped apart from the heap blocks, where it was told apart.
     pub mapped: Option<profile::MappedMemory>,
+    /// The preloaded library's memory, where it recorded in the processes.
+    pub in_process: Option<profile::RecorderMemory>,
 }
 
 /// How the stack walks of a collector ended.

@@ -169,6 +169,13 @@ fn heap(profile: &Profile) -> Value {
                 })).collect::<Vec<_>>(),
             })
         }),
+        "in_process": heap.in_process.as_ref().map(|memory| json!({
+            "processes": memory.processes,
+            "region_used_bytes": memory.region_used,
+            "region_bytes": memory.region_bound,
+            "own_bytes": memory.private_bytes,
+            "own_bound_bytes": memory.private_bound,
+        })),
         "processes": heap.processes.iter().map(|p| json!({
             "probe": p.probe,
             "pid": p.pid,

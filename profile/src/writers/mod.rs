@@ -351,6 +351,13 @@ pub(crate) mod tests {
                     live_bytes: 1 << 20,
                 }],
             }),
+            in_process: Some(crate::RecorderMemory {
+                processes: 2,
+                region_used: 6 << 20,
+                region_bound: 324 << 20,
+                private_bytes: 252 << 10,
+                private_bound: 42 << 20,
+            }),
             timeline: vec![
                 HeapPoint {
                     at: Duration::from_millis(100),

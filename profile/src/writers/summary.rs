@@ -101,5 +101,15 @@ pub fn notes(profile: &Profile) -> Vec<String> {
             mapped.describe()
         ));
     }
+    if let Some(memory) = profile
+        .heap
+        .as_ref()
+        .and_then(|heap| heap.in_process.as_ref())
+    {
+        notes.push(format!(
+            "cargo-trace: note: recorded in the process by the preloaded library: its memory {}",
+            memory.describe()
+        ));
+    }
     notes
 }

@@ -147,6 +147,7 @@ fn heap_collected(tracer: &Tracer, settings: &HeapSettings) -> Result<HeapCollec
         ),
         now_ns: bpf_prog::monotonic_ns(),
         mapped,
+        in_process: None,
     })
 }
 
