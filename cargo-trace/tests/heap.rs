@@ -856,6 +856,26 @@ fn exited_processes_leave_the_heap_maps() {
     if !bpf_available("exited_processes_leave_the_heap_maps") {
         return;
     }
+    // The kernel's maps, which exited processes leave: the BPF heap path's.
+    check_exited_processes("alloc-exited", &["--max-heap-stacks", "80", "--no-preload"]);
+}
+
+/// The same in-process: the recorder lets each exited process's live blocks go (a live
+/// table of 1,000 never fills) and adds those past `--keep-exited` up under pid 0.
+#[test]
+fn exited_processes_leave_the_recorder() {
+    if !bpf_available("exited_processes_leave_the_recorder") {
+        return;
+    }
+    let run = check_exited_processes("alloc-exited-in-process", &[]);
+    assert!(
+        run.stderr.contains("recorded in the process"),
+        "{}",
+        run.stderr
+    );
+}
+
+fn check_exited_processes(name: &str, extra: &[&str]) -> Run {
     const RUNS: u64 = 6;
     let path = quoted(&fixtures::c_fixture("exit_leak"));
     // A run leaks 201 blocks (one the shell allocated before the exec), 1,206 in all;
@@ -864,24 +884,22 @@ fn exited_processes_leave_the_heap_maps() {
     // leave one run, one or two sleeps and the shell in the maps at once (~600 blocks,
     // ~60 stacks' statistics).
     let script = format!("for i in $(seq {RUNS}); do {path}; sleep 1.5; done");
+    let mut args = vec![
+        "--keep-exited",
+        "2",
+        "--max-live-blocks",
+        "1000",
+        "--csv",
+        "heap.csv",
+        "--report-text",
+        "report.txt",
+    ];
+    args.extend(extra);
     let run = trace(
-        "alloc-exited",
+        name,
         &["alloc"],
         &format!("/bin/sh -c {}", common::shell_quote(&script)),
-        &[
-            "--keep-exited",
-            "2",
-            "--max-live-blocks",
-            "1000",
-            "--max-heap-stacks",
-            "80",
-            // The kernel's maps, which exited processes leave: the BPF heap path's.
-            "--no-preload",
-            "--csv",
-            "heap.csv",
-            "--report-text",
-            "report.txt",
-        ],
+        &args,
     );
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     run.assert_every_walk_complete();
@@ -927,6 +945,7 @@ fn exited_processes_leave_the_heap_maps() {
             row.pid
         );
     }
+    run
 }
 
 /// A fixture linked with a library of .ci/setup.sh's, or `None` (with the reason printed)

@@ -74,8 +74,10 @@ fn killing_cargo_trace_leaves_the_target_running_to_its_end() {
         rest.contains("heap storm allocs 3000000") && rest.ends_with("done\n"),
         "the target did not run to its end: {rest}"
     );
-    // Killed, cargo-trace could not remove its directory; the next session does.
-    assert_eq!(directories_of(session.id()), made);
+    // Killed, cargo-trace could not remove its directory; the next session does (or
+    // another session on the machine did already: any session removes a dead one's).
+    let left = directories_of(session.id());
+    assert!(left.is_empty() || left == made, "{left:?}");
     let next = Command::new(binary())
         .args(["alloc", "-c", "/bin/true", "--no-svg", "-q"])
         .output()

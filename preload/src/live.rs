@@ -42,8 +42,10 @@ pub(crate) struct LiveTable {
 }
 
 impl Default for LiveTable {
+    /// Small: most processes a program starts hold few blocks (a shell's children), and
+    /// the table doubles as it fills.
     fn default() -> Self {
-        LiveTable::with_bits(10)
+        LiveTable::with_bits(6)
     }
 }
 
@@ -56,7 +58,16 @@ impl LiveTable {
         }
     }
 
-    #[cfg(test)]
+    /// A table that holds nothing and takes no memory, for a process retired (never
+    /// looked up again).
+    pub fn empty() -> LiveTable {
+        LiveTable {
+            entries: Vec::new(),
+            bits: 0,
+            len: 0,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -306,6 +306,9 @@ pub struct AllocStats {
 }
 
 /// The raw per-stack state, with what the lazy peak needs.
+/// The pid of a slot let go (its process retired into another), for a new one.
+const FREE: u32 = u32::MAX;
+
 #[derive(Clone, Debug)]
 struct Slot {
     pid: u32,
@@ -340,6 +343,33 @@ struct StackState {
     mapped: bool,
     size_hist: [u64; BUCKETS],
     life_hist: [u64; BUCKETS],
+}
+
+impl StackState {
+    /// Adds another process's counters of the same stack (its peak apart: see
+    /// [`Recorder::retire`]).
+    fn add(&mut self, o: &StackState) {
+        self.allocs += o.allocs;
+        self.bytes += o.bytes;
+        self.frees += o.frees;
+        self.freed_bytes += o.freed_bytes;
+        self.live_bytes += o.live_bytes;
+        self.live_birth_us = self.live_birth_us.wrapping_add(o.live_birth_us);
+        self.temporaries += o.temporaries;
+        self.untracked += o.untracked;
+        self.untracked_bytes += o.untracked_bytes;
+        self.est_allocs += o.est_allocs;
+        self.est_frees += o.est_frees;
+        self.est_bytes += o.est_bytes;
+        self.est_freed_bytes += o.est_freed_bytes;
+        self.mapped |= o.mapped;
+        for (a, b) in self.size_hist.iter_mut().zip(o.size_hist) {
+            *a += b;
+        }
+        for (a, b) in self.life_hist.iter_mut().zip(o.life_hist) {
+            *a += b;
+        }
+    }
 }
 
 impl Default for StackState {
@@ -393,11 +423,18 @@ pub struct ProcessTotals {
     pub mapped: MappedTotals,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct ProcessState {
     totals: ProcessTotals,
     seq: u64,
     peak_seq: u64,
+    /// Its (process, stack) slots.
+    slots: Vec<u32>,
+    /// Processes retired into it ([`Recorder::retire`]): each stack's bytes at its peak
+    /// are set when they are, never counted from its own changes.
+    merged: bool,
+    /// Retired into another process: its index is free for the next new process.
+    gone: bool,
 }
 
 /// Counters of what the recording could not pair or keep, and of the walks.
@@ -441,6 +478,26 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Adds what a library counted (`other`'s walks, waits, losses and lookups).
+    fn add_library(&mut self, c: &Counters) {
+        self.walks += c.walks;
+        self.memo_hits += c.memo_hits;
+        self.walked_frames += c.walked_frames;
+        self.walk_ticks += c.walk_ticks;
+        for (t, n) in self.walk_ends.iter_mut().zip(c.walk_ends) {
+            *t += n;
+        }
+        self.nested_lost += c.nested_lost;
+        self.not_stored += c.not_stored;
+        self.no_ring += c.no_ring;
+        self.waits += c.waits;
+        self.nested_events += c.nested_events;
+        self.inside_calls += c.inside_calls;
+        self.memo_timed += c.memo_timed;
+        self.memo_ticks += c.memo_ticks;
+        self.lookups += c.lookups;
+    }
+
     fn add_ring(&mut self, ring: &RingCounters) {
         self.walks += ring.walks;
         self.memo_hits += ring.memo_hits;
@@ -509,8 +566,6 @@ const MAX_CALLS: usize = 64;
 /// One process image's region.
 struct RegionReader {
     pid: u32,
-    /// Made at a process image's start (not by a forked child before its exec).
-    image: bool,
     map: Option<Shared>,
     /// Its connection is gone (the process exited or exec'd).
     closed: bool,
@@ -523,8 +578,6 @@ struct RegionReader {
     /// The region's stack ids, as the recorder's (process, stack) slots.
     slots: FxMap<u32, u32>,
     calls: Vec<Vec<Resizing>>,
-    /// Counters and memory, kept once the region is unmapped.
-    final_counters: Option<(Counters, LibraryMemory)>,
 }
 
 const RING_HEAD: usize = offset_of!(Ring, head);
@@ -566,9 +619,6 @@ impl RegionReader {
     }
 
     fn counters(&self) -> (Counters, LibraryMemory) {
-        if let Some(done) = self.final_counters {
-            return done;
-        }
         let map = self.map();
         let mut counters = Counters::default();
         let mut used = region::HEADER as u64;
@@ -622,10 +672,30 @@ pub enum RegionError {
     Map { pid: u32, source: std::io::Error },
 }
 
+/// How many closed regions' library memory is kept one by one (the most any one used is
+/// kept however many there are).
+const CLOSED_MEMORY_KEPT: usize = 64;
+
 /// Reads the regions and keeps the aggregates.
+///
+/// Its memory follows the processes running and the distinct stacks, not the processes
+/// started: a process that exited is [`Recorder::retire`]d (its live blocks let go, and
+/// past the first ones its statistics added to pid 0's), and a closed region keeps a
+/// few words (its counters added up).
 pub struct Recorder {
     options: Options,
     regions: Vec<RegionReader>,
+    /// The pid of each process image that connected, in order.
+    images: Vec<u32>,
+    /// The counters of the regions closed and read to their end, added up, and the
+    /// library's memory in the first of them and the most in any.
+    closed_counters: Counters,
+    closed_memory: Vec<LibraryMemory>,
+    closed_most: LibraryMemory,
+    closed_regions: u64,
+    /// Slots and process indices let go by retired processes, for new ones.
+    free_slots: Vec<u32>,
+    free_processes: Vec<u32>,
     stacks: Vec<Stack>,
     stack_ids: HashMap<Stack, StackId>,
     /// Per (process, stack): its statistics, by slot (the live blocks name theirs).
@@ -649,6 +719,13 @@ impl Recorder {
         Recorder {
             options,
             regions: Vec::new(),
+            images: Vec::new(),
+            closed_counters: Counters::default(),
+            closed_memory: Vec::new(),
+            closed_most: LibraryMemory::default(),
+            closed_regions: 0,
+            free_slots: Vec::new(),
+            free_processes: Vec::new(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
             slots: Vec::new(),
@@ -690,7 +767,6 @@ impl Recorder {
         let process = self.process_index(pid);
         self.regions.push(RegionReader {
             pid,
-            image,
             map: Some(map),
             closed: false,
             cursors: vec![0; RINGS],
@@ -698,8 +774,10 @@ impl Recorder {
             process,
             slots: FxMap::default(),
             calls: vec![Vec::new(); RINGS],
-            final_counters: None,
         });
+        if image {
+            self.images.push(pid);
+        }
         Ok(self.regions.len() - 1)
     }
 
@@ -736,10 +814,8 @@ impl Recorder {
                 continue;
             }
             self.drain(index);
-            let r = &mut self.regions[index];
-            if r.closed {
-                r.final_counters = Some(r.counters());
-                r.map = None;
+            if self.regions[index].closed {
+                self.let_go(index);
             }
         }
         self.events - before
@@ -750,15 +826,153 @@ impl Recorder {
         self.regions.iter().all(|r| r.map.is_none())
     }
 
-    /// Processes (regions) that connected so far.
+    /// A closed region read to its end: its counters and memory figures added up, its
+    /// mapping and buffers let go (a few words stay, for the server's indices).
+    fn let_go(&mut self, index: usize) {
+        let r = &mut self.regions[index];
+        let (counters, memory) = r.counters();
+        r.map = None;
+        r.cursors = Vec::new();
+        r.used_rings = Vec::new();
+        r.calls = Vec::new();
+        r.slots = FxMap::default();
+        if self.last_slot.0 == index {
+            self.last_slot = (usize::MAX, 0, 0);
+        }
+        self.closed_counters.add_library(&counters);
+        self.closed_regions += 1;
+        if self.closed_memory.len() < CLOSED_MEMORY_KEPT {
+            self.closed_memory.push(memory);
+        }
+        let most = &mut self.closed_most;
+        most.region_bound = most.region_bound.max(memory.region_bound);
+        most.region_used = most.region_used.max(memory.region_used);
+        most.private_bytes = most.private_bytes.max(memory.private_bytes);
+        most.private_bound = most.private_bound.max(memory.private_bound);
+    }
+
     /// The pid of every process image that connected so far (a pid that exec'd twice
     /// with the library is there twice).
     pub fn images(&self) -> Vec<u32> {
-        self.regions
-            .iter()
-            .filter(|r| r.image)
-            .map(|r| r.pid)
+        self.images.clone()
+    }
+
+    /// The processes whose every region was closed and read to its end, not retired:
+    /// each has exited, or exec'd and its new image not connected yet (the caller
+    /// tells which before it retires one).
+    pub fn quiet_processes(&self) -> Vec<u32> {
+        let mut open: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        for region in &self.regions {
+            if region.map.is_some() {
+                open.insert(region.pid);
+            }
+        }
+        self.process_ids
+            .keys()
+            .copied()
+            .filter(|pid| {
+                !open.contains(pid) && !self.processes[self.process_ids[pid] as usize].merged
+            })
             .collect()
+    }
+
+    /// Process `pid` exited: the blocks it left live are let go (they stay counted as
+    /// leaked, as on the BPF path), and so are its bookkeeping and, with `into`, its
+    /// statistics, added to process `into`'s (pid 0 for those past `--keep-exited`):
+    /// their peak is the highest of theirs, each stack's bytes at it those of the
+    /// process that reached it (bytes live in processes that ran at different times
+    /// were never live at once). A pid that connects again after is a new process.
+    pub fn retire(&mut self, pid: u32, into: Option<u32>) {
+        let Some(from) = self.process_ids.remove(&pid) else {
+            return;
+        };
+        let from = from as usize;
+        let live = std::mem::replace(&mut self.live[from], LiveTable::empty());
+        self.live_blocks -= live.len();
+        drop(live);
+        let slots = std::mem::take(&mut self.processes[from].slots);
+        for &slot in &slots {
+            self.slot_ids
+                .remove(&(pid, self.slots[slot as usize].stack));
+        }
+        let Some(into) = into.filter(|&into| into != pid) else {
+            // kept under its own pid: its slots stay, under no key a new process finds
+            self.processes[from].slots = slots;
+            return;
+        };
+        let target = self.process_index(into) as usize;
+        self.processes[target].merged = true;
+        let peak_seq = self.processes[from].peak_seq;
+        let (t, f) = (self.processes[target].totals, self.processes[from].totals);
+        let higher_peak = f.peak_bytes > t.peak_bytes;
+        if higher_peak {
+            // the bytes at pid 0's peak are now this process's, and only its
+            for &slot in &self.processes[target].slots {
+                self.slots[slot as usize].state.peak_live_bytes = 0;
+            }
+        }
+        let totals = &mut self.processes[target].totals;
+        totals.allocs += f.allocs;
+        totals.bytes += f.bytes;
+        totals.frees += f.frees;
+        totals.freed_bytes += f.freed_bytes;
+        totals.live_bytes += f.live_bytes;
+        totals.peak_bytes = t.peak_bytes.max(f.peak_bytes);
+        totals.unknown_frees += f.unknown_frees;
+        totals.mapped.allocs += f.mapped.allocs;
+        totals.mapped.bytes += f.mapped.bytes;
+        totals.mapped.frees += f.mapped.frees;
+        totals.mapped.freed_bytes += f.mapped.freed_bytes;
+        totals.mapped.live_bytes += f.mapped.live_bytes;
+        for slot in slots {
+            let state = std::mem::take(&mut self.slots[slot as usize].state);
+            let stack = self.slots[slot as usize].stack;
+            let peak = if peak_seq >= state.changed_seq {
+                state.live_bytes
+            } else {
+                state.peak_live_bytes
+            };
+            let merged = self.slot_of(into, target as u32, stack);
+            let m = &mut self.slots[merged as usize].state;
+            m.add(&state);
+            if higher_peak {
+                m.peak_live_bytes = peak;
+            }
+            self.slots[slot as usize].pid = FREE;
+            self.free_slots.push(slot);
+        }
+        self.processes[from] = ProcessState {
+            gone: true,
+            ..ProcessState::default()
+        };
+        self.free_processes.push(from as u32);
+        self.last_slot = (usize::MAX, 0, 0);
+    }
+
+    /// Process `pid`'s slot of `stack` (`process`: its index), made if new.
+    fn slot_of(&mut self, pid: u32, process: u32, stack: StackId) -> u32 {
+        if let Some(&slot) = self.slot_ids.get(&(pid, stack)) {
+            return slot;
+        }
+        let fresh = Slot {
+            pid,
+            process,
+            stack,
+            state: StackState::default(),
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = fresh;
+                slot
+            }
+            None => {
+                self.slots.push(fresh);
+                self.slots.len() as u32 - 1
+            }
+        };
+        self.slot_ids.insert((pid, stack), slot);
+        self.processes[process as usize].slots.push(slot);
+        slot
     }
 
     pub fn regions(&self) -> usize {
@@ -769,15 +983,25 @@ impl Recorder {
         if let Some(&index) = self.process_ids.get(&pid) {
             return index;
         }
-        let index = self.processes.len() as u32;
-        self.processes.push(ProcessState {
+        let state = ProcessState {
             totals: ProcessTotals {
                 pid,
                 ..ProcessTotals::default()
             },
             ..ProcessState::default()
-        });
-        self.live.push(LiveTable::default());
+        };
+        let index = match self.free_processes.pop() {
+            Some(index) => {
+                self.processes[index as usize] = state;
+                self.live[index as usize] = LiveTable::default();
+                index
+            }
+            None => {
+                self.processes.push(state);
+                self.live.push(LiveTable::default());
+                self.processes.len() as u32 - 1
+            }
+        };
         self.process_ids.insert(pid, index);
         index
     }
@@ -912,16 +1136,7 @@ impl Recorder {
         });
         let stack = self.intern(stack);
         let (pid, process) = (self.regions[region].pid, self.regions[region].process);
-        let next = self.slots.len() as u32;
-        let slot = *self.slot_ids.entry((pid, stack)).or_insert_with(|| {
-            self.slots.push(Slot {
-                pid,
-                process,
-                stack,
-                state: StackState::default(),
-            });
-            next
-        });
+        let slot = self.slot_of(pid, process, stack);
         self.regions[region].slots.insert(id, slot);
         self.last_slot = (region, id, slot);
         slot
@@ -1245,9 +1460,10 @@ impl Recorder {
         let mut out: Vec<_> = self
             .slots
             .iter()
+            .filter(|slot| slot.pid != FREE)
             .map(|slot| {
                 let state = &slot.state;
-                let peak_seq = self.processes[slot.process as usize].peak_seq;
+                let process = &self.processes[slot.process as usize];
                 let fixed = |v: u64| v as f64 / f64::from(1u32 << WEIGHT_SHIFT);
                 let stats = AllocStats {
                     allocs: state.allocs,
@@ -1259,8 +1475,9 @@ impl Recorder {
                     untracked_bytes: state.untracked_bytes,
                     live_bytes: state.live_bytes,
                     live_birth_us: state.live_birth_us,
-                    // unchanged since the process's last peak: its live bytes now
-                    peak_bytes: if peak_seq >= state.changed_seq {
+                    // unchanged since the process's last peak: its live bytes now; a
+                    // process others were retired into: its bytes at the peak as set
+                    peak_bytes: if !process.merged && process.peak_seq >= state.changed_seq {
                         state.live_bytes
                     } else {
                         state.peak_live_bytes
@@ -1284,7 +1501,12 @@ impl Recorder {
 
     /// Each process's totals.
     pub fn processes(&self) -> Vec<ProcessTotals> {
-        let mut out: Vec<_> = self.processes.iter().map(|p| p.totals).collect();
+        let mut out: Vec<_> = self
+            .processes
+            .iter()
+            .filter(|p| !p.gone)
+            .map(|p| p.totals)
+            .collect();
         out.sort_by_key(|p| p.pid);
         out
     }
@@ -1292,33 +1514,38 @@ impl Recorder {
     /// The counters, the libraries' included.
     pub fn counters(&self) -> Counters {
         let mut total = self.counters;
-        for region in &self.regions {
-            let (c, _) = region.counters();
-            total.walks += c.walks;
-            total.memo_hits += c.memo_hits;
-            total.walked_frames += c.walked_frames;
-            total.walk_ticks += c.walk_ticks;
-            for (t, n) in total.walk_ends.iter_mut().zip(c.walk_ends) {
-                *t += n;
-            }
-            total.nested_lost += c.nested_lost;
-            total.not_stored += c.not_stored;
-            total.no_ring += c.no_ring;
-            total.waits += c.waits;
-            total.nested_events += c.nested_events;
-            total.inside_calls += c.inside_calls;
-            total.memo_timed += c.memo_timed;
-            total.memo_ticks += c.memo_ticks;
-            total.lookups += c.lookups;
+        total.add_library(&self.closed_counters);
+        for region in self.regions.iter().filter(|r| r.map.is_some()) {
+            total.add_library(&region.counters().0);
         }
         total.walk_ns = (total.walk_ticks as f64 * self.clock.rate()) as u64;
         total.memo_ns = (total.memo_ticks as f64 * self.clock.rate()) as u64;
         total
     }
 
-    /// The library's memory in each process image that connected.
+    /// The library's memory in each process image connected now, and in the first
+    /// that closed.
     pub fn library_memory(&self) -> Vec<LibraryMemory> {
-        self.regions.iter().map(|r| r.counters().1).collect()
+        let open = self.regions.iter().filter(|r| r.map.is_some());
+        self.closed_memory
+            .iter()
+            .copied()
+            .chain(open.map(|r| r.counters().1))
+            .collect()
+    }
+
+    /// The processes (regions) the library recorded in so far, and the most its memory
+    /// took in any one (each figure's own most).
+    pub fn library_memory_most(&self) -> (u64, LibraryMemory) {
+        let mut most = self.closed_most;
+        for region in self.regions.iter().filter(|r| r.map.is_some()) {
+            let memory = region.counters().1;
+            most.region_bound = most.region_bound.max(memory.region_bound);
+            most.region_used = most.region_used.max(memory.region_used);
+            most.private_bytes = most.private_bytes.max(memory.private_bytes);
+            most.private_bound = most.private_bound.max(memory.private_bound);
+        }
+        (self.regions.len() as u64, most)
     }
 
     /// Live bytes now, all processes (the live view).
@@ -1336,7 +1563,7 @@ impl Recorder {
         let mut all: Vec<_> = self
             .slots
             .iter()
-            .filter(|slot| slot.state.live_bytes > 0)
+            .filter(|slot| slot.pid != FREE && slot.state.live_bytes > 0)
             .map(|slot| (slot.pid, slot.stack, slot.state.live_bytes))
             .collect();
         all.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use preload::{Recorder, Server, SourceMapping, TableError, TableSource};
@@ -33,6 +33,9 @@ use crate::tables::{
 /// How long the serving thread, idle, waits for a message before it reads the regions
 /// again.
 const IDLE_WAIT: Duration = Duration::from_micros(500);
+
+/// How often the processes that exited are looked for, to retire them.
+const RETIRE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// What the serving thread and the session share.
 struct State {
@@ -116,6 +119,19 @@ pub struct InProcessCollector {
     report_cost: bool,
     /// The images the target's tree execs, to name those that ran without the library.
     execs: Option<ExecWatch>,
+    tables: SharedTables,
+    exited: Exited,
+}
+
+/// The processes that exited, retired from the recorder: the target and the first
+/// `keep` others under their own pid, the rest added up under [`profile::MERGED_PID`]
+/// (as the BPF path does), so that a program that keeps starting short children costs
+/// the recorder its distinct stacks, not its processes.
+struct Exited {
+    keep: usize,
+    kept: usize,
+    merged: u64,
+    last: Option<Instant>,
 }
 
 impl InProcessCollector {
@@ -125,6 +141,7 @@ impl InProcessCollector {
         probe: usize,
         tables: SharedTables,
         report_cost: bool,
+        keep_exited: usize,
     ) -> Result<InProcessCollector> {
         let server = Server::new().context("starting the in-process heap recorder")?;
         let environment = server.environment(std::env::var_os("LD_PRELOAD"));
@@ -153,7 +170,58 @@ impl InProcessCollector {
             target: None,
             report_cost,
             execs: ExecWatch::start(),
+            tables,
+            exited: Exited {
+                keep: keep_exited,
+                kept: 0,
+                merged: 0,
+                last: None,
+            },
         })
+    }
+
+    /// Retires the processes that exited since the last pass (at most one pass a
+    /// [`RETIRE_INTERVAL`], or `now`): their live blocks let go, counted as leaked,
+    /// their statistics under their own pid or pid 0's, their mappings forgotten.
+    fn retire_exited(&mut self, now: bool) {
+        if !now
+            && self
+                .exited
+                .last
+                .is_some_and(|last| last.elapsed() < RETIRE_INTERVAL)
+        {
+            return;
+        }
+        self.exited.last = Some(Instant::now());
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut retired = Vec::new();
+        for pid in state.recorder.quiet_processes() {
+            // Alive: it exec'd and its new image has not connected yet, or it runs on
+            // without the library.
+            if crate::process::alive(pid) {
+                continue;
+            }
+            let into = if Some(pid) == self.target {
+                None
+            } else if self.exited.kept < self.exited.keep {
+                self.exited.kept += 1;
+                None
+            } else {
+                self.exited.merged += 1;
+                Some(profile::MERGED_PID)
+            };
+            state.recorder.retire(pid, into);
+            retired.push((pid, into.is_none()));
+        }
+        drop(state);
+        let mut tables = self.tables.lock();
+        for (pid, apart) in retired {
+            tables.forget(StoreId::InProcess, pid);
+            tables.release(pid, apart);
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -230,7 +298,9 @@ impl Collector for InProcessCollector {
     }
 
     fn poll(&mut self) {
-        // The serving thread does the work.
+        // The serving thread reads the regions; the processes that exited are retired
+        // here, off its path.
+        self.retire_exited(false);
     }
 
     fn stop(&mut self) {
@@ -243,6 +313,9 @@ impl Collector for InProcessCollector {
     }
 
     fn collected(&mut self, when: When) -> Result<Collected> {
+        if when == When::Final {
+            self.retire_exited(true);
+        }
         let state = self.state();
         let recorder = &state.recorder;
         let counters = recorder.counters();
@@ -310,6 +383,7 @@ impl Collector for InProcessCollector {
                 in_process: recorder_memory(recorder),
             }),
             walks: walks(&counters),
+            merged_processes: self.exited.merged,
             ..Collected::default()
         })
     }
@@ -429,15 +503,13 @@ impl InProcessCollector {
 
 /// The library's memory in the processes it recorded in: the most any one used.
 fn recorder_memory(recorder: &Recorder) -> Option<profile::RecorderMemory> {
-    let each = recorder.library_memory();
-    let most =
-        |field: fn(&preload::LibraryMemory) -> u64| each.iter().map(field).max().unwrap_or(0);
-    (!each.is_empty()).then(|| profile::RecorderMemory {
-        processes: each.len() as u32,
-        region_used: most(|m| m.region_used),
-        region_bound: most(|m| m.region_bound),
-        private_bytes: most(|m| m.private_bytes),
-        private_bound: most(|m| m.private_bound),
+    let (processes, most) = recorder.library_memory_most();
+    (processes > 0).then(|| profile::RecorderMemory {
+        processes: u32::try_from(processes).unwrap_or(u32::MAX),
+        region_used: most.region_used,
+        region_bound: most.region_bound,
+        private_bytes: most.private_bytes,
+        private_bound: most.private_bound,
     })
 }
 

@@ -133,6 +133,7 @@ fn collectors(
             probe,
             tables.clone(),
             settings.bpf_stats,
+            settings.keep_exited,
         )?));
     }
     if in_process.is_none() || probes.iter().any(|probe| !probe.is_heap()) {
