@@ -57,6 +57,8 @@ struct Reader {
 pub struct ExecWatch {
     reader: Arc<Reader>,
     done: Arc<AtomicBool>,
+    /// Written at the end: wakes the reader from its wait at once.
+    wake: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -69,14 +71,21 @@ impl ExecWatch {
             tree: Mutex::new(Tree::default()),
         });
         let done = Arc::new(AtomicBool::new(false));
+        // SAFETY: eventfd(2) makes a descriptor this function owns from here.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wake < 0 {
+            return None;
+        }
+        // SAFETY: just made, owned by nothing else.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(wake) });
         let thread = {
-            let (reader, done) = (Arc::clone(&reader), Arc::clone(&done));
+            let (reader, done, woken) = (Arc::clone(&reader), Arc::clone(&done), Arc::clone(&wake));
             std::thread::Builder::new()
                 .name("exec-watch".into())
                 .spawn(move || {
                     run_first();
                     while !done.load(Ordering::Acquire) {
-                        if readable(&reader.socket, 100) {
+                        if readable(&reader.socket, &woken) {
                             reader.read_queued();
                         }
                     }
@@ -86,6 +95,7 @@ impl ExecWatch {
         Some(ExecWatch {
             reader,
             done,
+            wake,
             thread: Some(thread),
         })
     }
@@ -105,7 +115,9 @@ impl ExecWatch {
 impl Drop for ExecWatch {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Release);
-        // The reader's wait ends within a tenth of a second.
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an 8-byte write to our eventfd: the reader's wait ends at once.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -155,15 +167,16 @@ impl Reader {
     }
 }
 
-/// Whether `socket` has something to read within `timeout_ms`.
-fn readable(socket: &OwnedFd, timeout_ms: i32) -> bool {
-    let mut poll = libc::pollfd {
-        fd: socket.as_raw_fd(),
+/// Waits until `socket` has something to read (true) or `wake` is written (false).
+fn readable(socket: &OwnedFd, wake: &OwnedFd) -> bool {
+    let mut polls = [socket, wake].map(|fd| libc::pollfd {
+        fd: fd.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
-    };
-    // SAFETY: one pollfd, ours.
-    unsafe { libc::poll(&mut poll, 1, timeout_ms) > 0 }
+    });
+    // SAFETY: two pollfds, ours.
+    let ready = unsafe { libc::poll(polls.as_mut_ptr(), 2, -1) };
+    ready > 0 && polls[0].revents & libc::POLLIN != 0
 }
 
 /// The reader runs ahead of the processes it reads about where it may (a real-time
