@@ -260,6 +260,7 @@ pub fn add_heap_samples(
         size_filter: size_filter_note(settings),
         timeline: Vec::new(),
         mapped: heap.mapped,
+        allocators: Vec::new(),
     }
 }
 
