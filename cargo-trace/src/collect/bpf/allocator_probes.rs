@@ -235,8 +235,9 @@ impl AllocatorProbes {
             .iter()
             .filter_map(|id| self.objects.get(id).copied().flatten())
             .collect();
-        // Every allocator it maps has its probes in it, or gets them now.
-        if let UprobeScope::Bound(group) = scope {
+        // Every allocator it maps has its probes in it, or gets them now (the target got
+        // every one attached for it, and keeps them across its execs).
+        if let (UprobeScope::Bound(group), false) = (scope, pid == target) {
             for &index in &allocators {
                 let found = &self.found[index];
                 if carries_probe(pid, &mappings, found) {
