@@ -707,6 +707,16 @@ impl Tracer {
             .is_ok_and(|value| value.is_some())
     }
 
+    /// Whether process `pid` exec'd and ld.so has not yet told that its link map is
+    /// consistent (its libraries not all mapped yet; see `on_exec`).
+    pub fn loading(&self, pid: u32) -> bool {
+        self.skel
+            .maps
+            .loading
+            .lookup(&pid.to_ne_bytes(), MapFlags::ANY)
+            .is_ok_and(|value| value.is_some())
+    }
+
     /// Moves what the BPF programs sent since the last call (new stacks, overflowing
     /// counts) from the records ring buffer into this tracer's store; returns how many
     /// records. Call it every few tens of milliseconds while events flow: a ring buffer

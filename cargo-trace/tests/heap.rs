@@ -3,68 +3,12 @@
 //! CSV output, the text report and the folded stacks of the chosen metric.
 
 mod common;
-
-use std::collections::BTreeMap;
+mod heap_sites;
 
 use cargo_trace_tests::expected::{self, HeapSite};
 use cargo_trace_tests::fixtures;
-use common::{bpf_available, csv_fields, quoted, trace, Run};
-
-/// One CSV row of `--csv`: its stack's frames (root first) and values by column name.
-#[derive(Clone)]
-struct Row {
-    probe: String,
-    pid: u32,
-    frames: Vec<String>,
-    truncated: String,
-    values: BTreeMap<String, i64>,
-}
-
-impl Row {
-    fn value(&self, name: &str) -> i64 {
-        *self
-            .values
-            .get(name)
-            .unwrap_or_else(|| panic!("no column {name}"))
-    }
-}
-
-fn read_csv(run: &Run, name: &str) -> Vec<Row> {
-    let path = run.scratch.path(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("no CSV {}: {e}\n{}", path.display(), run.stderr));
-    let mut lines = text.lines();
-    let header = csv_fields(lines.next().expect("a header"));
-    lines
-        .map(|line| {
-            let fields = csv_fields(line);
-            assert_eq!(fields.len(), header.len(), "{line}");
-            let values = header[4..]
-                .iter()
-                .zip(&fields[4..])
-                .map(|(name, value)| (name.clone(), value.parse().unwrap()))
-                .collect();
-            Row {
-                probe: fields[0].clone(),
-                pid: fields[1].parse().unwrap(),
-                truncated: fields[2].clone(),
-                frames: fields[3].split(';').map(str::to_string).collect(),
-                values,
-            }
-        })
-        .collect()
-}
-
-/// The rows of a site: stacks through its function.
-fn rows_of<'a>(rows: &'a [Row], site: &HeapSite) -> Vec<&'a Row> {
-    rows.iter()
-        .filter(|row| row.frames.contains(&site.function))
-        .collect()
-}
-
-fn sum(rows: &[&Row], column: &str) -> i64 {
-    rows.iter().map(|row| row.value(column)).sum()
-}
+use common::{bpf_available, quoted, trace, Run};
+use heap_sites::{check_sites, read_csv, rows_of, sum, Row};
 
 /// A child ended with `signal` (twice: a session kills a target that ignores the first)
 /// and reaped should the test end first, by a panic: a session left running keeps its
@@ -88,45 +32,6 @@ impl Drop for EndOnDrop {
             let _ = child.wait();
         }
     }
-}
-
-/// Every site's allocations, bytes, frees and leaks exactly as the fixture counted them,
-/// each in its size's histogram bucket, and every walk complete.
-fn check_sites(run: &Run, rows: &[Row]) -> Vec<HeapSite> {
-    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
-    run.assert_every_walk_complete();
-    let sites = expected::parse_heap_sites(&run.stdout).unwrap();
-    assert!(!sites.is_empty(), "no heap lines in {}", run.stdout);
-    for site in &sites {
-        let rows = rows_of(rows, site);
-        let name = &site.function;
-        assert_eq!(
-            sum(&rows, "allocs") as u64,
-            site.allocs,
-            "{name} allocations"
-        );
-        assert_eq!(sum(&rows, "alloc_space") as u64, site.bytes, "{name} bytes");
-        assert_eq!(sum(&rows, "frees") as u64, site.frees, "{name} frees");
-        assert_eq!(
-            sum(&rows, "leaked_blocks") as u64,
-            site.leaked,
-            "{name} leaks"
-        );
-        if let Some(bucket) = site.size_bucket() {
-            assert_eq!(
-                sum(&rows, &format!("size_bucket_{bucket}")) as u64,
-                site.allocs,
-                "{name}: every block in bucket {bucket}"
-            );
-            assert_eq!(
-                sum(&rows, "leaked_bytes") as u64,
-                site.leaked * site.size,
-                "{name} leaked bytes"
-            );
-        }
-        assert!(rows.iter().all(|row| row.truncated.is_empty()), "{name}");
-    }
-    sites
 }
 
 fn alloc_run(name: &str, fixture: &std::path::Path, extra: &[&str]) -> Run {

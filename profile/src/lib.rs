@@ -34,7 +34,8 @@ pub mod units;
 pub mod writers;
 
 pub use model::{
-    Frame, HeapPoint, HeapProcess, HeapSums, HeapTotals, Location, LocationId, Lost, MappedMemory,
-    MappedProcess, Mapping, MappingId, Metadata, Profile, RecorderMemory, Sample, SamplingMode,
-    Summary, TimelinePoint, ValueType, MERGED_PID,
+    AllocatorCounted, AllocatorsMissed, CountedBy, Frame, HeapPoint, HeapProcess, HeapSums,
+    HeapTotals, Location, LocationId, Lost, MappedMemory, MappedProcess, Mapping, MappingId,
+    Metadata, ProcessAllocators, Profile, RecorderMemory, Sample, SamplingMode, Summary,
+    TimelinePoint, ValueType, MERGED_PID,
 };

@@ -259,6 +259,10 @@ pub struct HeapTotals {
     pub mapped: Option<MappedMemory>,
     /// What recording in the processes cost them in memory, where it was recorded there.
     pub in_process: Option<RecorderMemory>,
+    /// Which allocators were counted in which process, and how: one entry per process
+    /// kept apart, and one per executable for the processes counted together under
+    /// [`MERGED_PID`]. Empty where the collector did not say.
+    pub allocators: Vec<ProcessAllocators>,
 }
 
 /// The memory the preloaded library took in the processes it recorded in: a shared
@@ -291,6 +295,131 @@ impl RecorderMemory {
             b(self.private_bytes),
             b(self.private_bound),
         )
+    }
+}
+
+/// The allocators counted in one process (or, under [`MERGED_PID`], in the exited
+/// processes of one executable counted together), and what was missed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessAllocators {
+    pub pid: u32,
+    /// The process's executable (the last it exec'd), where it is known.
+    pub executable: Option<String>,
+    /// How many processes the entry stands for: 1, or those merged under pid 0.
+    pub processes: u64,
+    pub allocators: Vec<AllocatorCounted>,
+    /// What of its heap was not counted, and why; `None` when nothing was missed.
+    pub missed: Option<AllocatorsMissed>,
+}
+
+/// One allocator whose calls were counted, and how they were seen.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AllocatorCounted {
+    /// `libc`, `jemalloc`, `mimalloc`, or `malloc` (an allocator known only by the
+    /// malloc API it defines).
+    pub name: String,
+    /// The prefix of its functions' names (`_rjem_`, `je_`), if they have one.
+    pub prefix: Option<String>,
+    /// The object that carries it, as the process mapped it.
+    pub object: String,
+    pub counted_by: CountedBy,
+}
+
+/// How an allocator's calls reach the profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CountedBy {
+    /// Probes on the allocator's own functions (uprobes).
+    Functions,
+    /// Wrappers of its functions in a library the process was started with.
+    Wrappers,
+    /// Hooks placed in the process on the allocator's functions.
+    Hooks,
+}
+
+impl CountedBy {
+    /// `by its functions`, as the reports say it after the allocator's name.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CountedBy::Functions => "by its functions",
+            CountedBy::Wrappers => "by the preloaded library's wrappers",
+            CountedBy::Hooks => "by hooks in the process",
+        }
+    }
+
+    /// Its name in the JSON output.
+    pub fn name(self) -> &'static str {
+        match self {
+            CountedBy::Functions => "functions",
+            CountedBy::Wrappers => "wrappers",
+            CountedBy::Hooks => "hooks",
+        }
+    }
+}
+
+impl AllocatorCounted {
+    /// `libc`, `jemalloc (_rjem_) in /path/exe`: the allocator, its prefix, and the
+    /// object carrying it where it is not libc.
+    pub fn label(&self) -> String {
+        let mut label = self.name.clone();
+        if let Some(prefix) = &self.prefix {
+            label.push_str(&format!(" ({prefix})"));
+        }
+        if self.name != "libc" {
+            label.push_str(&format!(" in {}", self.object));
+        }
+        label
+    }
+}
+
+/// `jemalloc (_rjem_) in /path/exe by its functions`.
+impl fmt::Display for AllocatorCounted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.label(), self.counted_by.describe())
+    }
+}
+
+/// What a process's allocators missed: an allocator that could not be probed, or that
+/// the process called before it was.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorsMissed {
+    /// Why, for people: "jemalloc in /x probed only after the process had run".
+    pub reason: String,
+    /// The count it missed, as far as it is known: the frees of blocks the process
+    /// allocated while nothing counted them (their allocations are missing).
+    pub count: u64,
+}
+
+impl ProcessAllocators {
+    /// `pid 42 (/path/exe)`, or `3 exited processes of /path/exe`.
+    pub fn who(&self) -> String {
+        let executable = self.executable.as_deref().unwrap_or("?");
+        if self.pid == MERGED_PID && self.processes != 1 {
+            format!("{} exited processes of {executable}", self.processes)
+        } else {
+            format!("process {} ({executable})", self.pid)
+        }
+    }
+
+    /// `libc by its functions, jemalloc (_rjem_) in /x by its functions`, or `none
+    /// found`.
+    pub fn describe(&self) -> String {
+        if self.allocators.is_empty() {
+            return "no allocator found".to_string();
+        }
+        let listed: Vec<String> = self.allocators.iter().map(ToString::to_string).collect();
+        listed.join(", ")
+    }
+
+    /// The warning a miss deserves: `process 42 (/x): 120 frees of blocks allocated
+    /// while not counted: jemalloc ... probed only after the process had run`.
+    pub fn warning(&self) -> Option<String> {
+        let missed = self.missed.as_ref()?;
+        Some(format!(
+            "{}: {}; {} frees of blocks allocated while nothing counted them",
+            self.who(),
+            missed.reason,
+            missed.count
+        ))
     }
 }
 

@@ -151,6 +151,73 @@ pub struct AllocFunction {
     pub kind: AllocKind,
 }
 
+/// An allocator found in one object: what it is, and the functions probed for it.
+#[derive(Clone, Debug)]
+pub struct ObjectAllocator {
+    /// `libc`, `jemalloc`, `mimalloc`, or `malloc`: an object known only by the malloc
+    /// API it defines.
+    pub name: &'static str,
+    /// The prefix of its functions' names (`_rjem_`, `je_`), if they have one.
+    pub prefix: Option<String>,
+    /// The object, as this process opens it.
+    pub path: std::path::PathBuf,
+    pub functions: Vec<AllocFunction>,
+}
+
+/// The functions [`resolve`] found, by the object carrying them, each object named as
+/// the allocator its functions tell: libc by its file name, jemalloc by its own API,
+/// mimalloc by its, any other by the malloc API it defines.
+pub fn by_object(functions: Vec<AllocFunction>) -> Vec<ObjectAllocator> {
+    let mut objects: Vec<ObjectAllocator> = Vec::new();
+    for function in functions {
+        match objects.iter_mut().find(|o| o.path == function.target.path) {
+            Some(object) => object.functions.push(function),
+            None => objects.push(ObjectAllocator {
+                name: "malloc",
+                prefix: None,
+                path: function.target.path.clone(),
+                functions: vec![function],
+            }),
+        }
+    }
+    for object in &mut objects {
+        (object.name, object.prefix) = name_of(object);
+    }
+    objects
+}
+
+/// The allocator `object`'s functions tell, and their prefix.
+fn name_of(object: &ObjectAllocator) -> (&'static str, Option<String>) {
+    let file = object
+        .path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("");
+    if file.starts_with("libc.so") || file.starts_with("libc-") {
+        return ("libc", None);
+    }
+    let symbols: Vec<&str> = object
+        .functions
+        .iter()
+        .map(|f| f.target.symbol.split('+').next().unwrap_or(""))
+        .collect();
+    // The prefix a name of `api` carries in `symbols`, if one does.
+    let prefix_in = |api: &[(&str, AllocKind)]| {
+        symbols.iter().find_map(|symbol| {
+            api.iter()
+                .find_map(|(name, _)| symbol.strip_suffix(name))
+                .map(|prefix| (!prefix.is_empty()).then(|| prefix.to_string()))
+        })
+    };
+    if let Some(prefix) = prefix_in(JEMALLOC_API) {
+        return ("jemalloc", prefix);
+    }
+    if prefix_in(MIMALLOC_API).is_some() {
+        return ("mimalloc", None);
+    }
+    ("malloc", prefix_in(MALLOC_API).flatten())
+}
+
 /// The functions to probe for `allocator` in process `pid`. `prefix` (`--alloc-prefix`)
 /// names the malloc API with a prefix in the executable, or in the library named.
 pub fn resolve(

@@ -66,52 +66,51 @@ impl AllocProbe {
             && heap.preload
     }
 
-    /// `preload`: the preloaded library, if the target was launched with it; its sites
-    /// are attached for libc's functions if process `pid` loaded it.
-    pub fn attach(
-        &self,
-        tracer: &Tracer,
-        heap: &HeapSettings,
-        pid: u32,
-        fire: Fire<'_>,
-        probe_id: u32,
-    ) -> Result<Vec<Attachment>> {
-        let functions = allocators::resolve(&self.allocator, heap.alloc_prefix.as_deref(), pid)?;
-        // Functions of a kind share their programs and cookie: attached together (bound
-        // to processes, they are one event of the kernel's, attached and detached at once).
-        let mut by_kind: Vec<(AllocKind, Vec<UprobeTarget>)> = Vec::new();
-        for function in &functions {
-            match by_kind.iter_mut().find(|(kind, _)| *kind == function.kind) {
-                Some((_, targets)) => targets.push(function.target.clone()),
-                None => by_kind.push((function.kind, vec![function.target.clone()])),
-            }
-        }
-        let mut links = Vec::new();
-        for (kind, targets) in &by_kind {
-            // Mappings apart from the heap's blocks: their statistics under a probe id
-            // of their own.
-            let probe_id = match kind {
-                AllocKind::Mmap | AllocKind::Munmap if !heap.count_mmap => probe_id | MAPPED,
-                _ => probe_id,
-            };
-            let cookie = alloc_cookie(probe_id, *kind);
-            for &(program, retprobe) in kind.programs() {
-                let attached = probes::attach_uprobes_in(
-                    tracer.program(program),
-                    targets,
-                    fire,
-                    retprobe,
-                    cookie,
-                )
-                .with_context(|| {
-                    let names: Vec<&str> = targets.iter().map(|t| t.symbol.as_str()).collect();
-                    format!("attaching {} to {}", program.name(), names.join(", "))
-                })?;
-                links.extend(attached);
-            }
-        }
-        Ok(links)
+    /// The allocator the probe names (`alloc`: found in each process).
+    pub fn allocator(&self) -> &Allocator {
+        &self.allocator
     }
+}
+
+/// Attaches `functions` (found by [`allocators::resolve`] in a process) firing where
+/// `fire` says, with probe id `probe_id`: each allocating function's entry and return, each freeing
+/// function's entry.
+pub fn attach_functions(
+    tracer: &Tracer,
+    heap: &HeapSettings,
+    functions: &[allocators::AllocFunction],
+    fire: Fire<'_>,
+    probe_id: u32,
+) -> Result<Vec<Attachment>> {
+    // Functions of a kind share their programs and cookie: attached together (bound
+    // to processes, they are one event of the kernel's, attached and detached at once).
+    let mut by_kind: Vec<(AllocKind, Vec<UprobeTarget>)> = Vec::new();
+    for function in functions {
+        match by_kind.iter_mut().find(|(kind, _)| *kind == function.kind) {
+            Some((_, targets)) => targets.push(function.target.clone()),
+            None => by_kind.push((function.kind, vec![function.target.clone()])),
+        }
+    }
+    let mut links = Vec::new();
+    for (kind, targets) in &by_kind {
+        // Mappings apart from the heap's blocks: their statistics under a probe id
+        // of their own.
+        let probe_id = match kind {
+            AllocKind::Mmap | AllocKind::Munmap if !heap.count_mmap => probe_id | MAPPED,
+            _ => probe_id,
+        };
+        let cookie = alloc_cookie(probe_id, *kind);
+        for &(program, retprobe) in kind.programs() {
+            let attached =
+                probes::attach_uprobes_in(tracer.program(program), targets, fire, retprobe, cookie)
+                    .with_context(|| {
+                        let names: Vec<&str> = targets.iter().map(|t| t.symbol.as_str()).collect();
+                        format!("attaching {} to {}", program.name(), names.join(", "))
+                    })?;
+            links.extend(attached);
+        }
+    }
+    Ok(links)
 }
 
 #[cfg(test)]

@@ -146,6 +146,8 @@ pub struct Collected {
     pub parents: HashMap<u32, u32>,
     /// Warnings to print once, before the summary.
     pub warnings: Vec<String>,
+    /// Which allocators the heap probes counted in which process, and what they missed.
+    pub allocators: Vec<profile::ProcessAllocators>,
 }
 
 /// Whether [`Collector::collected`] is the end of tracing or a look while it runs.

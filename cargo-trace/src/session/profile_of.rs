@@ -48,7 +48,9 @@ pub fn build(source: Source<'_>, heap_settings: &HeapSettings) -> Profile {
     // What did not fit in what the session filled, and the collectors' losses.
     let mut limits = source.coverage.limits.clone();
     let mut parents = HashMap::new();
+    let mut allocators = Vec::new();
     for collected in source.collected {
+        allocators.extend(collected.allocators);
         for warning in &collected.warnings {
             eprintln!("cargo-trace: warning: {warning}");
         }
@@ -134,6 +136,7 @@ pub fn build(source: Source<'_>, heap_settings: &HeapSettings) -> Profile {
     let mut profile = builder.finish(probes, summary, metadata);
     profile.heap = heap.map(|heap| HeapTotals {
         timeline: source.heap_timeline,
+        allocators,
         ..heap
     });
     profile

@@ -261,6 +261,7 @@ pub fn add_heap_samples(
         timeline: Vec::new(),
         mapped: heap.mapped,
         in_process: heap.in_process,
+        allocators: Vec::new(),
     }
 }
 

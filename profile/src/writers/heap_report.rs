@@ -15,6 +15,8 @@ use crate::{Profile, Sample};
 const TOP: usize = 10;
 /// Frames of a stack shown (repeats folded into one).
 const FRAMES_SHOWN: usize = 12;
+/// Processes (or executables) listed with their allocators.
+const ALLOCATOR_LINES: usize = 20;
 /// Width of a histogram's longest bar.
 const BAR_WIDTH: u64 = 40;
 
@@ -71,6 +73,7 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
             mapped.describe()
         )?;
     }
+    allocators(heap, out)?;
     if heap.processes.len() > 1 {
         let merged = profile.summary.merged_processes;
         for p in &heap.processes {
@@ -171,6 +174,35 @@ pub fn write(profile: &Profile, order_by: OrderBy, out: &mut dyn Write) -> io::R
             sample.pid,
         )?;
         writeln!(out, "   at {}", describe_stack(profile, sample))?;
+    }
+    Ok(())
+}
+
+/// Which allocators were counted: one line where every process counted the same, else
+/// a line per process (or executable, for processes counted together), and a note for
+/// each process that missed some of its heap.
+fn allocators(heap: &crate::HeapTotals, out: &mut dyn Write) -> io::Result<()> {
+    let entries = &heap.allocators;
+    let first = entries.first().map(|entry| &entry.allocators);
+    if entries.iter().all(|entry| Some(&entry.allocators) == first) {
+        if let Some(entry) = entries.first() {
+            writeln!(out, "allocators counted: {}", entry.describe())?;
+        }
+    } else {
+        writeln!(out, "allocators counted:")?;
+        for entry in entries.iter().take(ALLOCATOR_LINES) {
+            writeln!(out, "  {}: {}", entry.who(), entry.describe())?;
+        }
+        if entries.len() > ALLOCATOR_LINES {
+            writeln!(
+                out,
+                "  ... and {} more (the JSON output lists them all)",
+                entries.len() - ALLOCATOR_LINES
+            )?;
+        }
+    }
+    for warning in entries.iter().filter_map(|entry| entry.warning()) {
+        writeln!(out, "warning: {warning}")?;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::time::UNIX_EPOCH;
 
 use serde_json::{json, Value};
 
-use crate::{Lost, Profile, SamplingMode};
+use crate::{AllocatorCounted, HeapTotals, Lost, Profile, SamplingMode};
 
 /// The schema's version: bumped when a field changes meaning or goes away.
 pub const VERSION: u32 = 1;
@@ -179,6 +179,7 @@ fn heap(profile: &Profile) -> Value {
         "processes": heap.processes.iter().map(|p| json!({
             "probe": p.probe,
             "pid": p.pid,
+            "allocators": allocators_of(heap, p.pid),
             "allocations": p.allocs,
             "bytes_allocated": p.bytes,
             "frees": p.frees,
@@ -186,6 +187,16 @@ fn heap(profile: &Profile) -> Value {
             "live_bytes": p.live_bytes,
             "peak_live_bytes": p.peak_bytes,
             "unknown_frees": p.unknown_frees,
+        })).collect::<Vec<_>>(),
+        "allocators": heap.allocators.iter().map(|entry| json!({
+            "pid": entry.pid,
+            "executable": entry.executable,
+            "processes": entry.processes,
+            "allocators": entry.allocators.iter().map(allocator).collect::<Vec<_>>(),
+            "missed": entry.missed.as_ref().map(|missed| json!({
+                "reason": missed.reason,
+                "count": missed.count,
+            })),
         })).collect::<Vec<_>>(),
         "timeline": heap.timeline.iter().map(|p| json!({
             "at_ns": p.at.as_nanos() as u64,
@@ -195,6 +206,30 @@ fn heap(profile: &Profile) -> Value {
             "rss_bytes": p.rss_bytes,
         })).collect::<Vec<_>>(),
     })
+}
+
+fn allocator(counted: &AllocatorCounted) -> Value {
+    json!({
+        "name": counted.name,
+        "prefix": counted.prefix,
+        "object": counted.object,
+        "counted_by": counted.counted_by.name(),
+        "text": counted.to_string(),
+    })
+}
+
+/// The allocators counted in process `pid` (under pid 0, in every executable's processes
+/// counted together), each once.
+fn allocators_of(heap: &HeapTotals, pid: u32) -> Vec<Value> {
+    let mut counted: Vec<&AllocatorCounted> = heap
+        .allocators
+        .iter()
+        .filter(|entry| entry.pid == pid)
+        .flat_map(|entry| &entry.allocators)
+        .collect();
+    counted.sort();
+    counted.dedup();
+    counted.into_iter().map(allocator).collect()
 }
 
 #[cfg(test)]

@@ -374,6 +374,41 @@ pub(crate) mod tests {
                     rss_bytes: 5 << 20,
                 },
             ],
+            allocators: {
+                let libc = crate::AllocatorCounted {
+                    name: "libc".into(),
+                    prefix: None,
+                    object: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                    counted_by: crate::CountedBy::Functions,
+                };
+                let jemalloc = crate::AllocatorCounted {
+                    name: "jemalloc".into(),
+                    prefix: Some("_rjem_".into()),
+                    object: "/opt/demo/child".into(),
+                    counted_by: crate::CountedBy::Functions,
+                };
+                vec![
+                    crate::ProcessAllocators {
+                        pid: 42,
+                        executable: Some("/opt/demo/demo".into()),
+                        processes: 1,
+                        allocators: vec![libc.clone()],
+                        missed: None,
+                    },
+                    crate::ProcessAllocators {
+                        pid: 43,
+                        executable: Some("/opt/demo/child".into()),
+                        processes: 1,
+                        allocators: vec![jemalloc, libc],
+                        missed: Some(crate::AllocatorsMissed {
+                            reason: "jemalloc (_rjem_) in /opt/demo/child probed only after \
+                                     the process had run (it was found by polling)"
+                                .into(),
+                            count: 1,
+                        }),
+                    },
+                ]
+            },
             ..HeapTotals::default()
         });
         profile

@@ -70,6 +70,11 @@ pub fn line(profile: &Profile) -> String {
              the processes kept apart)"
         );
     }
+    if let Some(heap) = &profile.heap {
+        if let Some(allocators) = allocators_counted(&heap.allocators) {
+            let _ = write!(line, "; allocators: {allocators}");
+        }
+    }
     let own = profile.summary.not_the_targets;
     if own > 0 {
         let _ = write!(
@@ -78,6 +83,34 @@ pub fn line(profile: &Profile) -> String {
         );
     }
     line
+}
+
+/// Each allocator counted, with the processes it was counted in where there are
+/// several: `libc by its functions (3 processes), jemalloc (_rjem_) in /x by its
+/// functions (1 process)`; `None` where the collectors did not say.
+fn allocators_counted(entries: &[crate::ProcessAllocators]) -> Option<String> {
+    let mut counted: Vec<(&crate::AllocatorCounted, u64)> = Vec::new();
+    for entry in entries {
+        for allocator in &entry.allocators {
+            match counted.iter_mut().find(|(a, _)| *a == allocator) {
+                Some((_, processes)) => *processes += entry.processes,
+                None => counted.push((allocator, entry.processes)),
+            }
+        }
+    }
+    if counted.is_empty() {
+        return None;
+    }
+    let several = entries.iter().map(|e| e.processes).sum::<u64>() > 1;
+    let listed: Vec<String> = counted
+        .iter()
+        .map(|(allocator, processes)| match (several, processes) {
+            (false, _) => allocator.to_string(),
+            (true, 1) => format!("{allocator} (1 process)"),
+            (true, n) => format!("{allocator} ({n} processes)"),
+        })
+        .collect();
+    Some(listed.join(", "))
 }
 
 /// One note per object without an unwind table (not for `[anon]`-like pseudo objects).

@@ -7,7 +7,6 @@ use bpf_prog::Tracer;
 use probes::{Attachment, Fire, UprobeGroup};
 
 use crate::probe::{event_program, Probe, ProbeKind};
-use crate::settings::HeapSettings;
 
 /// How the probes attach.
 #[derive(Clone, Debug)]
@@ -65,13 +64,12 @@ impl UprobeScope {
     }
 }
 
-/// Attaches every probe with its index as the BPF cookie: counts keep probes apart by it.
-/// A uprobe on a library no traced process maps and none of the library directories
+/// Attaches every event probe with its index as the BPF cookie: counts keep probes apart
+/// by it. A uprobe on a library no traced process maps and none of the library directories
 /// holds (a plugin to be dlopened) is not an error: it waits in [`Pending`].
 pub fn attach_all(
     tracer: &Tracer,
     probes: &[Probe],
-    heap: Option<&HeapSettings>,
     pid: u32,
     plan: &AttachPlan,
 ) -> Result<(Vec<Attachment>, Pending)> {
@@ -82,14 +80,8 @@ pub fn attach_all(
         target: pid,
     };
     for (index, probe) in probes.iter().enumerate() {
-        if let ProbeKind::Heap(alloc) = &probe.kind {
-            // Counted by another collector, if not here.
-            let Some(heap) = heap else {
-                continue;
-            };
-            let target = [pid];
-            let fire = plan.scope.fire(pid, &target);
-            links.extend(alloc.attach(tracer, heap, pid, fire, index as u32)?);
+        // The heap's allocators are found in each process (`AllocatorProbes`).
+        if let ProbeKind::Heap(_) = &probe.kind {
             continue;
         }
         match attach_one(tracer, probe, index, pid, plan, &[pid]) {

@@ -3,10 +3,12 @@
 //! hand their counts and stacks to the session through [`Collector`].
 //!
 //! It owns what only it needs: the loaded programs ([`Tracer`]), the links of the
-//! attached probes and those waiting for a library ([`attach`]), the following of the
-//! target's children ([`children`]), the processes that exited ([`exited`]), and the guard
-//! that resumes held processes should cargo-trace die.
+//! attached probes and those waiting for a library ([`attach`]), the allocators of every
+//! traced process ([`allocator_probes`]), the following of the target's children
+//! ([`children`]), the processes that exited ([`exited`]), and the guard that resumes held
+//! processes should cargo-trace die.
 
+mod allocator_probes;
 mod attach;
 mod children;
 mod exited;
@@ -26,6 +28,7 @@ use crate::process;
 use crate::settings::{HeapSettings, Settings};
 use crate::tables::{ProcessTables, SharedTables, StoreId};
 use crate::timings::{self, Phase};
+use allocator_probes::{AllocatorProbes, Held};
 use attach::{AttachPlan, Pending, UprobeScope};
 use children::Children;
 use exited::ExitedProcesses;
@@ -47,6 +50,8 @@ pub struct BpfCollector {
     links: Vec<Attachment>,
     /// Probes on a library no traced process maps yet (one to be dlopened).
     pending: Option<Pending>,
+    /// The heap probes' allocators, found in each traced process.
+    allocators: Vec<AllocatorProbes>,
     children: Option<Children>,
     exited: ExitedProcesses,
     keep_exited: usize,
@@ -128,6 +133,7 @@ impl BpfCollector {
             target: None,
             links: Vec::new(),
             pending: None,
+            allocators: Vec::new(),
             children: None,
             exited: ExitedProcesses::new(settings.keep_exited, 0),
             keep_exited: settings.keep_exited,
@@ -176,6 +182,13 @@ impl BpfCollector {
             // The process may be exiting: a failed read is not an error.
             let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
             let _ = tables.sync(&mut store, pid);
+            // One no stop reported (a static executable, another ld.so, a fork).
+            let target = self.target.unwrap_or(pid);
+            for allocators in &mut self.allocators {
+                if allocators.wants_check(pid, REFRESH_INTERVAL) {
+                    allocators.check_process(&self.tracer, pid, Held::No, &self.plan.scope, target);
+                }
+            }
         }
         for pid in exited {
             // Its filter and mappings entries are freed; its counts leave the kernel.
@@ -183,6 +196,9 @@ impl BpfCollector {
             let _ = self.tracer.remove_process(pid);
             let apart = self.exited.exited(pid);
             tables.release(pid, apart);
+            for allocators in &mut self.allocators {
+                allocators.exited(pid, apart);
+            }
         }
         self.exited.retire(&self.tracer, false);
         self.processes = traced;
@@ -200,15 +216,18 @@ impl Collector for BpfCollector {
             .filter_pid(pid)
             .context("adding the target to the event filter")?;
         timings::done(Phase::Tables);
-        let (links, pending) = attach::attach_all(
-            &self.tracer,
-            &self.probes,
-            self.takes_heap.then_some(&self.heap),
-            pid,
-            &self.plan,
-        )?;
+        let (links, pending) = attach::attach_all(&self.tracer, &self.probes, pid, &self.plan)?;
         self.links = links;
         self.pending = Some(pending);
+        if self.takes_heap {
+            for (index, probe) in self.probes.iter().enumerate() {
+                if let ProbeKind::Heap(alloc) = &probe.kind {
+                    let mut allocators = AllocatorProbes::new(alloc, index as u32, &self.heap);
+                    allocators.attach_target(&self.tracer, pid, &self.plan.scope)?;
+                    self.allocators.push(allocators);
+                }
+            }
+        }
         if self.follow {
             let targets = [pid];
             let fire = self.plan.scope.fire(pid, &targets);
@@ -242,11 +261,23 @@ impl Collector for BpfCollector {
         if let Some(children) = &self.children {
             children.take_reports();
             let (links, pending, probes) = (&mut self.links, &mut self.pending, &self.probes);
+            let (allocators, scope) = (&mut self.allocators, &self.plan.scope);
+            let target = self.target.unwrap_or(0);
             let mut store = Self::store(&mut self.tracer, &mut self.kernel_tables);
             let mut tables = self.tables.lock();
             children.register_started(&mut store, &mut tables, |tracer, pid| {
                 if let Some(pending) = pending {
                     pending.attach_in(tracer, probes, pid, links);
+                }
+                // Right after an exec, ld.so has not mapped the libraries yet: they are
+                // checked at the next stop, once it has.
+                let loading = tracer.loading(pid);
+                for allocators in allocators.iter_mut() {
+                    if loading {
+                        allocators.exec_started(pid);
+                    } else {
+                        allocators.check_process(tracer, pid, Held::Yes, scope, target);
+                    }
                 }
             });
         }
@@ -282,6 +313,9 @@ impl Collector for BpfCollector {
         if let Some(children) = self.children.as_mut() {
             links.extend(children.take_links());
         }
+        for allocators in &mut self.allocators {
+            links.extend(allocators.take_links());
+        }
         let removal = self.plan.scope.removal();
         probes::detach_in_background(
             links,
@@ -301,6 +335,21 @@ impl Collector for BpfCollector {
         let heap = self.takes_heap.then_some(&self.heap);
         let mut collected = read::collected(&self.tracer, &self.probes, heap)?;
         collected.merged_processes = self.exited.merged();
+        let unknown_frees: std::collections::HashMap<u32, u64> = collected
+            .heap
+            .iter()
+            .flat_map(|heap| &heap.processes)
+            .map(|p| (p.pid, p.unknown_frees))
+            .collect();
+        for allocators in &self.allocators {
+            collected
+                .allocators
+                .extend(allocators.counted(&unknown_frees));
+        }
+        if when == When::Final {
+            let warnings = collected.allocators.iter().filter_map(|p| p.warning());
+            collected.warnings.extend(warnings.collect::<Vec<_>>());
+        }
         if when == When::Final {
             if let Some((lost, error)) = self.tracer.storage_failure() {
                 collected.warnings.push(format!(

@@ -58,6 +58,7 @@ pub fn collected(
         merged_processes: 0,
         parents: tracer.parents(),
         warnings: Vec::new(),
+        allocators: Vec::new(),
     })
 }
 
