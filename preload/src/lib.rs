@@ -73,7 +73,11 @@ pub use recorder::{
     Recorder, RegionError, Stack, StackId, BUCKETS,
 };
 pub use server::{Error, Server};
-pub use tables::{encode_table, PlainTables, SourceMapping, TableError, TableSource};
+pub use server::{HookOutcome, HookReport};
+pub use tables::{
+    encode_table, HookCode, HookKind, HookTarget, PlainTables, SourceMapping, TableError,
+    TableSource,
+};
 
 /// The library, as built by build.rs.
 pub const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcargo-trace-preload.so"));
