@@ -318,6 +318,8 @@ static uint64_t region_size(void)
 	       (uint64_t)CTP_STACK_WORDS * sizeof(uint64_t);
 }
 
+static void place_hooks(void);
+
 /* Connects to cargo-trace, makes the region and says hello; 0 on success. */
 static int connect_now(void)
 {
@@ -401,6 +403,9 @@ static int connect_now(void)
 	if (tables == MAP_FAILED)
 		return -1;
 	conn.tables = tables;
+	/* a forked child has its parent's hooks */
+	if (!forked_image)
+		place_hooks();
 	return 0;
 }
 
@@ -1289,3 +1294,5 @@ static void record_image_started(void)
 	if (recording_mode)
 		ensure_connected();
 }
+
+#include "hooks.h"

@@ -467,7 +467,13 @@ impl Server {
                 continue;
             };
             let room = (place.room as usize).min(layout::HOOK_ROOM);
-            let outcome = match source.plan_hook(target, place.stub, place.trampoline, room) {
+            let outcome = match source.plan_hook(
+                connection.pid,
+                target,
+                place.stub,
+                place.trampoline,
+                room,
+            ) {
                 Ok(planned)
                     if planned.patch.len() <= layout::HOOK_PATCH && planned.code.len() <= room =>
                 {

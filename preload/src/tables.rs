@@ -108,16 +108,17 @@ pub trait TableSource {
         Vec::new()
     }
 
-    /// The bytes that hook `target` with a jump to `stub`, its displaced instructions
+    /// The bytes that hook `target` of process `pid` with a jump to `stub`, its displaced instructions
     /// relocated to `trampoline` (at most `room` bytes); `Err`: why it cannot be hooked.
     fn plan_hook(
         &mut self,
+        pid: u32,
         target: &HookTarget,
         stub: u64,
         trampoline: u64,
         room: usize,
     ) -> Result<HookCode, String> {
-        let _ = (target, stub, trampoline, room);
+        let _ = (pid, target, stub, trampoline, room);
         Err("no hook planner".to_string())
     }
 }

@@ -14,11 +14,15 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use preload::{Recorder, Server, SourceMapping, TableError, TableSource};
+use preload::{
+    HookCode, HookOutcome, HookReport, HookTarget, Recorder, Server, SourceMapping, TableError,
+    TableSource,
+};
 use unwind_tables::walk::WalkEnd;
 use unwind_tables::CompactTable;
 
 use super::execs::{Exec, ExecWatch};
+use crate::alloc::hooks::Planner;
 use crate::collect::{
     Collected, Collector, Estimated, HeapCollected, HeapCount, HeapNow, HeapStats, Target,
     UserFrame, UserStack, Walks, When,
@@ -39,6 +43,10 @@ struct State {
     server: Option<Server>,
     recorder: Recorder,
     store: LibraryTables,
+    /// The allocator functions each process's library hooks.
+    planner: Planner,
+    /// What became of them, kept when the server closes.
+    hooks: Vec<HookReport>,
 }
 
 /// The tables the library walks with, by the session's handles, and the mappings last
@@ -71,10 +79,11 @@ impl TableStore for LibraryTables {
     }
 }
 
-/// The session's tables as the library's source of mappings.
+/// The session's tables as the library's source of mappings, and of the hooks it places.
 struct Source<'a> {
     tables: &'a SharedTables,
     store: &'a mut LibraryTables,
+    planner: &'a mut Planner,
 }
 
 impl TableSource for Source<'_> {
@@ -101,6 +110,23 @@ impl TableSource for Source<'_> {
                     .and_then(|TableRef(index)| self.store.tables.get(index as usize).cloned()),
             })
             .collect())
+    }
+
+    fn hook_targets(&mut self, pid: u32) -> Vec<HookTarget> {
+        self.planner.targets(pid)
+    }
+
+    fn plan_hook(
+        &mut self,
+        pid: u32,
+        target: &HookTarget,
+        stub: u64,
+        trampoline: u64,
+        room: usize,
+    ) -> Result<HookCode, String> {
+        self.planner
+            .plan(pid, target, stub, trampoline, room)
+            .map_err(|refusal| refusal.to_string())
     }
 }
 
@@ -133,6 +159,8 @@ impl InProcessCollector {
             server: Some(server),
             recorder,
             store: LibraryTables::default(),
+            planner: Planner::default(),
+            hooks: Vec::new(),
         }));
         let done = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -187,9 +215,15 @@ fn serve(state: &Mutex<State>, tables: &SharedTables, done: &AtomicBool) {
                 server,
                 recorder,
                 store,
+                planner,
+                hooks,
             } = &mut *state;
             if let Some(server) = server {
-                let mut source = Source { tables, store };
+                let mut source = Source {
+                    tables,
+                    store,
+                    planner,
+                };
                 let wait = if idle && !finishing {
                     IDLE_WAIT
                 } else {
@@ -197,6 +231,9 @@ fn serve(state: &Mutex<State>, tables: &SharedTables, done: &AtomicBool) {
                 };
                 if let Err(error) = server.serve(&mut source, recorder, wait) {
                     eprintln!("cargo-trace: warning: in-process heap recording: {error}");
+                }
+                if server.hooks().len() != hooks.len() || finishing {
+                    *hooks = server.hooks().to_vec();
                 }
             }
             recorder.poll()
@@ -236,6 +273,9 @@ impl Collector for InProcessCollector {
     fn stop(&mut self) {
         self.stop_serving();
         if let Some(warning) = self.without_library() {
+            eprintln!("cargo-trace: warning: {warning}");
+        }
+        if let Some(warning) = unhooked_warning(&self.state().hooks) {
             eprintln!("cargo-trace: warning: {warning}");
         }
         // Closed: a process still running finds its connection gone and records no more.
@@ -365,6 +405,7 @@ impl Collector for InProcessCollector {
             counters.waits,
             counters.lookups,
         )];
+        lines.push(hooks_line(&state.hooks));
         for memory in state.recorder.library_memory() {
             lines.push(format!(
                 "in-process: process {}: shared region {} KiB used of {} KiB, other {} KiB \
@@ -424,6 +465,75 @@ impl InProcessCollector {
             first.pid
         ))
     }
+}
+
+/// The one line that names the allocator functions left unhooked, if any were: their
+/// calls are not counted.
+fn unhooked_warning(hooks: &[HookReport]) -> Option<String> {
+    let missed: Vec<&HookReport> = hooks
+        .iter()
+        .filter(|h| h.outcome != HookOutcome::Hooked)
+        .collect();
+    let first = missed.first()?;
+    let why = match &first.outcome {
+        HookOutcome::Refused(why) => why.clone(),
+        _ => "no room for its hook within reach, or its code could not be written".to_string(),
+    };
+    let mut processes: Vec<u32> = missed.iter().map(|h| h.pid).collect();
+    processes.sort_unstable();
+    processes.dedup();
+    let more = match missed.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    Some(format!(
+        "{} of {} could not be hooked in process {} ({why}){more}, in {} process(es): the \
+         calls to it are not counted (--no-preload probes them from the kernel)",
+        first.name,
+        first.object.display(),
+        first.pid,
+        processes.len(),
+    ))
+}
+
+/// `--bpf-stats`' account of the hooks: functions hooked in how many processes, refused
+/// and why.
+fn hooks_line(hooks: &[HookReport]) -> String {
+    let hooked: Vec<&HookReport> = hooks
+        .iter()
+        .filter(|h| h.outcome == HookOutcome::Hooked)
+        .collect();
+    let mut processes: Vec<u32> = hooked.iter().map(|h| h.pid).collect();
+    processes.sort_unstable();
+    processes.dedup();
+    let mut refused: std::collections::BTreeMap<String, usize> = Default::default();
+    for hook in hooks {
+        match &hook.outcome {
+            HookOutcome::Hooked => {}
+            HookOutcome::Refused(why) => {
+                *refused.entry(format!("{}: {why}", hook.name)).or_default() += 1
+            }
+            HookOutcome::NotPlaced => {
+                *refused
+                    .entry(format!("{}: not placed", hook.name))
+                    .or_default() += 1
+            }
+        }
+    }
+    let refused = if refused.is_empty() {
+        "none refused".to_string()
+    } else {
+        let reasons: Vec<String> = refused
+            .iter()
+            .map(|(why, n)| format!("{why} ({n})"))
+            .collect();
+        format!("refused: {}", reasons.join("; "))
+    };
+    format!(
+        "in-process: hooks: {} allocator functions hooked in {} processes, {refused}",
+        hooked.len(),
+        processes.len()
+    )
 }
 
 /// What the library is told of the session's heap settings.
