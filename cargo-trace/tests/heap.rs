@@ -92,6 +92,30 @@ impl Drop for EndOnDrop {
 
 /// Every site's allocations, bytes, frees and leaks exactly as the fixture counted them,
 /// each in its size's histogram bucket, and every walk complete.
+/// The extra arguments of a run that must be recorded in the process when its probe is
+/// plain `alloc` (`--bpf-stats` names the path that recorded).
+fn stats_for(probe: &str) -> &'static [&'static str] {
+    if probe == "alloc" {
+        &["--csv", "heap.csv", "--bpf-stats"]
+    } else {
+        &["--csv", "heap.csv"]
+    }
+}
+
+/// Asserts that plain `alloc` recorded `run` in the process, every allocator function
+/// hooked: `--bpf-stats` has the in-process lines, no BPF heap program's.
+fn assert_in_process(probe: &str, run: &Run) {
+    if probe == "alloc" {
+        assert!(
+            run.stderr.contains("in-process: hooks: ")
+                && !run.stderr.contains("bpf on_alloc")
+                && !run.stderr.contains("could not be hooked"),
+            "not recorded in the process, every function hooked:\n{}",
+            run.stderr
+        );
+    }
+}
+
 fn check_sites(run: &Run, rows: &[Row]) -> Vec<HeapSite> {
     assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
     run.assert_every_walk_complete();
@@ -952,12 +976,8 @@ fn jemalloc_in_the_executable() {
         return;
     };
     for probe in ["alloc", "alloc:jemalloc"] {
-        let run = trace(
-            "alloc-jemalloc",
-            &[probe],
-            &quoted(&path),
-            &["--csv", "heap.csv"],
-        );
+        let run = trace("alloc-jemalloc", &[probe], &quoted(&path), stats_for(probe));
+        assert_in_process(probe, &run);
         let rows = read_csv(&run, "heap.csv");
         let sites = check_sites(&run, &rows);
         assert_eq!(sites.len(), 7, "{probe}: {}", run.stdout);
@@ -986,12 +1006,8 @@ fn mimalloc_as_a_library() {
         return;
     };
     for probe in ["alloc", "alloc:mimalloc"] {
-        let run = trace(
-            "alloc-mimalloc",
-            &[probe],
-            &quoted(&path),
-            &["--csv", "heap.csv"],
-        );
+        let run = trace("alloc-mimalloc", &[probe], &quoted(&path), stats_for(probe));
+        assert_in_process(probe, &run);
         let rows = read_csv(&run, "heap.csv");
         let sites = check_sites(&run, &rows);
         assert_eq!(sites.len(), 6, "{probe}: {}", run.stdout);
@@ -1023,8 +1039,9 @@ fn check_allocator_crate(feature: &str, probes: [&str; 2], sites: usize, entries
             &format!("alloc-crate-{feature}"),
             &[probe],
             &quoted(&path),
-            &["--csv", "heap.csv"],
+            stats_for(probe),
         );
+        assert_in_process(probe, &run);
         let rows = read_csv(&run, "heap.csv");
         let found = check_sites(&run, &rows);
         assert_eq!(found.len(), sites, "{probe}: {}", run.stdout);

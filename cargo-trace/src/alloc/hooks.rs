@@ -435,7 +435,7 @@ mod tests {
         let hook = plan(&code, entry, stub, trampoline, 80).unwrap();
         assert_eq!(hook.patch[0], 0xe9);
         let relative = i32::from_le_bytes(hook.patch[1..5].try_into().unwrap());
-        assert_eq!(entry + 5 + relative as i64 as u64, stub);
+        assert_eq!((entry + 5).wrapping_add(relative as i64 as u64), stub);
         // The trampoline ends with a jump back into malloc, past what it displaced.
         let mut decoder = Decoder::with_ip(64, &hook.code, trampoline, DecoderOptions::NONE);
         let mut last = Instruction::default();
@@ -489,8 +489,8 @@ mod tests {
             plan(&[0x31, 0xc0, 0xc3], 0x1000, 0x2000, 0x2018, 80).unwrap_err(),
             Refusal::TooShort
         );
-        // test edi, edi; je +1 (to the nop below, displaced); nop; ...; ret
-        let code = [0x85, 0xff, 0x74, 0x01, 0x90, 0x90, 0x90, 0xc3];
+        // test edi, edi; je +0 (to the nop after it, displaced); nop; ...; ret
+        let code = [0x85, 0xff, 0x74, 0x00, 0x90, 0x90, 0x90, 0xc3];
         assert_eq!(
             plan(&code, 0x1000, 0x2000, 0x2018, 80).unwrap_err(),
             Refusal::BranchTarget(4)
@@ -499,6 +499,25 @@ mod tests {
             plan(&[], 0x1000, 0x2000, 0x2018, 80).unwrap_err(),
             Refusal::NoSize
         );
+    }
+
+    /// The fixtures' allocator crates (tikv-jemallocator's `_rjem_*`, the mimalloc
+    /// crate's `mi_*`, linked into the executable): every function their programs carry
+    /// can be hooked.
+    #[test]
+    fn the_allocator_crates_can_be_hooked() {
+        for (feature, function) in [("jemalloc", "_rjem_malloc"), ("mimalloc", "mi_free")] {
+            let path = cargo_trace_tests::fixtures::cargo_fixture("alloc_crates", feature)
+                .unwrap_or_else(|e| panic!("building alloc_crates with {feature}: {e}"));
+            let functions = check_executable(&path).unwrap();
+            assert!(
+                functions.iter().any(|(name, _)| name == function),
+                "{feature}: {functions:?}"
+            );
+            for (name, hookable) in &functions {
+                assert!(hookable.is_ok(), "{feature}: {name}: {hookable:?}");
+            }
+        }
     }
 
     /// libc defines the malloc API and calls it through its own relocations: the
