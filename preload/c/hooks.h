@@ -14,9 +14,10 @@
  *
  * ctp_hook_entry pushes rbp, passes the slot and the frame (the caller's rbp,
  * then the return address into the program) to ctp_hooked, which records the
- * call as the wrapper of its kind records one, with the walk started where a
- * probe at the function's entry starts it (the BPF path's stack: the
- * function's entry as the leaf frame, then its caller), and calls the
+ * call as the wrapper of its kind records one, with the walk started where the
+ * BPF path's probe of the function starts it (the BPF path's stack: the
+ * function's entry, or the first instruction past moves that change neither
+ * rsp, rbp nor memory, as the leaf frame, then its caller), and calls the
  * original through the trampoline. The hooked functions take at most four
  * arguments, so r8 and r9 are free to carry the slot and the frame.
  *
@@ -49,7 +50,7 @@ enum hook_limits {
 /* What ctp_hooked reads of a slot. */
 struct hook {
 	uint64_t original; /* the trampoline */
-	uint64_t entry;
+	uint64_t leaf;	   /* where the walk starts (ctp_hook_target) */
 	uint32_t kind; /* enum ctp_hook_kind */
 	uint32_t pad;
 };
@@ -211,6 +212,7 @@ static void place_hooks(void)
 	    (size_t)got != sizeof(*list) + list->ntargets * sizeof(struct ctp_hook_target))
 		goto done;
 	uint32_t kinds[CTP_MAX_HOOKS];
+	uint64_t leaves[CTP_MAX_HOOKS];
 	*plan = (struct ctp_msg_hook_plan){ .kind = CTP_MSG_HOOK_PLAN };
 	*placed = (struct ctp_msg_hook_placed){ .kind = CTP_MSG_HOOK_PLACED };
 	for (uint32_t i = 0; i < list->ntargets; i++) {
@@ -223,6 +225,7 @@ static void place_hooks(void)
 			continue;
 		}
 		kinds[plan->nhooks] = t->kind;
+		leaves[plan->nhooks] = t->leaf;
 		wheres[plan->nhooks++] = (struct ctp_hook_where){
 			.entry = t->entry,
 			.stub = slot + HOOK_STUB_AT,
@@ -249,7 +252,7 @@ static void place_hooks(void)
 		unsigned char slot[HOOK_SLOT];
 		memset(slot, 0xcc, sizeof(slot));
 		uint64_t base = w->stub - HOOK_STUB_AT;
-		struct hook h = { .original = w->trampoline, .entry = w->entry, .kind = kinds[i] };
+		struct hook h = { .original = w->trampoline, .leaf = leaves[i], .kind = kinds[i] };
 		memcpy(slot, &h, sizeof(h));
 		unsigned char *stub = slot + HOOK_STUB_AT;
 		uint64_t target = (uint64_t)(uintptr_t)&ctp_hook_entry;
@@ -309,8 +312,8 @@ ctp_hooked(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const struct hook
 			inside_call();
 		return original(a0, a1, a2, a3);
 	}
-	/* where a probe at the entry walks from: the entry, the return address above */
-	uint64_t rip = h->entry, rsp = (uint64_t)(uintptr_t)(frame + 1), rbp = frame[0];
+	/* where the BPF path's probe walks from: its pc, the return address above */
+	uint64_t rip = h->leaf, rsp = (uint64_t)(uintptr_t)(frame + 1), rbp = frame[0];
 	uint64_t r, size;
 	switch (h->kind) {
 	case CTP_HOOK_FREE:

@@ -339,6 +339,7 @@ enum ctp_hook_kind {
 
 struct ctp_hook_target {
 	uint64_t entry;
+	uint64_t leaf; /* where the walk starts: the BPF path's probe (entry, or past moves) */
 	uint32_t kind; /* enum ctp_hook_kind */
 	uint32_t pad;
 };

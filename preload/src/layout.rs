@@ -499,12 +499,14 @@ pub mod hook_kind {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HookTarget {
     pub entry: u64,
+    pub leaf: u64,
     pub kind: u32,
     pub pad: u32,
 }
 mirror!(
     HookTarget = ctp_hook_target {
         entry: u64,
+        leaf: u64,
         kind: u32,
         pad: u32
     }

@@ -423,6 +423,7 @@ impl Server {
             .iter()
             .map(|t| layout::HookTarget {
                 entry: t.entry,
+                leaf: t.leaf,
                 kind: t.kind.code(),
                 pad: 0,
             })

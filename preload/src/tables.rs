@@ -81,6 +81,10 @@ impl HookKind {
 pub struct HookTarget {
     /// Its entry's runtime address.
     pub entry: u64,
+    /// Where the walk of a hooked call starts (runtime address): where the BPF path probes
+    /// the function, its entry or the first instruction after moves that change neither
+    /// rsp, rbp nor memory, so that both paths walk the same stack.
+    pub leaf: u64,
     pub kind: HookKind,
     /// Its symbol's name, and the object that defines it.
     pub name: String,

@@ -168,6 +168,9 @@ fn hook_kind(kind: AllocKind) -> Option<HookKind> {
 struct Function {
     name: String,
     kind: HookKind,
+    /// Where the walk of a call starts (ELF address): where the BPF path probes it.
+    leaf: u64,
+    alloc_kind: AllocKind,
     /// Its ELF address and size, and where its code is in the file.
     address: u64,
     size: u64,
@@ -234,6 +237,7 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
         let Some(&(address, size)) = defined.get(&name) else {
             continue;
         };
+        let alloc_kind = kind;
         let Some(kind) = hook_kind(kind) else {
             continue;
         };
@@ -255,10 +259,31 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
         functions.push(Function {
             name,
             kind,
+            leaf: address,
+            alloc_kind,
             address,
             size,
             file_offset,
         });
+    }
+    // The BPF path probes an allocating function past its first instructions when they
+    // only move values between registers (`probes::cheaper_entries`): rsp, rbp and
+    // memory as at the entry, so a walk from there is the walk from the entry, and its
+    // leaf frame the BPF path's (inline frames included).
+    let allocating: Vec<usize> = (0..functions.len())
+        .filter(|&i| !functions[i].alloc_kind.frees_only())
+        .collect();
+    let entries: Vec<u64> = allocating.iter().map(|&i| functions[i].address).collect();
+    if let Ok(cheaper) = probes::cheaper_entries(path, &entries) {
+        for (&i, entry) in allocating.iter().zip(cheaper) {
+            if functions[i]
+                .alloc_kind
+                .reading_moved(&entry.holds)
+                .is_some()
+            {
+                functions[i].leaf = entry.address;
+            }
+        }
     }
     Ok(ObjectFunctions {
         segments,
@@ -360,6 +385,7 @@ impl Planner {
                     .insert((pid, entry), (path.clone(), function.clone()));
                 targets.push(HookTarget {
                     entry,
+                    leaf: bias.wrapping_add(function.leaf),
                     kind: function.kind,
                     name: function.name.clone(),
                     object: path.clone(),
