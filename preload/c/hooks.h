@@ -23,9 +23,14 @@
  *
  * When: at the connection of each process image (its constructor, or its
  * first call if earlier), for the executable and the libraries loaded with
- * it, before main; after each dlopen, for what it mapped (dlopen is wrapped:
- * an allocator the library's constructors call meanwhile is not yet hooked).
- * A forked child keeps its parent's hooks. Each entry is hooked once.
+ * it, before main; for what a dlopen maps, when the dynamic linker calls
+ * _dl_debug_state() with r_state RT_CONSISTENT: after it mapped the objects,
+ * before it relocates them and runs their constructors. That function is a
+ * lone `ret` in its 16 bytes of padding, hooked like the others (cargo-trace
+ * checks the padding). Not a wrapper of dlopen: glibc's dlopen finds the
+ * search paths (DT_RUNPATH, $ORIGIN) from its caller's return address, which
+ * a wrapper would make the library's. A forked child keeps its parent's
+ * hooks. Each entry is hooked once.
  *
  * Writes go through /proc/self/mem, which writes read-only text without
  * changing its protection (mprotect when it cannot be opened). An entry
@@ -34,6 +39,7 @@
  * running the entry meanwhile sees whole (none can at start, nor in an object
  * that dlopen has not returned yet).
  */
+#include <link.h>
 #include <sys/mman.h>
 
 enum hook_limits {
@@ -74,6 +80,7 @@ static struct {
 } hooks;
 
 void ctp_hook_entry(void);
+
 
 /* Writes len bytes at address, whatever its protection; 0 on success. */
 static int write_code(uint64_t address, const void *bytes, size_t len)
@@ -282,10 +289,12 @@ done:
 	next.munmap(buf, buf_bytes);
 }
 
-/* After a dlopen: hooks what it mapped. */
+/* The dynamic linker's objects are consistent again (a dlopen mapped some): hooks
+ * what they bring. */
 static void hook_dlopened(void)
 {
-	if (!recording_mode || conn.state != CONN_UP || internal)
+	if (!recording_mode || conn.state != CONN_UP || internal ||
+	    _r_debug.r_state != RT_CONSISTENT)
 		return;
 	internal++;
 	spin_lock(&conn.lookup_lock);
@@ -305,6 +314,10 @@ ctp_hooked(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const struct hook
 	typedef uint64_t (*original_fn)(uint64_t, uint64_t, uint64_t, uint64_t);
 	original_fn original = (original_fn)(uintptr_t)h->original;
 
+	if (h->kind == CTP_HOOK_DEBUG_STATE) {
+		hook_dlopened();
+		return original(a0, a1, a2, a3);
+	}
 	/* inside a wrapped or hooked call (an allocator calling its own API), the
 	 * library's own calls (and dlsym's), or no recording: straight through */
 	if (in_call || internal || !recording_mode) {

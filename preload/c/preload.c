@@ -125,7 +125,6 @@ static struct {
 	void *(*mmap)(void *, size_t, int, int, int, off_t);
 	int (*munmap)(void *, size_t);
 	size_t (*malloc_usable_size)(void *);
-	void *(*dlopen)(const char *, int);
 } next;
 
 /*
@@ -172,7 +171,6 @@ static void resolve(void)
 	RESOLVE(mmap);
 	RESOLVE(munmap);
 	RESOLVE(malloc_usable_size);
-	RESOLVE(dlopen);
 	resolving = 0;
 	static int decided;
 	if (!decided) {
@@ -482,18 +480,4 @@ EXPORT int munmap(void *address, size_t length)
 	}
 	cargo_trace_unmapping(address);
 	return next.munmap(address, length);
-}
-
-/* What a dlopen maps may bring an allocator of its own (recording in-process):
- * its functions are hooked before dlopen returns. Not before its constructors
- * run: the allocations they make with it are not seen (their frees count as
- * unknown frees). */
-EXPORT void *dlopen(const char *file, int mode)
-{
-	if (!ready() || !next.dlopen)
-		return NULL;
-	void *handle = next.dlopen(file, mode);
-	if (handle && recording_mode)
-		hook_dlopened();
-	return handle;
 }

@@ -335,6 +335,7 @@ enum ctp_hook_kind {
 	CTP_HOOK_POSIX_MEMALIGN = 6, /* posix_memalign(&p, align, size) */
 	CTP_HOOK_FREE = 7,	     /* free(p), sdallocx(p, size, flags), mi_free */
 	CTP_HOOK_XALLOCX = 8,	     /* xallocx(p, size, extra, flags) */
+	CTP_HOOK_DEBUG_STATE = 9,    /* ld.so's _dl_debug_state(): objects mapped or unmapped */
 };
 
 struct ctp_hook_target {

@@ -493,6 +493,7 @@ pub mod hook_kind {
     pub const POSIX_MEMALIGN: u32 = c::CTP_HOOK_POSIX_MEMALIGN as u32;
     pub const FREE: u32 = c::CTP_HOOK_FREE as u32;
     pub const XALLOCX: u32 = c::CTP_HOOK_XALLOCX as u32;
+    pub const DEBUG_STATE: u32 = c::CTP_HOOK_DEBUG_STATE as u32;
 }
 
 #[repr(C)]

@@ -56,6 +56,10 @@ pub enum HookKind {
     Free,
     /// `xallocx(p, size, extra, flags)`: resized in place, or not at all.
     Xallocx,
+    /// The dynamic linker's `_dl_debug_state()`, which it calls when the objects mapped
+    /// are consistent again: after a dlopen mapped what it loads, before their
+    /// constructors run (the library hooks what they bring then).
+    DebugState,
 }
 
 impl HookKind {
@@ -71,6 +75,7 @@ impl HookKind {
             HookKind::PosixMemalign => k::POSIX_MEMALIGN,
             HookKind::Free => k::FREE,
             HookKind::Xallocx => k::XALLOCX,
+            HookKind::DebugState => k::DEBUG_STATE,
         }
     }
 }

@@ -20,7 +20,11 @@
 //!   libjemalloc.so); without, its own calls go straight to its definitions, which no
 //!   wrapper sees. A wrapper that calls a hooked function counts the call once: the hook
 //!   passes it through (`in_call`).
-//! The preloaded library itself and the dynamic linker are never hooked.
+//! The preloaded library itself is never hooked. Of the dynamic linker, only
+//! `_dl_debug_state`, which it calls when a dlopen has mapped what it loads (before their
+//! constructors): the library hooks their allocators then. It is a lone `ret`; the hook
+//! displaces the padding after it too, checked to be nothing but `nop`s up to the next
+//! 16-byte boundary (no function starts before it).
 //!
 //! The bytes ([`plan`]): the function's first instructions, at least the 5 bytes of a
 //! `jmp rel32`, decoded whole (`iced-x86`), relocated to the trampoline the library
@@ -170,7 +174,8 @@ struct Function {
     kind: HookKind,
     /// Where the walk of a call starts (ELF address): where the BPF path probes it.
     leaf: u64,
-    alloc_kind: AllocKind,
+    /// Its kind in the allocator tables (`None`: the dynamic linker's function).
+    alloc_kind: Option<AllocKind>,
     /// Its ELF address and size, and where its code is in the file.
     address: u64,
     size: u64,
@@ -183,11 +188,63 @@ struct ObjectFunctions {
     functions: Vec<Function>,
 }
 
-/// Whether an object is never hooked: the preloaded library (its wrappers) and the
-/// dynamic linker.
+/// Whether an object is never hooked: the preloaded library (its wrappers).
 fn never_hooked(path: &Path) -> bool {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    name == preload::FILE_NAME || name.starts_with("ld-linux")
+    path.file_name().and_then(|n| n.to_str()) == Some(preload::FILE_NAME)
+}
+
+/// Whether the object at `path` is the dynamic linker.
+fn is_dynamic_linker(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|name| name.starts_with("ld-linux") || name.starts_with("ld-"))
+        && path.to_string_lossy().contains(".so")
+}
+
+/// The dynamic linker's `_dl_debug_state` as a function to hook: its `ret` and the
+/// padding after it up to the next 16-byte boundary past the jump's 5 bytes, if that is
+/// all `nop`s.
+fn debug_state(
+    elf: &object::File<'_>,
+    data: &[u8],
+    segments: &[process_image::LoadSegment],
+) -> Option<Function> {
+    let symbol = elf.dynamic_symbols().chain(elf.symbols()).find(|s| {
+        s.name()
+            .is_ok_and(|n| n.split('@').next() == Some("_dl_debug_state"))
+    })?;
+    let address = symbol.address();
+    let end = (address + JUMP as u64 + 15) & !15;
+    let segment = segments
+        .iter()
+        .find(|s| s.executable && address >= s.vaddr && end <= s.vaddr + s.file_size)?;
+    let file_offset = segment.file_offset + (address - segment.vaddr);
+    let code = data.get(file_offset as usize..(file_offset + end - address) as usize)?;
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let first = decoder.decode();
+    if first.mnemonic() != iced_x86::Mnemonic::Ret || first.len() != 1 {
+        return None;
+    }
+    while decoder.can_decode() {
+        let padding = decoder.decode();
+        if padding.is_invalid()
+            || !matches!(
+                padding.mnemonic(),
+                iced_x86::Mnemonic::Nop | iced_x86::Mnemonic::Int3
+            )
+        {
+            return None;
+        }
+    }
+    Some(Function {
+        name: "_dl_debug_state".to_string(),
+        kind: HookKind::DebugState,
+        leaf: address,
+        alloc_kind: None,
+        address,
+        size: end - address,
+        file_offset,
+    })
 }
 
 /// The functions of the object at `path` to hook (the rule at the top of this module);
@@ -199,6 +256,12 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| unreadable(&e))?;
     let elf = object::File::parse(&*map).map_err(|e| unreadable(&e))?;
     let segments = process_image::load_segments(&elf);
+    if is_dynamic_linker(path) {
+        return Ok(ObjectFunctions {
+            functions: debug_state(&elf, &map, &segments).into_iter().collect(),
+            segments,
+        });
+    }
     // The names its own dynamic relocations bind: calls that go through the lookup.
     let mut relocated = std::collections::HashSet::new();
     if let (Some(relocations), Some(symbols)) =
@@ -260,7 +323,7 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
             name,
             kind,
             leaf: address,
-            alloc_kind,
+            alloc_kind: Some(alloc_kind),
             address,
             size,
             file_offset,
@@ -271,15 +334,18 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
     // memory as at the entry, so a walk from there is the walk from the entry, and its
     // leaf frame the BPF path's (inline frames included).
     let allocating: Vec<usize> = (0..functions.len())
-        .filter(|&i| !functions[i].alloc_kind.frees_only())
+        .filter(|&i| {
+            functions[i]
+                .alloc_kind
+                .is_some_and(|kind| !kind.frees_only())
+        })
         .collect();
     let entries: Vec<u64> = allocating.iter().map(|&i| functions[i].address).collect();
     if let Ok(cheaper) = probes::cheaper_entries(path, &entries) {
         for (&i, entry) in allocating.iter().zip(cheaper) {
             if functions[i]
                 .alloc_kind
-                .reading_moved(&entry.holds)
-                .is_some()
+                .is_some_and(|kind| kind.reading_moved(&entry.holds).is_some())
             {
                 functions[i].leaf = entry.address;
             }
@@ -553,5 +619,19 @@ mod tests {
         let object = functions_of(Path::new("/lib/x86_64-linux-gnu/libc.so.6"), false).unwrap();
         let names: Vec<&str> = object.functions.iter().map(|f| f.name.as_str()).collect();
         assert!(names.is_empty(), "{names:?}");
+    }
+
+    /// Of the dynamic linker, `_dl_debug_state` alone: its `ret` and the padding after it
+    /// displaced, the `ret` first in the trampoline.
+    #[test]
+    fn the_dynamic_linker_hooks_its_debug_state() {
+        let linker = Path::new("/lib64/ld-linux-x86-64.so.2");
+        let object = functions_of(linker, false).unwrap();
+        let debug_state = &object.functions[..];
+        assert_eq!(debug_state.len(), 1, "the dynamic linker's _dl_debug_state");
+        let code = code_of(linker, &debug_state[0]).unwrap();
+        let address = debug_state[0].address;
+        let hook = plan(&code, address, address + 0x1000, address + 0x1018, 80).unwrap();
+        assert_eq!(hook.code[0], 0xc3, "its ret, relocated");
     }
 }
