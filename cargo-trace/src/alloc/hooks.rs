@@ -20,6 +20,7 @@
 //!   libjemalloc.so); without, its own calls go straight to its definitions, which no
 //!   wrapper sees. A wrapper that calls a hooked function counts the call once: the hook
 //!   passes it through (`in_call`).
+//!
 //! The preloaded library itself is never hooked. Of the dynamic linker, only
 //! `_dl_debug_state`, which it calls when a dlopen has mapped what it loads (before their
 //! constructors): the library hooks their allocators then. It is a lone `ret`; the hook
@@ -366,10 +367,13 @@ fn code_of(path: &Path, function: &Function) -> Result<Vec<u8>, Refusal> {
     Ok(code)
 }
 
+/// A function's name, and whether it can be hooked.
+pub type Checked = (String, Result<(), Refusal>);
+
 /// Each allocator function of the executable at `path` that a hook would take, and
 /// whether it can be hooked: planned as the library would place it (a trampoline within
 /// reach), before the executable runs.
-pub fn check_executable(path: &Path) -> Result<Vec<(String, Result<(), Refusal>)>, Refusal> {
+pub fn check_executable(path: &Path) -> Result<Vec<Checked>, Refusal> {
     let object = functions_of(path, true)?;
     Ok(object
         .functions

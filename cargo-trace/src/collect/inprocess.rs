@@ -630,3 +630,62 @@ fn walks(counters: &preload::Counters) -> Walks {
         memo_hits: counters.memo_hits,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(pid: u32, name: &str, outcome: HookOutcome) -> HookReport {
+        HookReport {
+            pid,
+            entry: 0x1000,
+            name: name.to_string(),
+            object: "/usr/bin/prog".into(),
+            outcome,
+        }
+    }
+
+    /// Every function hooked: no warning, and `--bpf-stats` counts them by process.
+    #[test]
+    fn hooked_functions_are_counted() {
+        let hooks = [
+            report(1, "mi_malloc", HookOutcome::Hooked),
+            report(1, "mi_free", HookOutcome::Hooked),
+            report(2, "_dl_debug_state", HookOutcome::Hooked),
+        ];
+        assert_eq!(unhooked_warning(&hooks), None);
+        assert_eq!(
+            hooks_line(&hooks),
+            "in-process: hooks: 3 allocator functions hooked in 2 processes, none refused"
+        );
+    }
+
+    /// A function refused or not placed is named in one warning line, with what is not
+    /// counted, and in `--bpf-stats` with its reason.
+    #[test]
+    fn unhooked_functions_are_named() {
+        let hooks = [
+            report(1, "mi_malloc", HookOutcome::Hooked),
+            report(
+                7,
+                "je_mallocx",
+                HookOutcome::Refused("it is shorter than the 5-byte jump".into()),
+            ),
+            report(8, "je_free", HookOutcome::NotPlaced),
+        ];
+        let warning = unhooked_warning(&hooks).unwrap();
+        assert!(
+            warning.starts_with("je_mallocx of /usr/bin/prog could not be hooked in process 7")
+                && warning.contains("and 1 more, in 2 process(es)")
+                && warning.contains("not counted"),
+            "{warning}"
+        );
+        let line = hooks_line(&hooks);
+        assert!(
+            line.contains("1 allocator functions hooked in 1 processes")
+                && line.contains("je_mallocx: it is shorter than the 5-byte jump (1)")
+                && line.contains("je_free: not placed (1)"),
+            "{line}"
+        );
+    }
+}
