@@ -64,6 +64,7 @@ struct hook {
 _Static_assert(sizeof(struct hook) <= HOOK_STUB_AT, "a slot's head");
 _Static_assert(HOOK_STUB_AT + 24 <= HOOK_CODE_AT, "a slot's stub");
 _Static_assert(HOOK_CODE_AT + CTP_HOOK_ROOM <= HOOK_SLOT, "a slot's trampoline");
+_Static_assert((uint64_t)MAX_AREAS * HOOK_AREA == HOOK_AREAS_BYTES, "the areas' bound");
 
 /* The areas mapped and the entries hooked (kept across fork: the child has
  * them too). Touched under conn.lock or lookup_lock only. */

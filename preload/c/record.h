@@ -319,6 +319,8 @@ static uint64_t region_size(void)
 }
 
 static void place_hooks(void);
+/* The most memory the hooks' areas take (hooks.h: MAX_AREAS of HOOK_AREA). */
+#define HOOK_AREAS_BYTES (64ULL * 64 * 1024)
 
 /* Connects to cargo-trace, makes the region and says hello; 0 on success. */
 static int connect_now(void)
@@ -356,8 +358,9 @@ static int connect_now(void)
 	r->nslots = CTP_STACK_SLOTS;
 	r->words_offset = r->slots_offset + (uint64_t)CTP_STACK_SLOTS * sizeof(struct ctp_stack_slot);
 	r->nwords = CTP_STACK_WORDS;
-	/* the thread states, the mapping sets kept, one message buffer at a time */
-	r->private_bound = (uint64_t)CTP_RINGS * THREAD_BYTES +
+	/* the thread states, the mapping sets kept, one message buffer at a time, the
+	 * hooks' areas (hooks.h) */
+	r->private_bound = (uint64_t)CTP_RINGS * THREAD_BYTES + HOOK_AREAS_BYTES +
 			   (uint64_t)(MAX_MAPSETS + 1) *
 				   ((sizeof(struct mapset) +
 				     CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) + 4095) &

@@ -49,6 +49,9 @@ use preload::{HookCode, HookKind, HookTarget};
 
 use super::allocators::allocator_api;
 
+/// The dynamic linker's function it calls when its objects are consistent again.
+pub const DEBUG_STATE: &str = "_dl_debug_state";
+
 /// The bytes of the jump written at a hooked entry.
 const JUMP: usize = 5;
 
@@ -212,7 +215,7 @@ fn debug_state(
 ) -> Option<Function> {
     let symbol = elf.dynamic_symbols().chain(elf.symbols()).find(|s| {
         s.name()
-            .is_ok_and(|n| n.split('@').next() == Some("_dl_debug_state"))
+            .is_ok_and(|n| n.split('@').next() == Some(DEBUG_STATE))
     })?;
     let address = symbol.address();
     let end = (address + JUMP as u64 + 15) & !15;
@@ -238,7 +241,7 @@ fn debug_state(
         }
     }
     Some(Function {
-        name: "_dl_debug_state".to_string(),
+        name: DEBUG_STATE.to_string(),
         kind: HookKind::DebugState,
         leaf: address,
         alloc_kind: None,
@@ -258,8 +261,19 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
     let elf = object::File::parse(&*map).map_err(|e| unreadable(&e))?;
     let segments = process_image::load_segments(&elf);
     if is_dynamic_linker(path) {
+        // Refused with no size when it is not a lone `ret` in its padding: the session
+        // names it, and what dlopen brings goes unhooked.
+        let function = debug_state(&elf, &map, &segments).unwrap_or(Function {
+            name: DEBUG_STATE.to_string(),
+            kind: HookKind::DebugState,
+            leaf: 0,
+            alloc_kind: None,
+            address: 0,
+            size: 0,
+            file_offset: 0,
+        });
         return Ok(ObjectFunctions {
-            functions: debug_state(&elf, &map, &segments).into_iter().collect(),
+            functions: vec![function],
             segments,
         });
     }

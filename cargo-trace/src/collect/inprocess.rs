@@ -486,9 +486,14 @@ fn unhooked_warning(hooks: &[HookReport]) -> Option<String> {
         1 => String::new(),
         n => format!(" and {} more", n - 1),
     };
+    let missed_calls = if first.name == crate::alloc::hooks::DEBUG_STATE {
+        "the allocators that dlopen brings are not hooked, their calls not counted"
+    } else {
+        "the calls to it are not counted"
+    };
     Some(format!(
-        "{} of {} could not be hooked in process {} ({why}){more}, in {} process(es): the \
-         calls to it are not counted (--no-preload probes them from the kernel)",
+        "{} of {} could not be hooked in process {} ({why}){more}, in {} process(es): \
+         {missed_calls} (--no-preload probes them from the kernel)",
         first.name,
         first.object.display(),
         first.pid,
