@@ -501,8 +501,8 @@ fn unhooked_warning(hooks: &[HookReport]) -> Option<String> {
     ))
 }
 
-/// `--bpf-stats`' account of the hooks: functions hooked in how many processes, refused
-/// and why.
+/// `--bpf-stats`' account of the hooks: functions hooked (the allocators', and the dynamic
+/// linker's `_dl_debug_state` in each process) in how many processes, refused and why.
 fn hooks_line(hooks: &[HookReport]) -> String {
     let hooked: Vec<&HookReport> = hooks
         .iter()
@@ -535,7 +535,7 @@ fn hooks_line(hooks: &[HookReport]) -> String {
         format!("refused: {}", reasons.join("; "))
     };
     format!(
-        "in-process: hooks: {} allocator functions hooked in {} processes, {refused}",
+        "in-process: hooks: {} functions hooked in {} processes, {refused}",
         hooked.len(),
         processes.len()
     )
@@ -661,7 +661,7 @@ mod tests {
         assert_eq!(unhooked_warning(&hooks), None);
         assert_eq!(
             hooks_line(&hooks),
-            "in-process: hooks: 3 allocator functions hooked in 2 processes, none refused"
+            "in-process: hooks: 3 functions hooked in 2 processes, none refused"
         );
     }
 
@@ -687,7 +687,7 @@ mod tests {
         );
         let line = hooks_line(&hooks);
         assert!(
-            line.contains("1 allocator functions hooked in 1 processes")
+            line.contains("1 functions hooked in 1 processes")
                 && line.contains("je_mallocx: it is shorter than the 5-byte jump (1)")
                 && line.contains("je_free: not placed (1)"),
             "{line}"
