@@ -20,6 +20,7 @@ fn main() {
     for file in [
         "c/preload.c",
         "c/record.h",
+        "c/hooks.h",
         "c/walk.h",
         "c/walk_test.c",
         SHARED,

@@ -24,8 +24,12 @@
 //! loop: the library's share) is printed beside the whole run's.
 //!
 //! Then the same storm in a Rust program whose global allocator is tikv-jemallocator or
-//! the mimalloc crate (statically linked allocators, probed by the BPF path), beside the
-//! C storm on glibc at the same depth in the same rounds.
+//! the mimalloc crate (allocators linked into the executable: hooked in the process,
+//! probed by the BPF path), every way at the same two sizes in the same rounds, the
+//! slope again. heaptrack sees none of these calls (they never reach libc's malloc):
+//! its column is what it costs such a program, counting nothing; so in the same rounds
+//! heaptrack also runs the C storm at 10 frames (glibc, every call seen), the cost it
+//! pays to count a pair, which alloc's added time is set against.
 //!
 //! Prints figures only; asserts nothing about time. Needs root, and heaptrack for its
 //! column (`apt-get install heaptrack`).
@@ -41,8 +45,6 @@ use cargo_trace_tests::fixtures;
 use common::Spread;
 
 const DEPTHS: [u64; 2] = [10, 60];
-/// Pairs of the allocator crates' runs.
-const CRATE_PAIRS: u64 = 1_000_000;
 
 /// One way of running the storm.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -74,11 +76,17 @@ struct Bench<'a> {
     cargo_trace: &'a Path,
     storm: &'a Path,
     scratch: &'a Path,
+    /// The storm is `alloc_crates storm N` (its depth its own), not `heap_storm N DEPTH`.
+    crate_storm: bool,
 }
 
 impl Bench<'_> {
     fn command(&self, way: Way, pairs: u64, depth: u64, extra: &[&str]) -> Command {
-        let args = [pairs.to_string(), depth.to_string()];
+        let args = if self.crate_storm {
+            ["storm".to_string(), pairs.to_string()]
+        } else {
+            [pairs.to_string(), depth.to_string()]
+        };
         let line = format!("{} {} {}", self.storm.display(), args[0], args[1]);
         match way {
             Way::Untraced => {
@@ -151,6 +159,7 @@ fn main() {
         cargo_trace,
         storm: &storm,
         scratch: &scratch,
+        crate_storm: false,
     };
     let mut ways = vec![Way::Untraced, Way::InProcess, Way::Bpf];
     if heaptrack {
@@ -234,53 +243,93 @@ fn main() {
             println!("    {line}");
         }
     }
-    allocator_crates(&bench, rounds);
+    allocator_crates(&bench, &ways, rounds, (n1, n2));
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
-/// The storm through tikv-jemallocator and the mimalloc crate (their functions probed by
-/// the BPF path) against glibc's C storm under `alloc`, in the same rounds.
-fn allocator_crates(bench: &Bench<'_>, rounds: usize) {
+/// The storm through tikv-jemallocator and the mimalloc crate: every way at `n1` and `n2`
+/// pairs in the same rounds, the slope less the untraced one; `alloc` hooks the crate's
+/// functions in the process, `--no-preload` probes them from the kernel, heaptrack sees
+/// none of them.
+fn allocator_crates(outer: &Bench<'_>, ways: &[Way], rounds: usize, (n1, n2): (u64, u64)) {
     for feature in ["jemalloc", "mimalloc"] {
         let fixture = fixtures::cargo_fixture("alloc_crates", feature)
             .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
-        let crate_storm = format!("{} storm {CRATE_PAIRS}", fixture.display());
-        let loop_ns = |traced: bool| {
-            let output = if traced {
-                Command::new(bench.cargo_trace)
-                    .args([
-                        "alloc",
-                        "-c",
-                        &crate_storm,
-                        "--no-svg",
-                        "-q",
-                        "--report-text",
-                    ])
-                    .arg(bench.scratch.join("report.txt"))
-                    .current_dir(bench.scratch)
-                    .output()
-            } else {
-                Command::new(&fixture)
-                    .args(["storm", &CRATE_PAIRS.to_string()])
-                    .output()
-            }
-            .expect("run the storm");
-            assert!(output.status.success(), "{output:?}");
-            value_after(&String::from_utf8_lossy(&output.stdout), "loop_ns")
+        let bench = Bench {
+            storm: &fixture,
+            crate_storm: true,
+            ..*outer
         };
         // Unmeasured: the unwind tables compiled and cached.
-        loop_ns(true);
-        let mut added = Vec::new();
+        bench.run(Way::InProcess, 1000, 0, &[]);
+        bench.run(Way::Bpf, 1000, 0, &[]);
+        let mut slopes: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
+        // heaptrack on the C storm, and the untraced C storm, in the same rounds.
+        let heaptrack = ways.contains(&Way::Heaptrack);
+        let mut c_slopes: Vec<(f64, f64)> = Vec::new();
+        let slope = |bench: &Bench<'_>, way: Way, depth: u64| {
+            let (small, _) = bench.run(way, n1, depth, &[]);
+            let (large, _) = bench.run(way, n2, depth, &[]);
+            (large.wall_ns - small.wall_ns) / (n2 - n1) as f64
+        };
         for _ in 0..rounds {
-            let base = loop_ns(false);
-            let traced = loop_ns(true);
-            added.push((traced - base) / CRATE_PAIRS as f64 / 1e3);
+            for (index, &way) in ways.iter().enumerate() {
+                slopes[index].push(slope(&bench, way, 0));
+            }
+            if heaptrack {
+                c_slopes.push((
+                    slope(outer, Way::Untraced, 10),
+                    slope(outer, Way::Heaptrack, 10),
+                ));
+            }
         }
         println!(
-            "\nRust with the {feature} allocator crate (the BPF path: its functions probed), \
-             {CRATE_PAIRS} pairs of 48 bytes: alloc adds {} µs per pair in the loop",
-            Spread::of(added).show(3)
+            "\nRust with the {feature} allocator crate (linked into the executable), \
+             `alloc_crates storm N`, 48-byte pairs"
         );
+        let added: Vec<Vec<f64>> = slopes
+            .iter()
+            .map(|way| slopes[0].iter().zip(way).map(|(b, w)| w - b).collect())
+            .collect();
+        for (index, way) in ways.iter().enumerate().skip(1) {
+            let note = if *way == Way::Heaptrack {
+                " (counts none of these calls)"
+            } else {
+                ""
+            };
+            println!(
+                "  {:<22}{} µs added per pair{note}",
+                way.name(),
+                Spread::of(added[index].iter().map(|ns| ns / 1e3)).show(3)
+            );
+        }
+        let ratio = |over: usize, under: usize| {
+            Spread::of(added[over].iter().zip(&added[under]).map(|(o, u)| o / u))
+        };
+        println!(
+            "  alloc's added time / alloc --no-preload's: {} (same rounds)",
+            ratio(1, 2).show(2)
+        );
+        if heaptrack {
+            let counted: Vec<f64> = c_slopes.iter().map(|(u, h)| h - u).collect();
+            println!(
+                "  heaptrack on the C storm (10 frames, glibc: every pair counted): +{} µs per \
+                 pair",
+                Spread::of(counted.iter().map(|ns| ns / 1e3)).show(3)
+            );
+            println!(
+                "  alloc's added time / heaptrack's on the C storm: {} (same rounds)",
+                Spread::of(added[1].iter().zip(&counted).map(|(a, h)| a / h)).show(2)
+            );
+        }
+        let (_, output) = bench.run(Way::InProcess, n2, 0, &["--bpf-stats"]);
+        for line in String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .filter_map(|line| line.strip_prefix("cargo-trace: in-process: "))
+            .filter(|line| line.starts_with("hooks") || line.contains("walks"))
+        {
+            println!("    {line}");
+        }
     }
 }
 

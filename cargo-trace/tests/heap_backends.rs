@@ -4,7 +4,9 @@
 //! the fixtures the same values under the same chain of callers.
 //!
 //! The innermost frame differs by design (the library's wrapper of malloc, or libc's
-//! malloc where the BPF probe fires) and is left out of the comparison; so are the values
+//! malloc where the BPF probe fires) and is left out of the comparison (an allocator the
+//! library hooks, linked into the executable or brought by a library, starts its walk
+//! where the BPF path probes it: the stacks are the same, the innermost frame too); so are the values
 //! that depend on when a call ran (temporaries, lifetimes, ages), whose clocks differ.
 //! Only stacks through the fixtures' own sites are compared: the BPF probes also see
 //! libc's calls to its own malloc (stdio's buffers), which no wrapper does.
@@ -168,4 +170,66 @@ fn threads_and_children_alike_in_process_and_in_bpf() {
         ),
         true,
     );
+}
+
+/// A C fixture built with `flags` (an allocator linked in), if its allocator's header is
+/// installed (CI installs it: a missing one fails there).
+fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::PathBuf> {
+    if !std::path::Path::new(header).exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{header} is missing: .ci/setup.sh installs it"
+        );
+        eprintln!("skipping {name}: no {header} (bash .ci/setup.sh installs it)");
+        return None;
+    }
+    Some(
+        fixtures::build(fixtures::Lang::C, name, flags)
+            .unwrap_or_else(|error| panic!("building {name}: {error}")),
+    )
+}
+
+/// jemalloc linked into the executable (unprefixed, first in the lookup order): hooked in
+/// the process, probed by its symbols from the kernel.
+#[test]
+fn jemalloc_in_the_executable_alike_in_process_and_in_bpf() {
+    let Some(path) = fixture_with(
+        "alloc_jemalloc",
+        "/usr/include/jemalloc/jemalloc.h",
+        &[
+            "-Wl,--whole-archive",
+            "-l:libjemalloc.a",
+            "-Wl,--no-whole-archive",
+            "-lstdc++",
+            "-lm",
+        ],
+    ) else {
+        return;
+    };
+    check_same("backends-jemalloc", &quoted(&path), true);
+}
+
+/// mimalloc as a library: its own API hooked in the process (its malloc reached through
+/// the wrappers), probed from the kernel.
+#[test]
+fn mimalloc_as_a_library_alike_in_process_and_in_bpf() {
+    let Some(path) = fixture_with(
+        "alloc_mimalloc",
+        "/usr/include/mimalloc.h",
+        &["-Wl,--no-as-needed", "-lmimalloc"],
+    ) else {
+        return;
+    };
+    check_same("backends-mimalloc", &quoted(&path), true);
+}
+
+/// Rust's allocator crates linked into the executable (tikv-jemallocator's `_rjem_*`, the
+/// mimalloc crate's `mi_*`), threads included.
+#[test]
+fn allocator_crates_alike_in_process_and_in_bpf() {
+    for feature in ["jemalloc", "mimalloc"] {
+        let path = fixtures::cargo_fixture("alloc_crates", feature)
+            .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
+        check_same(&format!("backends-crate-{feature}"), &quoted(&path), false);
+    }
 }

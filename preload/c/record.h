@@ -318,6 +318,10 @@ static uint64_t region_size(void)
 	       (uint64_t)CTP_STACK_WORDS * sizeof(uint64_t);
 }
 
+static void place_hooks(void);
+/* The most memory the hooks' areas take (hooks.h: MAX_AREAS of HOOK_AREA). */
+#define HOOK_AREAS_BYTES (64ULL * 64 * 1024)
+
 /* Connects to cargo-trace, makes the region and says hello; 0 on success. */
 static int connect_now(void)
 {
@@ -354,8 +358,9 @@ static int connect_now(void)
 	r->nslots = CTP_STACK_SLOTS;
 	r->words_offset = r->slots_offset + (uint64_t)CTP_STACK_SLOTS * sizeof(struct ctp_stack_slot);
 	r->nwords = CTP_STACK_WORDS;
-	/* the thread states, the mapping sets kept, one message buffer at a time */
-	r->private_bound = (uint64_t)CTP_RINGS * THREAD_BYTES +
+	/* the thread states, the mapping sets kept, one message buffer at a time, the
+	 * hooks' areas (hooks.h) */
+	r->private_bound = (uint64_t)CTP_RINGS * THREAD_BYTES + HOOK_AREAS_BYTES +
 			   (uint64_t)(MAX_MAPSETS + 1) *
 				   ((sizeof(struct mapset) +
 				     CTP_MAX_MAPPINGS * sizeof(struct ctp_mapping) + 4095) &
@@ -401,6 +406,9 @@ static int connect_now(void)
 	if (tables == MAP_FAILED)
 		return -1;
 	conn.tables = tables;
+	/* a forked child has its parent's hooks */
+	if (!forked_image)
+		place_hooks();
 	return 0;
 }
 
@@ -1289,3 +1297,5 @@ static void record_image_started(void)
 	if (recording_mode)
 		ensure_connected();
 }
+
+#include "hooks.h"

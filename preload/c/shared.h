@@ -249,6 +249,11 @@ enum ctp_msg_kind {
 	CTP_MSG_HELLO = 1,    /* library -> cargo-trace, with the region's fd */
 	CTP_MSG_MAPPINGS = 2, /* cargo-trace -> library, with the tables' fd */
 	CTP_MSG_LOOKUP = 3,   /* library -> cargo-trace: the mapping at pc? */
+	CTP_MSG_HOOKS = 4,	 /* library -> cargo-trace: which functions to hook? */
+	CTP_MSG_HOOK_LIST = 5,	 /* cargo-trace -> library: these (ctp_hook_target) */
+	CTP_MSG_HOOK_PLAN = 6,	 /* library -> cargo-trace: where each goes (ctp_hook_where) */
+	CTP_MSG_HOOK_CODE = 7,	 /* cargo-trace -> library: what to write (ctp_hook_code) */
+	CTP_MSG_HOOK_PLACED = 8, /* library -> cargo-trace: what was placed, no answer */
 };
 
 /* Every message starts with its kind. */
@@ -294,6 +299,89 @@ struct ctp_msg_lookup {
 	uint32_t kind;
 	uint32_t pad;
 	uint64_t pc;
+};
+
+/*
+ * Hooks: allocator functions the library's wrappers cannot reach (an allocator
+ * linked into the executable, an allocator's own API in a library) get a jump
+ * at their entry to a stub of the library's, which records the call and calls
+ * the function's first instructions, relocated into a trampoline, then the
+ * rest of it. cargo-trace decides which functions (from each object's symbols)
+ * and makes the bytes (it decodes the code); the library maps the room for the
+ * stubs and trampolines within reach of a jump from the entry, and writes.
+ *
+ *   library                                     cargo-trace
+ *   HOOKS ------------------------------------->  the functions of the objects
+ *        <------------ HOOK_LIST (targets) ----   mapped now
+ *   maps room near each entry
+ *   HOOK_PLAN (entry, stub, trampoline) ------->  decodes, relocates
+ *        <------------ HOOK_CODE (bytes) ------
+ *   writes trampolines, then entries
+ *   HOOK_PLACED (entries not placed) ---------->
+ */
+enum ctp_hook_limits {
+	CTP_MAX_HOOKS = 256,	    /* functions in one message at most */
+	CTP_HOOK_PATCH = 8,	    /* the entry's bytes written at most */
+	CTP_HOOK_ROOM = 80,	    /* a trampoline's bytes at most */
+};
+
+/* How a hooked function's arguments read: bpf_prog::AllocKind's shapes. */
+enum ctp_hook_kind {
+	CTP_HOOK_SIZE_ARG0 = 1,	     /* malloc(size), mallocx(size, flags), mi_malloc_aligned */
+	CTP_HOOK_SIZE_ARG1 = 2,	     /* aligned_alloc(align, size), memalign */
+	CTP_HOOK_CALLOC = 3,	     /* calloc(n, size) */
+	CTP_HOOK_REALLOC = 4,	     /* realloc(p, size), rallocx(p, size, flags) */
+	CTP_HOOK_REALLOC_ARRAY = 5,  /* reallocarray(p, n, size) */
+	CTP_HOOK_POSIX_MEMALIGN = 6, /* posix_memalign(&p, align, size) */
+	CTP_HOOK_FREE = 7,	     /* free(p), sdallocx(p, size, flags), mi_free */
+	CTP_HOOK_XALLOCX = 8,	     /* xallocx(p, size, extra, flags) */
+	CTP_HOOK_DEBUG_STATE = 9,    /* ld.so's _dl_debug_state(): objects mapped or unmapped */
+};
+
+struct ctp_hook_target {
+	uint64_t entry;
+	uint64_t leaf; /* where the walk starts: the BPF path's probe (entry, or past moves) */
+	uint32_t kind; /* enum ctp_hook_kind */
+	uint32_t pad;
+};
+
+struct ctp_msg_hook_list {
+	uint32_t kind;
+	uint32_t ntargets; /* followed by this many struct ctp_hook_target */
+};
+
+struct ctp_hook_where {
+	uint64_t entry;
+	uint64_t stub;	     /* where the entry's jump goes */
+	uint64_t trampoline; /* where the relocated instructions go */
+	uint32_t room;	     /* the trampoline's bytes at most */
+	uint32_t pad;
+};
+
+struct ctp_msg_hook_plan {
+	uint32_t kind;
+	uint32_t nhooks; /* followed by this many struct ctp_hook_where */
+};
+
+struct ctp_hook_code {
+	uint64_t entry;
+	uint32_t refused; /* 0: hook it; else cargo-trace refused it (it says why) */
+	uint16_t patch_len;
+	uint16_t code_len;
+	uint8_t patch[CTP_HOOK_PATCH];
+	uint8_t code[CTP_HOOK_ROOM];
+};
+
+struct ctp_msg_hook_code {
+	uint32_t kind;
+	uint32_t ncodes; /* followed by this many struct ctp_hook_code */
+};
+
+struct ctp_msg_hook_placed {
+	uint32_t kind;
+	uint32_t placed;
+	uint32_t nfailed; /* followed by this many u64: entries that could not be written */
+	uint32_t pad;
 };
 
 #endif /* CTP_SHARED_H */

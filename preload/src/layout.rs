@@ -89,6 +89,11 @@ pub mod msg {
     pub const HELLO: u32 = c::CTP_MSG_HELLO as u32;
     pub const MAPPINGS: u32 = c::CTP_MSG_MAPPINGS as u32;
     pub const LOOKUP: u32 = c::CTP_MSG_LOOKUP as u32;
+    pub const HOOKS: u32 = c::CTP_MSG_HOOKS as u32;
+    pub const HOOK_LIST: u32 = c::CTP_MSG_HOOK_LIST as u32;
+    pub const HOOK_PLAN: u32 = c::CTP_MSG_HOOK_PLAN as u32;
+    pub const HOOK_CODE: u32 = c::CTP_MSG_HOOK_CODE as u32;
+    pub const HOOK_PLACED: u32 = c::CTP_MSG_HOOK_PLACED as u32;
 }
 
 /// `enum ctp_event_kind`.
@@ -462,6 +467,145 @@ mirror!(
         kind: u32,
         pad: u32,
         pc: u64
+    }
+);
+
+/// Functions in one hook message at most.
+pub const MAX_HOOKS: usize = c::CTP_MAX_HOOKS as usize;
+/// The entry's bytes a hook writes at most.
+pub const HOOK_PATCH: usize = c::CTP_HOOK_PATCH as usize;
+/// A trampoline's bytes at most.
+pub const HOOK_ROOM: usize = c::CTP_HOOK_ROOM as usize;
+
+// SAFETY: bytes have no padding and accept any bit pattern.
+unsafe impl Pod for [u8; HOOK_PATCH] {}
+// SAFETY: as above.
+unsafe impl Pod for [u8; HOOK_ROOM] {}
+
+/// `enum ctp_hook_kind`.
+pub mod hook_kind {
+    use super::c;
+    pub const SIZE_ARG0: u32 = c::CTP_HOOK_SIZE_ARG0 as u32;
+    pub const SIZE_ARG1: u32 = c::CTP_HOOK_SIZE_ARG1 as u32;
+    pub const CALLOC: u32 = c::CTP_HOOK_CALLOC as u32;
+    pub const REALLOC: u32 = c::CTP_HOOK_REALLOC as u32;
+    pub const REALLOC_ARRAY: u32 = c::CTP_HOOK_REALLOC_ARRAY as u32;
+    pub const POSIX_MEMALIGN: u32 = c::CTP_HOOK_POSIX_MEMALIGN as u32;
+    pub const FREE: u32 = c::CTP_HOOK_FREE as u32;
+    pub const XALLOCX: u32 = c::CTP_HOOK_XALLOCX as u32;
+    pub const DEBUG_STATE: u32 = c::CTP_HOOK_DEBUG_STATE as u32;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HookTarget {
+    pub entry: u64,
+    pub leaf: u64,
+    pub kind: u32,
+    pub pad: u32,
+}
+mirror!(
+    HookTarget = ctp_hook_target {
+        entry: u64,
+        leaf: u64,
+        kind: u32,
+        pad: u32
+    }
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MsgHookList {
+    pub kind: u32,
+    pub ntargets: u32,
+}
+mirror!(
+    MsgHookList = ctp_msg_hook_list {
+        kind: u32,
+        ntargets: u32
+    }
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HookWhere {
+    pub entry: u64,
+    pub stub: u64,
+    pub trampoline: u64,
+    pub room: u32,
+    pub pad: u32,
+}
+mirror!(
+    HookWhere = ctp_hook_where {
+        entry: u64,
+        stub: u64,
+        trampoline: u64,
+        room: u32,
+        pad: u32
+    }
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MsgHookPlan {
+    pub kind: u32,
+    pub nhooks: u32,
+}
+mirror!(
+    MsgHookPlan = ctp_msg_hook_plan {
+        kind: u32,
+        nhooks: u32
+    }
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HookCode {
+    pub entry: u64,
+    pub refused: u32,
+    pub patch_len: u16,
+    pub code_len: u16,
+    pub patch: [u8; HOOK_PATCH],
+    pub code: [u8; HOOK_ROOM],
+}
+mirror!(
+    HookCode = ctp_hook_code {
+        entry: u64,
+        refused: u32,
+        patch_len: u16,
+        code_len: u16,
+        patch: [u8; HOOK_PATCH],
+        code: [u8; HOOK_ROOM]
+    }
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MsgHookCode {
+    pub kind: u32,
+    pub ncodes: u32,
+}
+mirror!(
+    MsgHookCode = ctp_msg_hook_code {
+        kind: u32,
+        ncodes: u32
+    }
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MsgHookPlaced {
+    pub kind: u32,
+    pub placed: u32,
+    pub nfailed: u32,
+    pub pad: u32,
+}
+mirror!(
+    MsgHookPlaced = ctp_msg_hook_placed {
+        kind: u32,
+        placed: u32,
+        nfailed: u32,
+        pad: u32
     }
 );
 

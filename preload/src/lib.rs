@@ -23,6 +23,11 @@
 //!                      <--- mappings + tables memfd --  (TableSource: the session's
 //!  a pc in no mapping: ---- lookup(pc) -------------->   mappings and tables)
 //!                      <--- mappings ----------------
+//!  at connection and   ---- hooks? ------------------>  TableSource::hook_targets
+//!  _dl_debug_state:    <--- functions ---------------
+//!  room mapped near    ---- where (stub, trampoline) ->  TableSource::plan_hook
+//!  each, then written  <--- bytes to write ----------
+//!                      ---- what was placed -------->  Server::hooks
 //!  each call: walk or memo -> stack id -> ring event
 //!  region (memfd, shared) ------------------------------> Recorder::poll: orders events,
 //!                                                         aggregates per (pid, stack)
@@ -56,10 +61,12 @@
 //! It knows nothing of BPF (the sites' kinds are its own [`Site`]; cargo-trace maps them
 //! to probe kinds), compiles tables only through `unwind_tables` (the [`TableSource`] the
 //! session gives decides which), and symbolizes nothing: stacks come out as typed frames
-//! ([`Frame`]). Allocators linked statically into a program (Rust's jemalloc or mimalloc
-//! crates) are not interposable by `LD_PRELOAD`: the BPF path keeps them. A hook at
-//! such a function could record through the same entry the sites jump to
-//! (`ctp_record(kind, address, size, rip, rsp, rbp)` in `c/record.h`).
+//! ([`Frame`]). It decides no hook: allocators `LD_PRELOAD` cannot interpose (linked
+//! into the executable, an allocator's own API in a library) are hooked at their entries
+//! (`c/hooks.h`), but which functions and the bytes to write come from the session's
+//! [`TableSource::hook_targets`] and [`TableSource::plan_hook`] (cargo-trace decodes the
+//! code); the library maps room for the trampolines within reach, writes, and records a
+//! hooked call through the same `ctp_record` the sites jump to.
 
 pub mod layout;
 mod live;
@@ -73,7 +80,11 @@ pub use recorder::{
     Recorder, RegionError, Stack, StackId, BUCKETS,
 };
 pub use server::{Error, Server};
-pub use tables::{encode_table, PlainTables, SourceMapping, TableError, TableSource};
+pub use server::{HookOutcome, HookReport};
+pub use tables::{
+    encode_table, HookCode, HookKind, HookTarget, PlainTables, SourceMapping, TableError,
+    TableSource,
+};
 
 /// The library, as built by build.rs.
 pub const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcargo-trace-preload.so"));

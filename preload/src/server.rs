@@ -15,7 +15,7 @@ use unwind_tables::CompactTable;
 use crate::layout::{self, bytes_of, bytes_of_slice, from_bytes, msg, Mapping, MsgHello};
 use crate::recorder::{Recorder, RegionError};
 use crate::sys;
-use crate::tables::{encode_table, SourceMapping, TableError, TableSource};
+use crate::tables::{encode_table, HookTarget, SourceMapping, TableError, TableSource};
 
 /// Why the server could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,34 @@ struct Connection {
     pid: u32,
     /// Its region's index in the recorder, once it said hello.
     region: Option<usize>,
+    /// The functions last listed for it to hook.
+    hook_targets: Vec<HookTarget>,
 }
+
+/// What became of an allocator function a process's library was told to hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookOutcome {
+    /// Hooked: its calls are counted.
+    Hooked,
+    /// cargo-trace would not hook it, for this reason: its calls are not counted.
+    Refused(String),
+    /// The library could not write it (no room within reach, the code not writable):
+    /// its calls are not counted.
+    NotPlaced,
+}
+
+/// One allocator function of one process, and what became of its hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookReport {
+    pub pid: u32,
+    pub entry: u64,
+    pub name: String,
+    pub object: PathBuf,
+    pub outcome: HookOutcome,
+}
+
+/// The largest message a library sends (a hook plan of [`layout::MAX_HOOKS`] functions).
+const MESSAGE_BYTES: usize = 16 << 10;
 
 /// The socket, the library file, the tables memfd and the connections.
 pub struct Server {
@@ -71,6 +98,8 @@ pub struct Server {
     /// address is never another table's).
     written: HashMap<usize, (Arc<CompactTable>, u64)>,
     connections: Vec<Connection>,
+    /// Every hook planned, in the order told.
+    hooks: Vec<HookReport>,
     /// Last: removed once the rest is closed.
     _dir: PrivateDir,
 }
@@ -224,6 +253,7 @@ impl Server {
             tables_len: 0,
             written: HashMap::new(),
             connections: Vec::new(),
+            hooks: Vec::new(),
             _dir: dir,
         })
     }
@@ -261,6 +291,12 @@ impl Server {
         ]
     }
 
+    /// The hooks of every process so far: each allocator function found, and what
+    /// became of it.
+    pub fn hooks(&self) -> &[HookReport] {
+        &self.hooks
+    }
+
     /// Connections open now.
     pub fn connections(&self) -> usize {
         self.connections.len()
@@ -293,6 +329,7 @@ impl Server {
                         fd,
                         pid,
                         region: None,
+                        hook_targets: Vec::new(),
                     });
                 }
             }
@@ -323,7 +360,7 @@ impl Server {
         source: &mut dyn TableSource,
         recorder: &mut Recorder,
     ) -> Result<bool, Error> {
-        let mut buf = [0u8; 64];
+        let mut buf = vec![0u8; MESSAGE_BYTES];
         let raw = self.connections[index].fd.as_raw_fd();
         let (len, fd) = match sys::receive(raw, &mut buf, true) {
             Ok(got) => got,
@@ -357,7 +394,138 @@ impl Server {
                 self.send_mappings(index, source, recorder, false)?;
                 Ok(true)
             }
+            msg::HOOKS if self.connections[index].region.is_some() => {
+                self.send_hook_targets(index, source);
+                Ok(true)
+            }
+            msg::HOOK_PLAN if self.connections[index].region.is_some() => {
+                self.send_hook_code(index, source, &buf[..len]);
+                Ok(true)
+            }
+            msg::HOOK_PLACED => {
+                self.hooks_placed(index, &buf[..len]);
+                Ok(true)
+            }
             _ => Ok(false),
+        }
+    }
+
+    /// Answers a library's question of the functions to hook in its process now.
+    fn send_hook_targets(&mut self, index: usize, source: &mut dyn TableSource) {
+        let connection = &mut self.connections[index];
+        let mut targets = source.hook_targets(connection.pid);
+        targets.truncate(layout::MAX_HOOKS);
+        let head = layout::MsgHookList {
+            kind: msg::HOOK_LIST,
+            ntargets: targets.len() as u32,
+        };
+        let listed: Vec<layout::HookTarget> = targets
+            .iter()
+            .map(|t| layout::HookTarget {
+                entry: t.entry,
+                leaf: t.leaf,
+                kind: t.kind.code(),
+                pad: 0,
+            })
+            .collect();
+        connection.hook_targets = targets;
+        let mut message = bytes_of(&head).to_vec();
+        message.extend_from_slice(bytes_of_slice(&listed));
+        let _ = sys::send(connection.fd.as_raw_fd(), &message, None);
+    }
+
+    /// Answers a library's plan (where each hook's stub and trampoline go) with the bytes
+    /// to write, or a refusal.
+    fn send_hook_code(&mut self, index: usize, source: &mut dyn TableSource, message: &[u8]) {
+        let head_bytes = std::mem::size_of::<layout::MsgHookPlan>();
+        let where_bytes = std::mem::size_of::<layout::HookWhere>();
+        let count = from_bytes::<layout::MsgHookPlan>(message).map_or(0, |h| h.nhooks as usize);
+        let count = count
+            .min(layout::MAX_HOOKS)
+            .min(message.len().saturating_sub(head_bytes) / where_bytes);
+        let connection = &self.connections[index];
+        let mut codes = Vec::with_capacity(count);
+        for i in 0..count {
+            let Some(place) =
+                from_bytes::<layout::HookWhere>(&message[head_bytes + i * where_bytes..])
+            else {
+                break;
+            };
+            let mut code = layout::HookCode {
+                entry: place.entry,
+                refused: 1,
+                patch_len: 0,
+                code_len: 0,
+                patch: [0; layout::HOOK_PATCH],
+                code: [0; layout::HOOK_ROOM],
+            };
+            let Some(target) = connection
+                .hook_targets
+                .iter()
+                .find(|t| t.entry == place.entry)
+            else {
+                codes.push(code);
+                continue;
+            };
+            let room = (place.room as usize).min(layout::HOOK_ROOM);
+            let outcome = match source.plan_hook(
+                connection.pid,
+                target,
+                place.stub,
+                place.trampoline,
+                room,
+            ) {
+                Ok(planned)
+                    if planned.patch.len() <= layout::HOOK_PATCH && planned.code.len() <= room =>
+                {
+                    code.refused = 0;
+                    code.patch_len = planned.patch.len() as u16;
+                    code.code_len = planned.code.len() as u16;
+                    code.patch[..planned.patch.len()].copy_from_slice(&planned.patch);
+                    code.code[..planned.code.len()].copy_from_slice(&planned.code);
+                    HookOutcome::Hooked
+                }
+                Ok(_) => HookOutcome::Refused("its trampoline is too long".to_string()),
+                Err(why) => HookOutcome::Refused(why),
+            };
+            self.hooks.push(HookReport {
+                pid: connection.pid,
+                entry: target.entry,
+                name: target.name.clone(),
+                object: target.object.clone(),
+                outcome,
+            });
+            codes.push(code);
+        }
+        let head = layout::MsgHookCode {
+            kind: msg::HOOK_CODE,
+            ncodes: codes.len() as u32,
+        };
+        let mut answer = bytes_of(&head).to_vec();
+        answer.extend_from_slice(bytes_of_slice(&codes));
+        let _ = sys::send(connection.fd.as_raw_fd(), &answer, None);
+    }
+
+    /// Takes a library's word of the hooks it could not write.
+    fn hooks_placed(&mut self, index: usize, message: &[u8]) {
+        let head_bytes = std::mem::size_of::<layout::MsgHookPlaced>();
+        let Some(head) = from_bytes::<layout::MsgHookPlaced>(message) else {
+            return;
+        };
+        let pid = self.connections[index].pid;
+        let failed = (head.nfailed as usize).min(message.len().saturating_sub(head_bytes) / 8);
+        for i in 0..failed {
+            let Some(entry) = from_bytes::<u64>(&message[head_bytes + i * 8..]) else {
+                break;
+            };
+            if let Some(report) = self
+                .hooks
+                .iter_mut()
+                .rev()
+                .find(|r| r.pid == pid && r.entry == entry)
+            {
+                report.outcome = HookOutcome::NotPlaced;
+            }
         }
     }
 

@@ -36,11 +36,100 @@ pub enum TableError {
     Maps { pid: u32, source: std::io::Error },
 }
 
-/// The tables and mappings the library walks with.
+/// How a hooked function's arguments read (`enum ctp_hook_kind`): the shapes of the
+/// allocator functions' calls, whatever their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HookKind {
+    /// `malloc(size)`, `mallocx(size, flags)`, `mi_malloc_aligned(size, align)`.
+    SizeArg0,
+    /// `aligned_alloc(align, size)`, `memalign(align, size)`.
+    SizeArg1,
+    /// `calloc(n, size)`.
+    Calloc,
+    /// `realloc(p, size)`, `rallocx(p, size, flags)`.
+    Realloc,
+    /// `reallocarray(p, n, size)`.
+    ReallocArray,
+    /// `posix_memalign(&p, align, size)`.
+    PosixMemalign,
+    /// `free(p)`, `sdallocx(p, size, flags)`, `mi_free(p)`.
+    Free,
+    /// `xallocx(p, size, extra, flags)`: resized in place, or not at all.
+    Xallocx,
+    /// The dynamic linker's `_dl_debug_state()`, which it calls when the objects mapped
+    /// are consistent again: after a dlopen mapped what it loads, before their
+    /// constructors run (the library hooks what they bring then).
+    DebugState,
+}
+
+impl HookKind {
+    /// Its value in `enum ctp_hook_kind`.
+    pub fn code(self) -> u32 {
+        use layout::hook_kind as k;
+        match self {
+            HookKind::SizeArg0 => k::SIZE_ARG0,
+            HookKind::SizeArg1 => k::SIZE_ARG1,
+            HookKind::Calloc => k::CALLOC,
+            HookKind::Realloc => k::REALLOC,
+            HookKind::ReallocArray => k::REALLOC_ARRAY,
+            HookKind::PosixMemalign => k::POSIX_MEMALIGN,
+            HookKind::Free => k::FREE,
+            HookKind::Xallocx => k::XALLOCX,
+            HookKind::DebugState => k::DEBUG_STATE,
+        }
+    }
+}
+
+/// An allocator function of a process that the library's wrappers do not reach: the
+/// library hooks its entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookTarget {
+    /// Its entry's runtime address.
+    pub entry: u64,
+    /// Where the walk of a hooked call starts (runtime address): where the BPF path probes
+    /// the function, its entry or the first instruction after moves that change neither
+    /// rsp, rbp nor memory, so that both paths walk the same stack.
+    pub leaf: u64,
+    pub kind: HookKind,
+    /// Its symbol's name, and the object that defines it.
+    pub name: String,
+    pub object: PathBuf,
+}
+
+/// What a hook writes: the entry's jump to the stub, and the trampoline (the displaced
+/// instructions relocated, then a jump back).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookCode {
+    pub patch: Vec<u8>,
+    pub code: Vec<u8>,
+}
+
+/// The tables and mappings the library walks with, and the hooks it places.
 pub trait TableSource {
     /// The executable mappings of process `pid` now, sorted by start, disjoint: read the
     /// process's maps again (a library it dlopened since the last call is among them).
     fn mappings(&mut self, pid: u32) -> Result<Vec<SourceMapping>, TableError>;
+
+    /// The allocator functions of the objects process `pid` maps now that its library's
+    /// wrappers do not reach. None by default: nothing is hooked.
+    fn hook_targets(&mut self, pid: u32) -> Vec<HookTarget> {
+        let _ = pid;
+        Vec::new()
+    }
+
+    /// The bytes that hook `target` of process `pid` with a jump to `stub`, its displaced instructions
+    /// relocated to `trampoline` (at most `room` bytes); `Err`: why it cannot be hooked.
+    fn plan_hook(
+        &mut self,
+        pid: u32,
+        target: &HookTarget,
+        stub: u64,
+        trampoline: u64,
+        room: usize,
+    ) -> Result<HookCode, String> {
+        let _ = (pid, target, stub, trampoline, room);
+        Err("no hook planner".to_string())
+    }
 }
 
 /// An object loaded once: its id and table.

@@ -144,6 +144,37 @@ pub fn carries_allocator(path: &Path) -> Result<bool> {
     Ok(own || defined.contains("malloc"))
 }
 
+/// Every function of the allocators' tables by name, with its kind, and whether the name
+/// is one of libc's (the malloc API unprefixed), which the preloaded library's wrappers
+/// interpose where the dynamic linker binds it; the others are an allocator's own API,
+/// which no wrapper reaches (the in-process recorder hooks them: `alloc::hooks`).
+pub(crate) fn allocator_api() -> Vec<(String, AllocKind, bool)> {
+    let libc_names = MALLOC_API
+        .iter()
+        .map(|&(name, kind)| (name.to_string(), kind, true));
+    let prefixed = JEMALLOC_PREFIXES
+        .iter()
+        .filter(|prefix| !prefix.is_empty())
+        .flat_map(|prefix| {
+            MALLOC_API
+                .iter()
+                .map(move |&(name, kind)| (format!("{prefix}{name}"), kind, false))
+        });
+    let jemalloc = JEMALLOC_PREFIXES.iter().flat_map(|prefix| {
+        JEMALLOC_API
+            .iter()
+            .map(move |&(name, kind)| (format!("{prefix}{name}"), kind, false))
+    });
+    let mimalloc = MIMALLOC_API
+        .iter()
+        .map(|&(name, kind)| (name.to_string(), kind, false));
+    libc_names
+        .chain(prefixed)
+        .chain(jemalloc)
+        .chain(mimalloc)
+        .collect()
+}
+
 /// One function to probe: where, and how its arguments read.
 #[derive(Clone, Debug)]
 pub struct AllocFunction {

@@ -11,6 +11,7 @@
 //! came from.
 
 pub mod allocators;
+pub mod hooks;
 
 use anyhow::{Context, Result};
 use bpf_prog::{alloc_cookie, AllocKind, EventProgram, Tracer};
@@ -53,10 +54,17 @@ impl AllocProbe {
     /// says, with probe id `probe_id`: each allocating function's entry and return, each
     /// freeing function's entry.
     /// Whether the preloaded library can record this probe's allocator in the process:
-    /// libc's (or a library's that replaces malloc, reached through the library's
-    /// wrappers), in a launched `executable` that carries no allocator of its own.
+    /// libc's through its wrappers, and every allocator function a launched `executable`
+    /// carries of its own through a hook on its entry ([`hooks`]), when each can be
+    /// hooked. (A library's allocator is hooked when the process maps it; one that
+    /// cannot be is named in a warning.)
     pub fn recordable_in_process(&self, heap: &HeapSettings, executable: &std::path::Path) -> bool {
-        self.wants_preload(heap) && !allocators::carries_allocator(executable).unwrap_or(true)
+        let hookable = || {
+            hooks::check_executable(executable)
+                .is_ok_and(|functions| functions.iter().all(|(_, hookable)| hookable.is_ok()))
+        };
+        self.wants_preload(heap)
+            && (!allocators::carries_allocator(executable).unwrap_or(true) || hookable())
     }
 
     /// Whether the probe would take the preloaded library's sites for libc's functions.

@@ -14,11 +14,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use preload::{Recorder, Server, SourceMapping, TableError, TableSource};
+use preload::{
+    HookCode, HookOutcome, HookReport, HookTarget, Recorder, Server, SourceMapping, TableError,
+    TableSource,
+};
 use unwind_tables::walk::WalkEnd;
 use unwind_tables::CompactTable;
 
 use super::execs::{Exec, ExecWatch};
+use crate::alloc::hooks::Planner;
 use crate::collect::{
     Collected, Collector, Estimated, HeapCollected, HeapCount, HeapNow, HeapStats, Target,
     UserFrame, UserStack, Walks, When,
@@ -42,6 +46,10 @@ struct State {
     server: Option<Server>,
     recorder: Recorder,
     store: LibraryTables,
+    /// The allocator functions each process's library hooks.
+    planner: Planner,
+    /// What became of them, kept when the server closes.
+    hooks: Vec<HookReport>,
 }
 
 /// The tables the library walks with, by the session's handles, and the mappings last
@@ -74,10 +82,11 @@ impl TableStore for LibraryTables {
     }
 }
 
-/// The session's tables as the library's source of mappings.
+/// The session's tables as the library's source of mappings, and of the hooks it places.
 struct Source<'a> {
     tables: &'a SharedTables,
     store: &'a mut LibraryTables,
+    planner: &'a mut Planner,
 }
 
 impl TableSource for Source<'_> {
@@ -104,6 +113,23 @@ impl TableSource for Source<'_> {
                     .and_then(|TableRef(index)| self.store.tables.get(index as usize).cloned()),
             })
             .collect())
+    }
+
+    fn hook_targets(&mut self, pid: u32) -> Vec<HookTarget> {
+        self.planner.targets(pid)
+    }
+
+    fn plan_hook(
+        &mut self,
+        pid: u32,
+        target: &HookTarget,
+        stub: u64,
+        trampoline: u64,
+        room: usize,
+    ) -> Result<HookCode, String> {
+        self.planner
+            .plan(pid, target, stub, trampoline, room)
+            .map_err(|refusal| refusal.to_string())
     }
 }
 
@@ -150,6 +176,8 @@ impl InProcessCollector {
             server: Some(server),
             recorder,
             store: LibraryTables::default(),
+            planner: Planner::default(),
+            hooks: Vec::new(),
         }));
         let done = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -255,9 +283,15 @@ fn serve(state: &Mutex<State>, tables: &SharedTables, done: &AtomicBool) {
                 server,
                 recorder,
                 store,
+                planner,
+                hooks,
             } = &mut *state;
             if let Some(server) = server {
-                let mut source = Source { tables, store };
+                let mut source = Source {
+                    tables,
+                    store,
+                    planner,
+                };
                 let wait = if idle && !finishing {
                     IDLE_WAIT
                 } else {
@@ -265,6 +299,9 @@ fn serve(state: &Mutex<State>, tables: &SharedTables, done: &AtomicBool) {
                 };
                 if let Err(error) = server.serve(&mut source, recorder, wait) {
                     eprintln!("cargo-trace: warning: in-process heap recording: {error}");
+                }
+                if server.hooks().len() != hooks.len() || finishing {
+                    *hooks = server.hooks().to_vec();
                 }
             }
             recorder.poll()
@@ -306,6 +343,9 @@ impl Collector for InProcessCollector {
     fn stop(&mut self) {
         self.stop_serving();
         if let Some(warning) = self.without_library() {
+            eprintln!("cargo-trace: warning: {warning}");
+        }
+        if let Some(warning) = unhooked_warning(&self.state().hooks) {
             eprintln!("cargo-trace: warning: {warning}");
         }
         // Closed: a process still running finds its connection gone and records no more.
@@ -440,6 +480,7 @@ impl Collector for InProcessCollector {
             counters.waits,
             counters.lookups,
         )];
+        lines.push(hooks_line(&state.hooks));
         for memory in state.recorder.library_memory() {
             lines.push(format!(
                 "in-process: process {}: shared region {} KiB used of {} KiB, other {} KiB \
@@ -511,6 +552,80 @@ fn recorder_memory(recorder: &Recorder) -> Option<profile::RecorderMemory> {
         private_bytes: most.private_bytes,
         private_bound: most.private_bound,
     })
+}
+
+/// The one line that names the allocator functions left unhooked, if any were: their
+/// calls are not counted.
+fn unhooked_warning(hooks: &[HookReport]) -> Option<String> {
+    let missed: Vec<&HookReport> = hooks
+        .iter()
+        .filter(|h| h.outcome != HookOutcome::Hooked)
+        .collect();
+    let first = missed.first()?;
+    let why = match &first.outcome {
+        HookOutcome::Refused(why) => why.clone(),
+        _ => "no room for its hook within reach, or its code could not be written".to_string(),
+    };
+    let mut processes: Vec<u32> = missed.iter().map(|h| h.pid).collect();
+    processes.sort_unstable();
+    processes.dedup();
+    let more = match missed.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    let missed_calls = if first.name == crate::alloc::hooks::DEBUG_STATE {
+        "the allocators that dlopen brings are not hooked, their calls not counted"
+    } else {
+        "the calls to it are not counted"
+    };
+    Some(format!(
+        "{} of {} could not be hooked in process {} ({why}){more}, in {} process(es): \
+         {missed_calls} (--no-preload probes them from the kernel)",
+        first.name,
+        first.object.display(),
+        first.pid,
+        processes.len(),
+    ))
+}
+
+/// `--bpf-stats`' account of the hooks: functions hooked (the allocators', and the dynamic
+/// linker's `_dl_debug_state` in each process) in how many processes, refused and why.
+fn hooks_line(hooks: &[HookReport]) -> String {
+    let hooked: Vec<&HookReport> = hooks
+        .iter()
+        .filter(|h| h.outcome == HookOutcome::Hooked)
+        .collect();
+    let mut processes: Vec<u32> = hooked.iter().map(|h| h.pid).collect();
+    processes.sort_unstable();
+    processes.dedup();
+    let mut refused: std::collections::BTreeMap<String, usize> = Default::default();
+    for hook in hooks {
+        match &hook.outcome {
+            HookOutcome::Hooked => {}
+            HookOutcome::Refused(why) => {
+                *refused.entry(format!("{}: {why}", hook.name)).or_default() += 1
+            }
+            HookOutcome::NotPlaced => {
+                *refused
+                    .entry(format!("{}: not placed", hook.name))
+                    .or_default() += 1
+            }
+        }
+    }
+    let refused = if refused.is_empty() {
+        "none refused".to_string()
+    } else {
+        let reasons: Vec<String> = refused
+            .iter()
+            .map(|(why, n)| format!("{why} ({n})"))
+            .collect();
+        format!("refused: {}", reasons.join("; "))
+    };
+    format!(
+        "in-process: hooks: {} functions hooked in {} processes, {refused}",
+        hooked.len(),
+        processes.len()
+    )
 }
 
 /// What the library is told of the session's heap settings.
@@ -605,5 +720,64 @@ fn walks(counters: &preload::Counters) -> Walks {
             .collect(),
         total: counters.walks,
         memo_hits: counters.memo_hits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(pid: u32, name: &str, outcome: HookOutcome) -> HookReport {
+        HookReport {
+            pid,
+            entry: 0x1000,
+            name: name.to_string(),
+            object: "/usr/bin/prog".into(),
+            outcome,
+        }
+    }
+
+    /// Every function hooked: no warning, and `--bpf-stats` counts them by process.
+    #[test]
+    fn hooked_functions_are_counted() {
+        let hooks = [
+            report(1, "mi_malloc", HookOutcome::Hooked),
+            report(1, "mi_free", HookOutcome::Hooked),
+            report(2, "_dl_debug_state", HookOutcome::Hooked),
+        ];
+        assert_eq!(unhooked_warning(&hooks), None);
+        assert_eq!(
+            hooks_line(&hooks),
+            "in-process: hooks: 3 functions hooked in 2 processes, none refused"
+        );
+    }
+
+    /// A function refused or not placed is named in one warning line, with what is not
+    /// counted, and in `--bpf-stats` with its reason.
+    #[test]
+    fn unhooked_functions_are_named() {
+        let hooks = [
+            report(1, "mi_malloc", HookOutcome::Hooked),
+            report(
+                7,
+                "je_mallocx",
+                HookOutcome::Refused("it is shorter than the 5-byte jump".into()),
+            ),
+            report(8, "je_free", HookOutcome::NotPlaced),
+        ];
+        let warning = unhooked_warning(&hooks).unwrap();
+        assert!(
+            warning.starts_with("je_mallocx of /usr/bin/prog could not be hooked in process 7")
+                && warning.contains("and 1 more, in 2 process(es)")
+                && warning.contains("not counted"),
+            "{warning}"
+        );
+        let line = hooks_line(&hooks);
+        assert!(
+            line.contains("1 functions hooked in 1 processes")
+                && line.contains("je_mallocx: it is shorter than the 5-byte jump (1)")
+                && line.contains("je_free: not placed (1)"),
+            "{line}"
+        );
     }
 }
