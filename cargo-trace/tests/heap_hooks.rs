@@ -63,7 +63,7 @@ fn check_exact(name: &str, command: &str, sites_expected: usize) -> Run {
         name,
         &["alloc"],
         command,
-        &["--csv", "heap.csv", "--bpf-stats"],
+        &["--csv", "heap.csv", "--bpf-stats", "--json", "heap.json"],
     );
     assert!(run.status.success(), "{name}: {}", run.stderr);
     assert!(
@@ -127,6 +127,45 @@ fn a_child_with_an_allocator_crate_is_hooked() {
         assert!(
             functions >= 4 && processes == 2,
             "{feature}: {}",
+            run.stderr
+        );
+        // The profile says what was counted where: the child's allocator by hooks, libc
+        // by the wrappers in both.
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.scratch.path("heap.json")).unwrap()).unwrap();
+        let entries = json["heap"]["allocators"].as_array().unwrap();
+        let texts = |executable: &std::path::Path| -> Vec<String> {
+            let entry = entries
+                .iter()
+                .find(|e| {
+                    let canonical = std::fs::canonicalize(executable).unwrap();
+                    e["executable"].as_str() == canonical.to_str()
+                })
+                .unwrap_or_else(|| panic!("{feature}: no entry for {executable:?}: {entries:?}"));
+            assert!(entry["missed"].is_null(), "{feature}: {entry}");
+            entry["allocators"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["text"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let wrappers = "libc by the preloaded library's wrappers".to_string();
+        assert_eq!(texts(&parent), std::slice::from_ref(&wrappers), "{feature}");
+        let child_counted = texts(&child);
+        assert!(
+            child_counted.contains(&wrappers)
+                && child_counted.iter().any(|t| t.starts_with(feature)
+                    && t.ends_with(&format!(
+                        "{} by hooks in the process",
+                        std::fs::canonicalize(&child).unwrap().display()
+                    ))),
+            "{feature}: {child_counted:?}"
+        );
+        assert!(
+            run.stderr.contains(feature)
+                && run.stderr.contains("by hooks in the process (1 process)"),
+            "{feature}: the summary names the hooked allocator: {}",
             run.stderr
         );
     }

@@ -212,26 +212,27 @@ pub fn by_object(functions: Vec<AllocFunction>) -> Vec<ObjectAllocator> {
         }
     }
     for object in &mut objects {
-        (object.name, object.prefix) = name_of(object);
+        let symbols: Vec<&str> = object
+            .functions
+            .iter()
+            .map(|f| f.target.symbol.split('+').next().unwrap_or(""))
+            .collect();
+        (object.name, object.prefix) = allocator_named(&object.path, &symbols);
     }
     objects
 }
 
-/// The allocator `object`'s functions tell, and their prefix.
-fn name_of(object: &ObjectAllocator) -> (&'static str, Option<String>) {
-    let file = object
-        .path
+/// The allocator the functions `symbols` of the object at `path` tell, and their
+/// prefix: libc by its file name, jemalloc by its own API, mimalloc by its, any other
+/// by the malloc API it defines (`malloc`).
+pub fn allocator_named(path: &Path, symbols: &[&str]) -> (&'static str, Option<String>) {
+    let file = path
         .file_name()
         .and_then(|name| name.to_str())
         .unwrap_or("");
     if file.starts_with("libc.so") || file.starts_with("libc-") {
         return ("libc", None);
     }
-    let symbols: Vec<&str> = object
-        .functions
-        .iter()
-        .map(|f| f.target.symbol.split('+').next().unwrap_or(""))
-        .collect();
     // The prefix a name of `api` carries in `symbols`, if one does.
     let prefix_in = |api: &[(&str, AllocKind)]| {
         symbols.iter().find_map(|symbol| {

@@ -7,7 +7,9 @@
 //! which runs the library's first calls before the target reaches its entry point —
 //! and turns what the library recorded into the seam's heap statistics.
 
-use std::collections::HashMap;
+mod hooks_report;
+
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -15,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use preload::{
-    HookCode, HookOutcome, HookReport, HookTarget, Recorder, Server, SourceMapping, TableError,
-    TableSource,
+    HookCode, HookReport, HookTarget, Recorder, Server, SourceMapping, TableError, TableSource,
 };
 use unwind_tables::walk::WalkEnd;
 use unwind_tables::CompactTable;
@@ -33,6 +34,8 @@ use crate::settings::HeapSettings;
 use crate::tables::{
     FileKey, ProcessTables, Registered, SharedTables, StoreError, StoreId, TableRef, TableStore,
 };
+use hooks_report::{counted_in, hooks_line, unhooked_warning};
+use profile::{AllocatorCounted, AllocatorsMissed, ProcessAllocators};
 
 /// How long the serving thread, idle, waits for a message before it reads the regions
 /// again.
@@ -58,6 +61,9 @@ struct State {
 struct LibraryTables {
     tables: Vec<Arc<CompactTable>>,
     mappings: HashMap<u32, Vec<Registered>>,
+    /// Per process, the object its wrappers' calls reach (libc, or a library that
+    /// replaces malloc), as its mappings showed when the library asked for them.
+    wrapped: HashMap<u32, std::path::PathBuf>,
 }
 
 impl TableStore for LibraryTables {
@@ -100,6 +106,9 @@ impl TableSource for Source<'_> {
                 pid,
                 source: std::io::Error::other(format!("{error:#}")),
             })?;
+        if let Some(wrapped) = hooks_report::wrapped_object(tables.symbol_mappings().get(&pid)) {
+            self.store.wrapped.insert(pid, wrapped);
+        }
         let registered = self.store.mappings.get(&pid).cloned().unwrap_or_default();
         Ok(registered
             .iter()
@@ -147,6 +156,7 @@ pub struct InProcessCollector {
     execs: Option<ExecWatch>,
     tables: SharedTables,
     exited: Exited,
+    target_executable: Option<String>,
 }
 
 /// The processes that exited, retired from the recorder: the target and the first
@@ -158,7 +168,21 @@ struct Exited {
     kept: usize,
     merged: u64,
     last: Option<Instant>,
+    /// The allocators counted in the processes kept apart: (pid, executable, allocators,
+    /// why some calls were not counted), told when they were retired.
+    kept_allocators: Vec<KeptAllocators>,
+    /// The allocators counted in the processes added up under pid 0, and the first
+    /// reason some of their calls were not counted, with how many processes missed any.
+    merged_allocators: BTreeSet<AllocatorCounted>,
+    merged_missed: Option<(String, u64)>,
 }
+
+type KeptAllocators = (
+    u32,
+    Option<String>,
+    BTreeSet<AllocatorCounted>,
+    Option<String>,
+);
 
 impl InProcessCollector {
     /// Makes the library's directory and socket and starts serving it.
@@ -199,11 +223,15 @@ impl InProcessCollector {
             report_cost,
             execs: ExecWatch::start(),
             tables,
+            target_executable: None,
             exited: Exited {
                 keep: keep_exited,
                 kept: 0,
                 merged: 0,
                 last: None,
+                kept_allocators: Vec::new(),
+                merged_allocators: BTreeSet::new(),
+                merged_missed: None,
             },
         })
     }
@@ -244,12 +272,110 @@ impl InProcessCollector {
             state.recorder.retire(pid, into);
             retired.push((pid, into.is_none()));
         }
-        drop(state);
+        let hooks = std::mem::take(&mut state.hooks);
         let mut tables = self.tables.lock();
-        for (pid, apart) in retired {
+        for &(pid, apart) in &retired {
+            // What was counted in it, while its mappings are known.
+            let wrapped = state.store.wrapped.remove(&pid);
+            let (allocators, missed) = counted_in(pid, wrapped.as_deref(), &hooks);
+            if apart {
+                let executable = self.executable_of(pid);
+                self.exited
+                    .kept_allocators
+                    .push((pid, executable, allocators, missed));
+            } else {
+                self.exited.merged_allocators.extend(allocators);
+                if let Some(reason) = missed {
+                    let missed = self.exited.merged_missed.get_or_insert((reason, 0));
+                    missed.1 += 1;
+                }
+            }
             tables.forget(StoreId::InProcess, pid);
             tables.release(pid, apart);
         }
+        drop(tables);
+        state.hooks = hooks;
+    }
+
+    /// The executable process `pid` last exec'd, as its command line names it.
+    fn executable_of(&self, pid: u32) -> Option<String> {
+        let execs = self
+            .execs
+            .as_ref()
+            .map(ExecWatch::execs)
+            .unwrap_or_default();
+        match execs.iter().rev().find(|exec| exec.pid == pid) {
+            Some(exec) => exec.command.split(' ').next().map(|command| {
+                std::fs::canonicalize(command)
+                    .map_or_else(|_| command.to_string(), |path| path.display().to_string())
+            }),
+            // the target, exec'd before it was followed
+            None => self
+                .target_executable
+                .clone()
+                .filter(|_| Some(pid) == self.target),
+        }
+    }
+
+    /// Which allocators were counted in which process, and what was missed (`totals`:
+    /// each process's, whose unknown frees are the count a process missed).
+    fn allocators(
+        &self,
+        state: &State,
+        totals: &[preload::ProcessTotals],
+    ) -> Vec<ProcessAllocators> {
+        let unknown = |pid: u32| {
+            totals
+                .iter()
+                .find(|p| p.pid == pid)
+                .map_or(0, |p| p.unknown_frees)
+        };
+        let missed = |pid: u32, reason: Option<String>| {
+            reason.map(|reason| AllocatorsMissed {
+                reason,
+                count: unknown(pid),
+            })
+        };
+        let mut entries: Vec<ProcessAllocators> = totals
+            .iter()
+            .map(|p| p.pid)
+            .filter(|&pid| {
+                pid != profile::MERGED_PID
+                    && !self.exited.kept_allocators.iter().any(|kept| kept.0 == pid)
+            })
+            .map(|pid| {
+                let wrapped = state.store.wrapped.get(&pid);
+                let (allocators, reason) =
+                    counted_in(pid, wrapped.map(|p| p.as_path()), &state.hooks);
+                (pid, self.executable_of(pid), allocators, reason)
+            })
+            .chain(self.exited.kept_allocators.iter().cloned())
+            .map(|(pid, executable, allocators, reason)| ProcessAllocators {
+                pid,
+                executable,
+                processes: 1,
+                allocators: allocators.into_iter().collect(),
+                missed: missed(pid, reason),
+            })
+            .collect();
+        entries.sort_by_key(|entry| entry.pid);
+        if self.exited.merged > 0 {
+            entries.push(ProcessAllocators {
+                pid: profile::MERGED_PID,
+                executable: None,
+                processes: self.exited.merged,
+                allocators: self.exited.merged_allocators.iter().cloned().collect(),
+                missed: self
+                    .exited
+                    .merged_missed
+                    .as_ref()
+                    .map(|(reason, n)| AllocatorsMissed {
+                        reason: format!("{n} of them: {reason}"),
+                        count: unknown(profile::MERGED_PID),
+                    }),
+            });
+        }
+        entries
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -324,6 +450,9 @@ impl Collector for InProcessCollector {
 
     fn attach(&mut self, target: Target) -> Result<()> {
         self.target = Some(target.pid);
+        self.target_executable = std::fs::read_link(format!("/proc/{}/exe", target.pid))
+            .ok()
+            .map(|path| path.display().to_string());
         if let Some(execs) = &self.execs {
             execs.follow(target.pid);
         }
@@ -413,6 +542,7 @@ impl Collector for InProcessCollector {
             }
         }
         let _ = when;
+        let allocators = self.allocators(&state, &totals);
         Ok(Collected {
             heap: Some(HeapCollected {
                 stacks,
@@ -424,6 +554,7 @@ impl Collector for InProcessCollector {
             }),
             walks: walks(&counters),
             merged_processes: self.exited.merged,
+            allocators,
             ..Collected::default()
         })
     }
@@ -554,80 +685,6 @@ fn recorder_memory(recorder: &Recorder) -> Option<profile::RecorderMemory> {
     })
 }
 
-/// The one line that names the allocator functions left unhooked, if any were: their
-/// calls are not counted.
-fn unhooked_warning(hooks: &[HookReport]) -> Option<String> {
-    let missed: Vec<&HookReport> = hooks
-        .iter()
-        .filter(|h| h.outcome != HookOutcome::Hooked)
-        .collect();
-    let first = missed.first()?;
-    let why = match &first.outcome {
-        HookOutcome::Refused(why) => why.clone(),
-        _ => "no room for its hook within reach, or its code could not be written".to_string(),
-    };
-    let mut processes: Vec<u32> = missed.iter().map(|h| h.pid).collect();
-    processes.sort_unstable();
-    processes.dedup();
-    let more = match missed.len() {
-        1 => String::new(),
-        n => format!(" and {} more", n - 1),
-    };
-    let missed_calls = if first.name == crate::alloc::hooks::DEBUG_STATE {
-        "the allocators that dlopen brings are not hooked, their calls not counted"
-    } else {
-        "the calls to it are not counted"
-    };
-    Some(format!(
-        "{} of {} could not be hooked in process {} ({why}){more}, in {} process(es): \
-         {missed_calls} (--no-preload probes them from the kernel)",
-        first.name,
-        first.object.display(),
-        first.pid,
-        processes.len(),
-    ))
-}
-
-/// `--bpf-stats`' account of the hooks: functions hooked (the allocators', and the dynamic
-/// linker's `_dl_debug_state` in each process) in how many processes, refused and why.
-fn hooks_line(hooks: &[HookReport]) -> String {
-    let hooked: Vec<&HookReport> = hooks
-        .iter()
-        .filter(|h| h.outcome == HookOutcome::Hooked)
-        .collect();
-    let mut processes: Vec<u32> = hooked.iter().map(|h| h.pid).collect();
-    processes.sort_unstable();
-    processes.dedup();
-    let mut refused: std::collections::BTreeMap<String, usize> = Default::default();
-    for hook in hooks {
-        match &hook.outcome {
-            HookOutcome::Hooked => {}
-            HookOutcome::Refused(why) => {
-                *refused.entry(format!("{}: {why}", hook.name)).or_default() += 1
-            }
-            HookOutcome::NotPlaced => {
-                *refused
-                    .entry(format!("{}: not placed", hook.name))
-                    .or_default() += 1
-            }
-        }
-    }
-    let refused = if refused.is_empty() {
-        "none refused".to_string()
-    } else {
-        let reasons: Vec<String> = refused
-            .iter()
-            .map(|(why, n)| format!("{why} ({n})"))
-            .collect();
-        format!("refused: {}", reasons.join("; "))
-    };
-    format!(
-        "in-process: hooks: {} functions hooked in {} processes, {refused}",
-        hooked.len(),
-        processes.len()
-    )
-}
-
 /// What the library is told of the session's heap settings.
 fn recorder_options(heap: &HeapSettings) -> preload::Options {
     preload::Options {
@@ -720,64 +777,5 @@ fn walks(counters: &preload::Counters) -> Walks {
             .collect(),
         total: counters.walks,
         memo_hits: counters.memo_hits,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report(pid: u32, name: &str, outcome: HookOutcome) -> HookReport {
-        HookReport {
-            pid,
-            entry: 0x1000,
-            name: name.to_string(),
-            object: "/usr/bin/prog".into(),
-            outcome,
-        }
-    }
-
-    /// Every function hooked: no warning, and `--bpf-stats` counts them by process.
-    #[test]
-    fn hooked_functions_are_counted() {
-        let hooks = [
-            report(1, "mi_malloc", HookOutcome::Hooked),
-            report(1, "mi_free", HookOutcome::Hooked),
-            report(2, "_dl_debug_state", HookOutcome::Hooked),
-        ];
-        assert_eq!(unhooked_warning(&hooks), None);
-        assert_eq!(
-            hooks_line(&hooks),
-            "in-process: hooks: 3 functions hooked in 2 processes, none refused"
-        );
-    }
-
-    /// A function refused or not placed is named in one warning line, with what is not
-    /// counted, and in `--bpf-stats` with its reason.
-    #[test]
-    fn unhooked_functions_are_named() {
-        let hooks = [
-            report(1, "mi_malloc", HookOutcome::Hooked),
-            report(
-                7,
-                "je_mallocx",
-                HookOutcome::Refused("it is shorter than the 5-byte jump".into()),
-            ),
-            report(8, "je_free", HookOutcome::NotPlaced),
-        ];
-        let warning = unhooked_warning(&hooks).unwrap();
-        assert!(
-            warning.starts_with("je_mallocx of /usr/bin/prog could not be hooked in process 7")
-                && warning.contains("and 1 more, in 2 process(es)")
-                && warning.contains("not counted"),
-            "{warning}"
-        );
-        let line = hooks_line(&hooks);
-        assert!(
-            line.contains("1 functions hooked in 1 processes")
-                && line.contains("je_mallocx: it is shorter than the 5-byte jump (1)")
-                && line.contains("je_free: not placed (1)"),
-            "{line}"
-        );
     }
 }
