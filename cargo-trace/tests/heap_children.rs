@@ -383,7 +383,8 @@ fn rustc_as_a_shell_child_counts_as_run_directly() {
 
 /// `cargo build` of a fresh crate with one path dependency: each rustc process it starts
 /// counted within 1% of the same rustc command run directly, and none of the leaks an
-/// allocator's own mapping (`--mmap`).
+/// allocator's own mapping (`--mmap`), on the BPF path and in the process (rustc's
+/// jemalloc hooked in each rustc process cargo starts).
 #[test]
 fn cargo_build_counts_its_rustc_processes_as_run_directly() {
     if !bpf_available("cargo_build_counts_its_rustc_processes_as_run_directly") {
@@ -440,13 +441,20 @@ fn cargo_build_counts_its_rustc_processes_as_run_directly() {
         .filter(|command| command.contains("rustc"))
         .collect();
     assert_eq!(commands.len(), 2, "{commands:?}");
-    let fresh = || std::fs::remove_dir_all(root.join("target/debug")).unwrap();
+    for path in [&["--no-preload"][..], &[][..]] {
+        check_cargo_build(&root, &rustc, &commands, path);
+    }
+}
 
+/// `cargo build` in `root` traced, then each of its rustc `commands` alone, with
+/// `path_args` (the path that records): rustc's allocations alike.
+fn check_cargo_build(root: &Path, rustc: &Path, commands: &[String], path_args: &[&str]) {
+    let fresh = || std::fs::remove_dir_all(root.join("target/debug")).unwrap();
     fresh();
     let run_in_root = |name: &str, command: &str| {
-        let mut args = vec![
+        let mut args = path_args.to_vec();
+        args.extend([
             "alloc",
-            "--no-preload",
             "--mmap",
             "--no-svg",
             "--csv",
@@ -454,11 +462,11 @@ fn cargo_build_counts_its_rustc_processes_as_run_directly() {
             "--json",
             "heap.json",
             "-c",
-        ];
+        ]);
         args.push(command);
         let output = Command::new(common::binary())
             .args(&args)
-            .current_dir(&root)
+            .current_dir(root)
             .env("CARGO_TARGET_DIR", root.join("target"))
             .env_remove("RUSTFLAGS")
             .stdin(Stdio::null())
@@ -481,7 +489,7 @@ fn cargo_build_counts_its_rustc_processes_as_run_directly() {
         run
     };
     let build = run_in_root("children-cargo-build", "cargo build");
-    let mut in_build = allocations_of(&build, &rustc);
+    let mut in_build = allocations_of(&build, rustc);
     no_allocator_mapping_leaked(&build);
 
     // Its outputs are there: the dependency's rlib, which the second command reads.
@@ -490,12 +498,14 @@ fn cargo_build_counts_its_rustc_processes_as_run_directly() {
         // As cargo build ran it: no incremental state from an earlier compilation.
         let _ = std::fs::remove_dir_all(root.join("target/debug/incremental"));
         let run = run_in_root(&format!("children-cargo-rustc-{i}"), command);
-        direct.extend(allocations_of(&run, &rustc));
+        direct.extend(allocations_of(&run, rustc));
         no_allocator_mapping_leaked(&run);
     }
     direct.sort_unstable();
     in_build.sort_unstable();
-    eprintln!("rustc's allocations: under cargo build {in_build:?}, run directly {direct:?}");
+    eprintln!(
+        "rustc's allocations {path_args:?}: under cargo build {in_build:?}, run directly {direct:?}"
+    );
     assert_eq!(in_build.len(), direct.len(), "{in_build:?} {direct:?}");
     for (built, alone) in in_build.iter().zip(&direct) {
         assert!(
