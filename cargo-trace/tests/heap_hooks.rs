@@ -6,7 +6,7 @@
 //! - A C parent (`exec_child`, libc's malloc through the wrappers) that execs a Rust
 //!   child built with tikv-jemallocator, and one with the mimalloc crate (`alloc_crates`):
 //!   every site of both processes exact.
-//! - A program (`dlopen_plugin`) that dlopens a plugin linked with libmimalloc and
+//! - A program (`dlopen_sites`) that dlopens a plugin linked with libmimalloc and
 //!   allocates through mimalloc's own API: every site of the plugin exact.
 //! - rustc (its executable carries jemalloc, unprefixed) compiling one file, run directly
 //!   and as the child of a shell: its process's allocations within 1% of each other and
@@ -205,7 +205,7 @@ fn a_dlopened_allocator_is_hooked() {
         .status()
         .unwrap();
     assert!(status.success(), "building the plugin");
-    let program = fixtures::c_fixture("dlopen_plugin");
+    let program = fixtures::c_fixture("dlopen_sites");
     let run = check_exact(
         "hooks-dlopen",
         &format!("{} {}", quoted(&program), quoted(&plugin)),
