@@ -282,7 +282,7 @@ pub struct RecorderMemory {
 
 impl RecorderMemory {
     /// One line: "in 3 processes, at most 6.0 MiB of a 324 MiB shared region and 252 KiB
-    /// of 42 MiB of its own in any one".
+    /// of 46 MiB of its own in any one".
     pub fn describe(&self) -> String {
         let b = |n: u64| crate::units::bytes(n as i64);
         format!(
