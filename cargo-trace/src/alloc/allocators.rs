@@ -355,7 +355,9 @@ pub fn names_of(allocator: &Allocator, prefix: Option<&str>) -> Vec<(String, All
     };
     match (allocator, prefix) {
         (Allocator::Libc, _) | (Allocator::Auto, None) => Vec::new(),
-        (Allocator::Auto, Some(prefix)) => [with(prefix, MALLOC_API), with(prefix, JEMALLOC_API)].concat(),
+        (Allocator::Auto, Some(prefix)) => {
+            [with(prefix, MALLOC_API), with(prefix, JEMALLOC_API)].concat()
+        }
         (Allocator::Jemalloc, prefix) => match prefix {
             Some(prefix) => vec![prefix],
             None => JEMALLOC_PREFIXES.to_vec(),

@@ -131,7 +131,10 @@ fn collectors(
             }
             InProcess::Bpf => {}
             InProcess::BpfNamed(why) if !settings.quiet => {
-                eprintln!("cargo-trace: note: {} is probed with BPF: {why}", probe.text);
+                eprintln!(
+                    "cargo-trace: note: {} is probed with BPF: {why}",
+                    probe.text
+                );
             }
             InProcess::BpfNamed(_) => {}
         }

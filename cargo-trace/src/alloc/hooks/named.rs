@@ -75,8 +75,9 @@ impl Named {
     /// named in a warning, as with `alloc`.)
     pub fn check(&self, executable: &Path) -> Result<(), String> {
         let object = match &self.allocator {
-            Allocator::Binary(path) => probes::resolve_binary(path, None)
-                .map_err(|error| format!("{path} could not be found before the launch ({error})"))?,
+            Allocator::Binary(path) => probes::resolve_binary(path, None).map_err(|error| {
+                format!("{path} could not be found before the launch ({error})")
+            })?,
             _ => executable.to_path_buf(),
         };
         if self.wrappers_count && is_libc(&object) {
@@ -168,10 +169,7 @@ fn is_libc(path: &Path) -> bool {
 }
 
 /// `functions` of the object at `path` (found at their entries), as hooks take them.
-fn object_functions(
-    path: &Path,
-    functions: &[&AllocFunction],
-) -> Result<ObjectFunctions, Refusal> {
+fn object_functions(path: &Path, functions: &[&AllocFunction]) -> Result<ObjectFunctions, Refusal> {
     let unreadable = |e: &dyn std::fmt::Display| Refusal::Unreadable(e.to_string());
     let file = std::fs::File::open(path).map_err(|e| unreadable(&e))?;
     // SAFETY: a read-only private map of a file we only read.
@@ -201,7 +199,8 @@ fn object_functions(
             alloc_kind: Some(function.kind),
             address,
             size,
-            file_offset: code_offset(&segments, address, size).unwrap_or(function.target.file_offset),
+            file_offset: code_offset(&segments, address, size)
+                .unwrap_or(function.target.file_offset),
         });
     }
     start_walks_where_bpf_probes(path, &mut hooked);
