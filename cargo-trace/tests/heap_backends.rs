@@ -10,6 +10,12 @@
 //! that depend on when a call ran (temporaries, lifetimes, ages), whose clocks differ.
 //! Only stacks through the fixtures' own sites are compared: the BPF probes also see
 //! libc's calls to its own malloc (stdio's buffers), which no wrapper does.
+//!
+//! Allocators named (`alloc:jemalloc`, `alloc:mimalloc`, `alloc:PATH`, `--alloc-prefix`)
+//! are compared too: in the process, their functions hooked and the wrappers passing
+//! calls through with a tail jump, so that a library's hooked malloc reached through a
+//! wrapper has the program's frame as its caller (a wrapper's frame left in its stack
+//! fails `named_allocators_alike_in_process_and_in_bpf`).
 
 mod common;
 
