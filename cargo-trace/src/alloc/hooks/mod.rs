@@ -463,7 +463,10 @@ impl Planner {
         let Ok(mappings) = process_image::executable_mappings(pid) else {
             return Vec::new();
         };
-        let named = self.named.as_mut().map(|named| named.objects(pid));
+        let named = self
+            .named
+            .as_mut()
+            .map(|named| named.objects(pid, &mappings));
         let executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let mut targets: Vec<HookTarget> = Vec::new();
         for mapping in &mappings {

@@ -21,6 +21,9 @@ use super::{
 };
 use crate::alloc::allocators::{self, allocator_named, AllocFunction, Allocator};
 
+/// The allocator's functions in the objects of a process, by their file's (device, inode).
+type Objects = HashMap<(u64, u64), Arc<ObjectFunctions>>;
+
 /// An allocator named, and what was found of it in each process.
 #[derive(Clone)]
 pub struct Named {
@@ -30,6 +33,9 @@ pub struct Named {
     wrappers_count: bool,
     /// The functions of each object file, by (device, inode) and the functions' names.
     objects: HashMap<(u64, u64, Vec<String>), Arc<ObjectFunctions>>,
+    /// What a process's executable mappings gave, by their files (device, inode): a
+    /// shell loop's processes, all alike, are resolved once.
+    by_mappings: HashMap<Vec<(String, u64)>, Result<Objects, String>>,
     /// Why the allocator was not found in a process, by pid.
     unresolved: HashMap<u32, String>,
 }
@@ -49,6 +55,7 @@ impl Named {
             prefix: prefix.map(str::to_string),
             wrappers_count,
             objects: HashMap::new(),
+            by_mappings: HashMap::new(),
             unresolved: HashMap::new(),
         })
     }
@@ -116,18 +123,41 @@ impl Named {
         Ok(())
     }
 
-    /// The allocator's functions in the objects process `pid` maps now, by the (device,
-    /// inode) of their file: those [`allocators::entries`] finds, less libc's when the
-    /// wrappers record them.
-    pub(super) fn objects(&mut self, pid: u32) -> HashMap<(u64, u64), Arc<ObjectFunctions>> {
-        let found = match allocators::entries(&self.allocator, self.prefix.as_deref(), pid) {
-            Ok(found) => found,
-            Err(error) => {
-                self.unresolved.insert(pid, format!("{error:#}"));
-                return HashMap::new();
+    /// The allocator's functions in the objects process `pid` maps now (`mappings`, its
+    /// executable ones), by the (device, inode) of their file: those
+    /// [`allocators::entries`] finds, less libc's when the wrappers record them.
+    pub(super) fn objects(&mut self, pid: u32, mappings: &[process_image::MapsEntry]) -> Objects {
+        let mut files: Vec<(String, u64)> = mappings
+            .iter()
+            .filter(|m| m.inode != 0)
+            .map(|m| (m.dev.clone(), m.inode))
+            .collect();
+        files.sort_unstable();
+        files.dedup();
+        let found = match self.by_mappings.get(&files) {
+            Some(found) => found.clone(),
+            None => {
+                let found = self.find(pid);
+                self.by_mappings.insert(files, found.clone());
+                found
             }
         };
-        self.unresolved.remove(&pid);
+        match found {
+            Ok(objects) => {
+                self.unresolved.remove(&pid);
+                objects
+            }
+            Err(why) => {
+                self.unresolved.insert(pid, why);
+                Objects::new()
+            }
+        }
+    }
+
+    /// [`Named::objects`], found in process `pid`.
+    fn find(&mut self, pid: u32) -> Result<Objects, String> {
+        let found = allocators::entries(&self.allocator, self.prefix.as_deref(), pid)
+            .map_err(|error| format!("{error:#}"))?;
         let mut by_path: Vec<(&Path, Vec<&AllocFunction>)> = Vec::new();
         for function in &found {
             let path = function.target.path.as_path();
@@ -159,7 +189,7 @@ impl Named {
             };
             objects.insert((meta.dev(), meta.ino()), object);
         }
-        objects
+        Ok(objects)
     }
 }
 
