@@ -44,8 +44,9 @@ fn stats_for(probe: &str) -> &'static [&'static str] {
     }
 }
 
-/// Asserts that plain `alloc` recorded `run` in the process, every allocator function
-/// hooked: `--bpf-stats` has the in-process lines, no BPF heap program's.
+/// Asserts that `alloc` recorded `run` in the process, every allocator function hooked:
+/// `--bpf-stats` has the in-process lines, no BPF heap program's. An allocator named
+/// (`alloc:jemalloc`) too: the summary says the library recorded it.
 fn assert_in_process(probe: &str, run: &Run) {
     if probe == "alloc" {
         assert!(
@@ -53,6 +54,15 @@ fn assert_in_process(probe: &str, run: &Run) {
                 && !run.stderr.contains("bpf on_alloc")
                 && !run.stderr.contains("could not be hooked"),
             "not recorded in the process, every function hooked:\n{}",
+            run.stderr
+        );
+    } else {
+        assert!(
+            run.stderr
+                .contains("note: recorded in the process by the preloaded library")
+                && !run.stderr.contains("is probed with BPF")
+                && !run.stderr.contains("could not be hooked"),
+            "{probe}: not recorded in the process, every function hooked:\n{}",
             run.stderr
         );
     }
@@ -437,6 +447,7 @@ fn an_allocator_named_by_its_path() {
         &quoted(&path),
         &["--csv", "heap.csv", "--mmap"],
     );
+    assert_in_process(&probe, &run);
     let rows = read_csv(&run, "heap.csv");
     check_sites(&run, &rows);
 }

@@ -10,6 +10,12 @@
 //! that depend on when a call ran (temporaries, lifetimes, ages), whose clocks differ.
 //! Only stacks through the fixtures' own sites are compared: the BPF probes also see
 //! libc's calls to its own malloc (stdio's buffers), which no wrapper does.
+//!
+//! Allocators named (`alloc:jemalloc`, `alloc:mimalloc`, `alloc:PATH`, `--alloc-prefix`)
+//! are compared too: in the process, their functions hooked and the wrappers passing
+//! calls through with a tail jump, so that a library's hooked malloc reached through a
+//! wrapper has the program's frame as its caller (a wrapper's frame left in its stack
+//! fails `named_allocators_alike_in_process_and_in_bpf`).
 
 mod common;
 
@@ -34,11 +40,13 @@ const COMPARED: &[&str] = &[
 /// Each site's stacks (callers of the innermost frame, root first) and their values.
 type BySite = BTreeMap<String, BTreeMap<Vec<String>, BTreeMap<String, i64>>>;
 
-fn run(name: &str, command: &str, extra: &[&str]) -> Run {
+fn run(name: &str, probe: &[&str], command: &str, extra: &[&str]) -> Run {
     // The fixtures' anonymous mappings compared as the sites they are.
     let mut args = vec!["--csv", "heap.csv", "--mmap"];
     args.extend(extra);
-    let run = trace(name, &["alloc"], command, &args);
+    let (probe, flags) = probe.split_first().expect("a probe");
+    args.extend(flags);
+    let run = trace(name, &[probe], command, &args);
     assert!(run.status.success(), "{name}: {}", run.stderr);
     run
 }
@@ -84,17 +92,31 @@ fn by_site(run: &Run, sites: &[HeapSite], peak: bool) -> BySite {
 /// Runs `command` both ways and compares its sites; `one_thread`: the program has one
 /// thread, so the moment of its peak is the same both ways.
 fn check_same(name: &str, command: &str, one_thread: bool) {
+    check_same_with(name, &["alloc"], command, one_thread);
+}
+
+/// [`check_same`] with `probe`: the probe and its flags (`alloc:jemalloc`, `alloc
+/// --alloc-prefix _rjem_`). Recorded in the process with every function hooked.
+fn check_same_with(name: &str, probe: &[&str], command: &str, one_thread: bool) {
     if !bpf_available(name) {
         return;
     }
-    let in_process = run(&format!("{name}-in-process"), command, &["--bpf-stats"]);
+    let in_process = run(
+        &format!("{name}-in-process"),
+        probe,
+        command,
+        &["--bpf-stats"],
+    );
     assert!(
-        in_process.stderr.contains("in-process:") && !in_process.stderr.contains("bpf on_"),
+        in_process.stderr.contains("in-process:")
+            && !in_process.stderr.contains("bpf on_")
+            && !in_process.stderr.contains("could not be hooked"),
         "{name}: not recorded in the process:\n{}",
         in_process.stderr
     );
     let bpf = run(
         &format!("{name}-bpf"),
+        probe,
         command,
         &["--no-preload", "--bpf-stats"],
     );
@@ -231,5 +253,91 @@ fn allocator_crates_alike_in_process_and_in_bpf() {
         let path = fixtures::cargo_fixture("alloc_crates", feature)
             .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
         check_same(&format!("backends-crate-{feature}"), &quoted(&path), false);
+    }
+}
+
+/// The jemalloc fixture linked with libjemalloc.so (its malloc replaces libc's), if
+/// installed.
+fn jemalloc_library_fixture() -> Option<std::path::PathBuf> {
+    fixture_with(
+        "alloc_jemalloc",
+        "/usr/include/jemalloc/jemalloc.h",
+        &["-Wl,--no-as-needed", "-ljemalloc"],
+    )
+}
+
+/// Allocators named (`alloc:jemalloc`, `alloc:mimalloc`, `alloc:PATH`), recorded in the
+/// process by hooks on exactly their functions, the wrappers passing every call through:
+/// jemalloc in the executable, and the libraries whose malloc the wrappers reach
+/// (program -> the wrapper's tail jump -> the hooked malloc: the program's frame is the
+/// caller, as on the BPF path).
+#[test]
+fn named_allocators_alike_in_process_and_in_bpf() {
+    let jemalloc_header = "/usr/include/jemalloc/jemalloc.h";
+    if let Some(path) = fixture_with(
+        "alloc_jemalloc",
+        jemalloc_header,
+        &[
+            "-Wl,--whole-archive",
+            "-l:libjemalloc.a",
+            "-Wl,--no-whole-archive",
+            "-lstdc++",
+            "-lm",
+        ],
+    ) {
+        check_same_with(
+            "backends-named-jemalloc",
+            &["alloc:jemalloc"],
+            &quoted(&path),
+            true,
+        );
+    }
+    if let Some(path) = jemalloc_library_fixture() {
+        check_same_with(
+            "backends-named-jemalloc-library",
+            &["alloc:jemalloc"],
+            &quoted(&path),
+            true,
+        );
+        let library = ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
+            .iter()
+            .map(|dir| std::path::Path::new(dir).join("libjemalloc.so.2"))
+            .find(|path| path.exists())
+            .expect("libjemalloc.so.2 beside its header");
+        check_same_with(
+            "backends-named-path",
+            &[&format!("alloc:{}", library.display())],
+            &quoted(&path),
+            true,
+        );
+    }
+    if let Some(path) = fixture_with(
+        "alloc_mimalloc",
+        "/usr/include/mimalloc.h",
+        &["-Wl,--no-as-needed", "-lmimalloc"],
+    ) {
+        check_same_with(
+            "backends-named-mimalloc",
+            &["alloc:mimalloc"],
+            &quoted(&path),
+            true,
+        );
+    }
+}
+
+/// Rust's allocator crates named (`alloc:jemalloc`, `alloc:mimalloc`), and
+/// tikv-jemallocator's prefix given (`--alloc-prefix _rjem_`, which counts libc's
+/// functions too: the wrappers record those).
+#[test]
+fn named_allocator_crates_alike_in_process_and_in_bpf() {
+    for (feature, probe) in [
+        ("jemalloc", &["alloc:jemalloc"][..]),
+        ("jemalloc", &["alloc", "--alloc-prefix", "_rjem_"][..]),
+        ("mimalloc", &["alloc:mimalloc"][..]),
+    ] {
+        let path = fixtures::cargo_fixture("alloc_crates", feature)
+            .unwrap_or_else(|error| panic!("building alloc_crates with {feature}: {error}"));
+        let name = format!("backends-named-crate-{feature}-{}", probe.len());
+        check_same_with(&name, probe, &quoted(&path), false);
     }
 }

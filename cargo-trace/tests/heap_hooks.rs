@@ -347,3 +347,51 @@ fn main() {
     println!("{} {:?}", tokens.summary(), sorted);
 }
 "#;
+
+/// An allocator named (`--alloc-prefix my_`) one of whose functions cannot be hooked
+/// (`alloc_prefixed`'s my_free, a lone `ret`): the session is not recorded in the process
+/// with that function's calls missing, but probed with BPF, with a note that says which
+/// function and why; its site counted exactly there.
+#[test]
+fn a_named_allocator_that_cannot_be_hooked_is_probed_with_bpf() {
+    if !bpf_available("a_named_allocator_that_cannot_be_hooked_is_probed_with_bpf") {
+        return;
+    }
+    let path = fixtures::c_fixture("alloc_prefixed");
+    let run = trace(
+        "alloc-prefixed",
+        &["alloc"],
+        &quoted(&path),
+        &["--alloc-prefix", "my_", "--csv", "heap.csv", "--bpf-stats"],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let note = run
+        .stderr
+        .lines()
+        .find(|line| line.contains("is probed with BPF"))
+        .unwrap_or_else(|| panic!("no note:\n{}", run.stderr));
+    assert!(
+        note.starts_with("cargo-trace: note: alloc is probed with BPF: my_free of ")
+            && note.contains("cannot be hooked (it is shorter than the 5-byte jump"),
+        "{note}"
+    );
+    assert!(
+        run.stderr.contains("bpf on_alloc: ") && !run.stderr.contains("in-process:"),
+        "{}",
+        run.stderr
+    );
+    let sites: Vec<HeapSite> = expected::parse_heap_sites(&run.stdout).unwrap();
+    assert_eq!(sites.len(), 1, "{}", run.stdout);
+    let rows = read_csv(&run);
+    let of_site: Vec<&Row> = rows
+        .iter()
+        .filter(|row| row.frames.contains(&sites[0].function))
+        .collect();
+    let sum = |column: &str| of_site.iter().map(|row| row.value(column)).sum::<i64>() as u64;
+    assert_eq!(
+        (sum("allocs"), sum("alloc_space"), sum("frees")),
+        (sites[0].allocs, sites[0].bytes, sites[0].frees),
+        "{}",
+        run.stdout
+    );
+}

@@ -332,7 +332,7 @@ ctp_hooked(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const struct hook
 	switch (h->kind) {
 	case CTP_HOOK_FREE:
 		if (a0)
-			ctp_record(CTP_EV_FREE, a0, 0, rip, rsp, rbp);
+			ctp_record_hooked(CTP_EV_FREE, a0, 0, rip, rsp, rbp);
 		in_call++;
 		r = original(a0, a1, a2, a3);
 		in_call--;
@@ -343,11 +343,11 @@ ctp_hooked(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const struct hook
 			size = a1;
 		else if (__builtin_mul_overflow(a1, a2, &size))
 			return original(a0, a1, a2, a3); /* fails, the block untouched */
-		ctp_record(CTP_EV_RESIZING, a0, size, rip, rsp, rbp);
+		ctp_record_hooked(CTP_EV_RESIZING, a0, size, rip, rsp, rbp);
 		in_call++;
 		r = original(a0, a1, a2, a3);
 		in_call--;
-		ctp_record(CTP_EV_RESIZED, r, 0, rip, rsp, rbp);
+		ctp_record_hooked(CTP_EV_RESIZED, r, 0, rip, rsp, rbp);
 		return r;
 	case CTP_HOOK_XALLOCX:
 		/* resized in place (a realloc that did not move, of the usable size
@@ -357,16 +357,18 @@ ctp_hooked(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const struct hook
 		in_call--;
 		if (a0 && r >= a1) {
 			uint64_t most = a1 + a2 < a1 ? UINT64_MAX : a1 + a2;
-			ctp_record(CTP_EV_RESIZING, a0, r < most ? r : most, rip, rsp, rbp);
-			ctp_record(CTP_EV_RESIZED, a0, 0, rip, rsp, rbp);
+			ctp_record_hooked(CTP_EV_RESIZING, a0, r < most ? r : most, rip, rsp,
+					  rbp);
+			ctp_record_hooked(CTP_EV_RESIZED, a0, 0, rip, rsp, rbp);
 		}
 		return r;
 	case CTP_HOOK_POSIX_MEMALIGN:
 		in_call++;
 		r = original(a0, a1, a2, a3);
 		in_call--;
-		ctp_record(CTP_EV_ALLOC, (uint32_t)r == 0 ? *(const uint64_t *)(uintptr_t)a0 : 0, a2,
-			   rip, rsp, rbp);
+		ctp_record_hooked(CTP_EV_ALLOC,
+				  (uint32_t)r == 0 ? *(const uint64_t *)(uintptr_t)a0 : 0, a2, rip,
+				  rsp, rbp);
 		return r;
 	case CTP_HOOK_SIZE_ARG1:
 		size = a1;
@@ -381,7 +383,7 @@ ctp_hooked(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const struct hook
 	in_call++;
 	r = original(a0, a1, a2, a3);
 	in_call--;
-	ctp_record(CTP_EV_ALLOC, r, size, rip, rsp, rbp);
+	ctp_record_hooked(CTP_EV_ALLOC, r, size, rip, rsp, rbp);
 	return r;
 }
 

@@ -116,6 +116,7 @@ static struct {
 	void *(*malloc)(size_t);
 	void *(*calloc)(size_t, size_t);
 	void *(*realloc)(void *, size_t);
+	void *(*reallocarray)(void *, size_t, size_t);
 	void (*free)(void *);
 	int (*posix_memalign)(void **, size_t, size_t);
 	void *(*aligned_alloc)(size_t, size_t);
@@ -162,6 +163,7 @@ static void resolve(void)
 	RESOLVE(malloc);
 	RESOLVE(calloc);
 	RESOLVE(realloc);
+	RESOLVE(reallocarray);
 	RESOLVE(free);
 	RESOLVE(posix_memalign);
 	RESOLVE(aligned_alloc);
@@ -301,6 +303,16 @@ static int ready(void)
 		r_;                            \
 	})
 
+/* A named allocator's session (CTP_OPT_WRAPPERS_PASS): straight to the next
+ * definition with a tail jump, recording nothing, as if the wrapper were not there: a
+ * hooked function it reaches (libjemalloc.so's malloc) counts the call, and its
+ * caller is the program's frame, as on the BPF path, which runs without the library. */
+#define PASS_THROUGH(call)                             \
+	do {                                           \
+		if (__builtin_expect(wrappers_pass, 0)) \
+			return call;                   \
+	} while (0)
+
 /* Inside a wrapped allocator's call: straight through (see CALLING). */
 #define INSIDE_CALL(call)             \
 	do {                          \
@@ -314,6 +326,7 @@ EXPORT void *malloc(size_t size)
 {
 	if (!ready())
 		return bootstrap_alloc(size);
+	PASS_THROUGH(next.malloc(size));
 	INSIDE_CALL(next.malloc(size));
 	void *p = CALLING(next.malloc(size));
 	ALLOCATED(p, size, 0);
@@ -328,6 +341,7 @@ EXPORT void *calloc(size_t n, size_t size)
 			return NULL;
 		return bootstrap_alloc(bytes); /* static storage: zeroed */
 	}
+	PASS_THROUGH(next.calloc(n, size));
 	INSIDE_CALL(next.calloc(n, size));
 	void *p = CALLING(next.calloc(n, size));
 	ALLOCATED(p, n * size, 0);
@@ -338,6 +352,10 @@ EXPORT void free(void *p)
 {
 	if (!p || in_bootstrap(p))
 		return;
+	if (__builtin_expect(wrappers_pass, 0)) {
+		next.free(p); /* a tail jump: see PASS_THROUGH */
+		return;
+	}
 	if (recording_mode) {
 		if (!in_call)
 			RECORD(CTP_EV_FREE, p, 0);
@@ -382,6 +400,8 @@ EXPORT void *realloc(void *old, size_t size)
 {
 	if (!ready())
 		return bootstrap_alloc(size);
+	if (!in_bootstrap(old))
+		PASS_THROUGH(next.realloc(old, size));
 	return resize(old, size);
 }
 
@@ -395,6 +415,9 @@ EXPORT void *reallocarray(void *old, size_t n, size_t size)
 	}
 	if (!ready())
 		return bootstrap_alloc(bytes);
+	/* libc's, which reaches realloc through the lookup, as without the library */
+	if (!in_bootstrap(old) && next.reallocarray)
+		PASS_THROUGH(next.reallocarray(old, n, size));
 	return resize(old, bytes);
 }
 
@@ -402,6 +425,7 @@ EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 {
 	if (!ready())
 		return ENOMEM;
+	PASS_THROUGH(next.posix_memalign(out, alignment, size));
 	INSIDE_CALL(next.posix_memalign(out, alignment, size));
 	int error = CALLING(next.posix_memalign(out, alignment, size));
 	ALLOCATED(error ? NULL : *out, size, 0);
@@ -412,6 +436,7 @@ EXPORT void *aligned_alloc(size_t alignment, size_t size)
 {
 	if (!ready())
 		return NULL;
+	PASS_THROUGH(next.aligned_alloc(alignment, size));
 	INSIDE_CALL(next.aligned_alloc(alignment, size));
 	void *p = CALLING(next.aligned_alloc(alignment, size));
 	ALLOCATED(p, size, 0);
@@ -422,6 +447,7 @@ EXPORT void *memalign(size_t alignment, size_t size)
 {
 	if (!ready())
 		return NULL;
+	PASS_THROUGH(next.memalign(alignment, size));
 	INSIDE_CALL(next.memalign(alignment, size));
 	void *p = CALLING(next.memalign(alignment, size));
 	ALLOCATED(p, size, 0);
@@ -432,6 +458,7 @@ EXPORT void *valloc(size_t size)
 {
 	if (!ready())
 		return NULL;
+	PASS_THROUGH(next.valloc(size));
 	INSIDE_CALL(next.valloc(size));
 	void *p = CALLING(next.valloc(size));
 	ALLOCATED(p, size, 0);
@@ -442,6 +469,7 @@ EXPORT void *pvalloc(size_t size)
 {
 	if (!ready())
 		return NULL;
+	PASS_THROUGH(next.pvalloc(size));
 	INSIDE_CALL(next.pvalloc(size));
 	void *p = CALLING(next.pvalloc(size));
 	ALLOCATED(p, size, 0);
@@ -454,6 +482,7 @@ EXPORT void *mmap(void *address, size_t length, int prot, int flags, int fd, off
 		errno = ENOMEM;
 		return MAP_FAILED;
 	}
+	PASS_THROUGH(next.mmap(address, length, prot, flags, fd, offset));
 	if (flags & MAP_ANONYMOUS)
 		INSIDE_CALL(next.mmap(address, length, prot, flags, fd, offset));
 	void *p = CALLING(next.mmap(address, length, prot, flags, fd, offset));
@@ -471,6 +500,7 @@ EXPORT int munmap(void *address, size_t length)
 		errno = ENOMEM;
 		return -1;
 	}
+	PASS_THROUGH(next.munmap(address, length));
 	if (recording_mode) {
 		if (!in_call)
 			RECORD(CTP_EV_MUNMAP, address, length);

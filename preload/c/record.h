@@ -167,6 +167,10 @@ enum conn_state {
  * CARGO_TRACE_HEAP is, cleared for good when cargo-trace goes away (detach).
  * Read by the sites' assembly, hence not static. */
 __attribute__((visibility("hidden"))) int recording_mode;
+/* CTP_OPT_WRAPPERS_PASS, as the connection's options said: a named allocator's
+ * session, where the wrappers pass every call through (preload.c) and only its
+ * hooked functions record. Read by every wrapper, hence on its own. */
+static int wrappers_pass;
 /* CARGO_TRACE_HEAP_NO_STACKS=1: events without stacks, for the benchmark's account of
  * where a pair's time goes (the consumer counts no allocation without its stack). */
 static int no_stacks;
@@ -301,6 +305,7 @@ static int receive_mappings(int *tables_fd)
 	}
 	if (ok) {
 		conn.options = head->options;
+		wrappers_pass = (head->options.flags & CTP_OPT_WRAPPERS_PASS) != 0;
 		set->n = head->nmappings;
 		set->generation = conn.mapsets + 1;
 		memcpy(set->m, buf + sizeof(*head), set->n * sizeof(struct ctp_mapping));
@@ -1089,7 +1094,7 @@ static inline int size_wanted(uint64_t size)
 
 /* ---- the recorder ---- */
 
-static void record(struct ctp_call *c);
+static void record(struct ctp_call *c, int wrapped);
 
 /* Called by ctp_capture with the wrapper's arguments and registers, all in
  * registers (a struct the wrapper stored and this loaded would stall on store
@@ -1102,10 +1107,24 @@ __attribute__((visibility("hidden"), used)) void ctp_record(uint32_t kind, uint6
 		.rip = rip, .rsp = rsp, .rbp = rbp, .address = address, .size = size, .kind = kind
 	};
 
-	record(&c);
+	record(&c, 1);
 }
 
-static inline __attribute__((always_inline)) void record(struct ctp_call *c)
+/* ctp_record for a hooked function's call (hooks.h): recorded whatever the wrappers do. */
+static __attribute__((noinline)) void ctp_record_hooked(uint32_t kind, uint64_t address,
+							 uint64_t size, uint64_t rip, uint64_t rsp,
+							 uint64_t rbp)
+{
+	struct ctp_call c = {
+		.rip = rip, .rsp = rsp, .rbp = rbp, .address = address, .size = size, .kind = kind
+	};
+
+	record(&c, 0);
+}
+
+/* Records call c; wrapped: a wrapper's, which a named allocator's session leaves out (a
+ * wrapper called before the connection, which told the options, records up to here). */
+static inline __attribute__((always_inline)) void record(struct ctp_call *c, int wrapped)
 {
 	struct thread *t = self;
 
@@ -1114,7 +1133,7 @@ static inline __attribute__((always_inline)) void record(struct ctp_call *c)
 		if (!t)
 			return;
 	}
-	if (internal || conn.state != CONN_UP)
+	if (internal || conn.state != CONN_UP || (wrapped && wrappers_pass))
 		return;
 	uint32_t level = t->level;
 	if (level >= NEST_LEVELS) {

@@ -274,9 +274,13 @@ enum ctp_hello_flags {
 	CTP_HELLO_FORKED = 1,
 };
 
-/* What the library records (bpf_prog::AllocOptions that apply in-process). */
+/* What the library records (bpf_prog::AllocOptions that apply in-process).
+ * CTP_OPT_WRAPPERS_PASS: an allocator named (alloc:jemalloc) whose functions are
+ * all hooked: the wrappers record nothing and pass every call through with a tail
+ * jump (preload.c's PASS_THROUGH). */
 enum ctp_option_flags {
-	CTP_OPT_NO_MEMO = 1, /* walk every stack (the benchmark's walk figures) */
+	CTP_OPT_NO_MEMO = 1,	   /* walk every stack (the benchmark's walk figures) */
+	CTP_OPT_WRAPPERS_PASS = 2, /* only the hooks record */
 };
 
 struct ctp_options {

@@ -82,6 +82,7 @@ pub const FRAME_IN_OBJECT: u64 = 1 << 63;
 pub const FRAME_OBJECT_SHIFT: u32 = c::CTP_FRAME_OBJECT_SHIFT as u32;
 pub const MAX_OBJECTS: u32 = c::CTP_MAX_OBJECTS as u32;
 pub const OPT_NO_MEMO: u32 = c::CTP_OPT_NO_MEMO as u32;
+pub const OPT_WRAPPERS_PASS: u32 = c::CTP_OPT_WRAPPERS_PASS as u32;
 
 /// `enum ctp_msg_kind`.
 pub mod msg {

@@ -182,6 +182,10 @@ pub struct Options {
     /// Anonymous mappings counted in the processes' totals and peaks as heap blocks are
     /// (else their part is only in [`ProcessTotals::mapped`]).
     pub count_mapped: bool,
+    /// The wrappers record nothing and pass every call through with a tail jump: a
+    /// session of a named allocator (`alloc:jemalloc`), whose functions are all hooked,
+    /// even those the wrappers reach.
+    pub wrappers_pass: bool,
 }
 
 impl Default for Options {
@@ -195,6 +199,7 @@ impl Default for Options {
             max_live_blocks: 1 << 24,
             walk_memo: true,
             count_mapped: true,
+            wrappers_pass: false,
         }
     }
 }
@@ -216,6 +221,10 @@ impl Options {
                 0
             } else {
                 layout::OPT_NO_MEMO
+            } | if self.wrappers_pass {
+                layout::OPT_WRAPPERS_PASS
+            } else {
+                0
             },
             sample_bytes: self.sample_bytes,
             min_size: self.min_size,

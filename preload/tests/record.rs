@@ -180,6 +180,35 @@ fn alloc_c_counts_every_site_and_its_leaks_to_the_byte() {
     }
 }
 
+/// A named allocator's session (`wrappers_pass`): the library connects, but its wrappers
+/// record nothing, every call of the malloc API and of mmap passed through (only hooks
+/// count then, and this source hooks nothing), and the program's own checks still hold.
+#[test]
+fn wrappers_that_pass_through_record_nothing() {
+    let exe = c_fixture("alloc_c");
+    let options = Options {
+        wrappers_pass: true,
+        ..Options::default()
+    };
+    let run = common::record(&exe, &[], options);
+    assert!(run.status.success(), "{}", run.stdout);
+    assert!(
+        !expected::parse_heap_sites(&run.stdout).unwrap().is_empty(),
+        "{}",
+        run.stdout
+    );
+    assert!(run.recorder.images().contains(&run.pid), "connected");
+    assert!(run.recorder.stats().is_empty());
+    let totals = run.recorder.processes();
+    assert!(
+        totals
+            .iter()
+            .all(|p| p.allocs + p.frees + p.mapped.allocs + p.mapped.frees == 0),
+        "{totals:?}"
+    );
+    assert_eq!(run.recorder.counters().unknown_frees, 0);
+}
+
 #[test]
 fn frees_on_other_threads_and_reused_addresses_are_ordered_exactly() {
     let exe = c_fixture("free_log");

@@ -257,6 +257,22 @@ pub fn resolve(
     prefix: Option<&str>,
     pid: u32,
 ) -> Result<Vec<AllocFunction>> {
+    let mut found = entries(allocator, prefix, pid)?;
+    for function in found.iter_mut().filter(|f| f.kind.frees_only()) {
+        skip_null_test(&mut function.target)?;
+    }
+    move_to_emulated_instructions(&mut found)?;
+    Ok(found)
+}
+
+/// The functions [`resolve`] finds, at their entries, where a hook takes them
+/// (`alloc::hooks`): [`resolve`] then moves some probes past first instructions the
+/// kernel would single-step.
+pub fn entries(
+    allocator: &Allocator,
+    prefix: Option<&str>,
+    pid: u32,
+) -> Result<Vec<AllocFunction>> {
     let mut finder = Finder {
         pid,
         symbols: HashMap::new(),
@@ -324,8 +340,42 @@ pub fn resolve(
     // two probes on one instruction would count each call twice.
     let mut seen = HashSet::new();
     found.retain(|f| seen.insert((f.target.path.clone(), f.target.file_offset)));
-    move_to_emulated_instructions(&mut found)?;
     Ok(found)
+}
+
+/// Every name a function of `allocator` may have where it is named by `prefix`
+/// (`--alloc-prefix`) or where the allocator names its own object (the executable, or
+/// `alloc:PATH`'s file): what [`resolve`] can find there, and more (the prefixes it
+/// would not choose). `alloc` and `alloc:libc` name none of their own.
+pub fn names_of(allocator: &Allocator, prefix: Option<&str>) -> Vec<(String, AllocKind)> {
+    let with = |prefix: &str, api: &[(&str, AllocKind)]| -> Vec<(String, AllocKind)> {
+        api.iter()
+            .map(|&(name, kind)| (format!("{prefix}{name}"), kind))
+            .collect()
+    };
+    match (allocator, prefix) {
+        (Allocator::Libc, _) | (Allocator::Auto, None) => Vec::new(),
+        (Allocator::Auto, Some(prefix)) => {
+            [with(prefix, MALLOC_API), with(prefix, JEMALLOC_API)].concat()
+        }
+        (Allocator::Jemalloc, prefix) => match prefix {
+            Some(prefix) => vec![prefix],
+            None => JEMALLOC_PREFIXES.to_vec(),
+        }
+        .into_iter()
+        .flat_map(|prefix| [with(prefix, MALLOC_API), with(prefix, JEMALLOC_API)].concat())
+        .collect(),
+        (Allocator::Mimalloc, _) => [with("", MIMALLOC_API), with("", MALLOC_API)].concat(),
+        (Allocator::Binary(_), prefix) => {
+            let prefix = prefix.unwrap_or("");
+            [
+                with(prefix, MALLOC_API),
+                with(prefix, JEMALLOC_API),
+                with("", MMAP_API),
+            ]
+            .concat()
+        }
+    }
 }
 
 /// Moves each probe to the first instruction the kernel emulates, when the function's
@@ -446,10 +496,7 @@ impl Finder {
                 lang: None,
                 location: UprobeLocation::Symbol { name, offset: 0 },
             };
-            if let Some(mut target) = probes::resolve_uprobe(&spec, Some(self.pid))?.pop() {
-                if kind.frees_only() {
-                    skip_null_test(&mut target)?;
-                }
+            if let Some(target) = probes::resolve_uprobe(&spec, Some(self.pid))?.pop() {
                 self.found.push(AllocFunction { target, kind });
             }
         }

@@ -50,34 +50,48 @@ impl AllocProbe {
         Some(Allocator::parse(rest).map(|allocator| AllocProbe { allocator }))
     }
 
-    /// Attaches the allocator's functions as found in process `pid`, firing where `fire`
-    /// says, with probe id `probe_id`: each allocating function's entry and return, each
-    /// freeing function's entry.
-    /// Whether the preloaded library can record this probe's allocator in the process:
-    /// libc's through its wrappers, and every allocator function a launched `executable`
-    /// carries of its own through a hook on its entry ([`hooks`]), when each can be
-    /// hooked. (A library's allocator is hooked when the process maps it; one that
-    /// cannot be is named in a warning.)
-    pub fn recordable_in_process(&self, heap: &HeapSettings, executable: &std::path::Path) -> bool {
+    /// Whether and how the preloaded library records this probe's allocator in a
+    /// launched `executable`: libc's through its wrappers, and every allocator function
+    /// the executable carries of its own through a hook on its entry ([`hooks`]), when
+    /// each can be hooked; an allocator named, by hooks on its own functions
+    /// ([`hooks::Named`]). (A library's allocator is hooked when the process maps it; one
+    /// that cannot be is named in a warning.)
+    pub fn in_process(&self, heap: &HeapSettings, executable: &std::path::Path) -> InProcess {
+        if !heap.preload {
+            return InProcess::Bpf;
+        }
+        if let Some(named) = hooks::Named::new(&self.allocator, heap.alloc_prefix.as_deref()) {
+            return match named.check(executable) {
+                Ok(()) => InProcess::Recorded(Some(named)),
+                Err(why) => InProcess::BpfNamed(why),
+            };
+        }
         let hookable = || {
             hooks::check_executable(executable)
                 .is_ok_and(|functions| functions.iter().all(|(_, hookable)| hookable.is_ok()))
         };
-        self.wants_preload(heap)
-            && (!allocators::carries_allocator(executable).unwrap_or(true) || hookable())
-    }
-
-    /// Whether the probe would take the preloaded library's sites for libc's functions.
-    pub fn wants_preload(&self, heap: &HeapSettings) -> bool {
-        matches!(self.allocator, Allocator::Auto | Allocator::Libc)
-            && heap.alloc_prefix.is_none()
-            && heap.preload
+        if !allocators::carries_allocator(executable).unwrap_or(true) || hookable() {
+            InProcess::Recorded(None)
+        } else {
+            InProcess::Bpf
+        }
     }
 
     /// The allocator the probe names (`alloc`: found in each process).
     pub fn allocator(&self) -> &Allocator {
         &self.allocator
     }
+}
+
+/// Whether and how the preloaded library records an `alloc` probe in a launched target.
+pub enum InProcess {
+    /// In the process: `alloc`'s allocators (`None`), or the one named.
+    Recorded(Option<hooks::Named>),
+    /// On the BPF path (`--no-preload`, or an allocator of the executable's own that
+    /// cannot be hooked).
+    Bpf,
+    /// On the BPF path: a function of the allocator named cannot be hooked (why).
+    BpfNamed(String),
 }
 
 /// Attaches `functions` (found by [`allocators::resolve`] in a process) firing where

@@ -19,6 +19,7 @@ pub mod values;
 use anyhow::{bail, Context, Result};
 use profile::writers::{self, Format};
 
+use crate::alloc::InProcess;
 use crate::collect::bpf::BpfCollector;
 use crate::collect::inprocess::InProcessCollector;
 use crate::collect::Collector;
@@ -106,10 +107,10 @@ pub fn run(settings: Settings, plan: OutputPlan) -> Result<i32> {
 }
 
 /// The collectors of the session's probes: a launched target's heap probe is recorded in
-/// the process by the preloaded library where it can be (its allocator is reached
-/// through the library's wrappers); the BPF collector takes every other probe, and the
+/// the process by the preloaded library where it can be (its allocator reached through
+/// the library's wrappers, or hooked); the BPF collector takes every other probe, and the
 /// heap probe where the library cannot record it (an attached process, `--no-preload`,
-/// an allocator linked into the executable, an allocator named by prefix or path).
+/// an allocator function that cannot be hooked: a note says so for an allocator named).
 /// `argv`: the command launched; `None` with `-p`.
 fn collectors(
     settings: &Settings,
@@ -118,29 +119,43 @@ fn collectors(
     tables: &SharedTables,
 ) -> Result<Vec<Box<dyn Collector>>> {
     let executable = argv.and_then(|argv| launched_executable(&argv[0]));
-    let in_process = probes
-        .iter()
-        .position(|probe| match (&probe.kind, &executable) {
-            (ProbeKind::Heap(alloc), Some(executable)) => {
-                alloc.recordable_in_process(&settings.heap, executable)
+    let mut in_process = None;
+    for (index, probe) in probes.iter().enumerate() {
+        let (ProbeKind::Heap(alloc), Some(executable)) = (&probe.kind, &executable) else {
+            continue;
+        };
+        match alloc.in_process(&settings.heap, executable) {
+            InProcess::Recorded(named) => {
+                in_process = Some((index, named));
+                break;
             }
-            _ => false,
-        });
+            InProcess::Bpf => {}
+            InProcess::BpfNamed(why) if !settings.quiet => {
+                eprintln!(
+                    "cargo-trace: note: {} is probed with BPF: {why}",
+                    probe.text
+                );
+            }
+            InProcess::BpfNamed(_) => {}
+        }
+    }
     let mut collectors: Vec<Box<dyn Collector>> = Vec::new();
-    if let Some(probe) = in_process {
+    let recorded_in_process = in_process.is_some();
+    if let Some((probe, named)) = in_process {
         collectors.push(Box::new(InProcessCollector::start_serving(
             &settings.heap,
             probe,
+            named,
             tables.clone(),
             settings.bpf_stats,
             settings.keep_exited,
         )?));
     }
-    if in_process.is_none() || probes.iter().any(|probe| !probe.is_heap()) {
+    if !recorded_in_process || probes.iter().any(|probe| !probe.is_heap()) {
         collectors.push(Box::new(BpfCollector::load(
             settings,
             probes.to_vec(),
-            in_process.is_none(),
+            !recorded_in_process,
             tables.clone(),
         )?));
     }

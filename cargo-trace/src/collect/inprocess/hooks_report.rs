@@ -9,7 +9,7 @@ use preload::{HookOutcome, HookReport};
 use profile::{AllocatorCounted, CountedBy};
 
 use crate::alloc::allocators::allocator_named;
-use crate::alloc::hooks::DEBUG_STATE;
+use crate::alloc::hooks::{Named, DEBUG_STATE};
 use crate::symbolize::SymbolMapping;
 
 /// The object the wrappers' calls of a process reach, as `mappings` show it: the first
@@ -44,29 +44,33 @@ pub fn wrapped_object(mappings: Option<&Vec<SymbolMapping>>) -> Option<PathBuf> 
 }
 
 /// The allocators counted in process `pid`: the one its wrappers reach (`wrapped`, libc
-/// where not known), and those hooked in it, by object; and why some of its calls were
-/// not counted, if any were left unhooked.
+/// where not known) unless they pass every call through (`named`'s session), and those
+/// hooked in it, by object; and why some of its calls were not counted, if any were left
+/// unhooked or the allocator named was not found.
 pub fn counted_in(
     pid: u32,
     wrapped: Option<&Path>,
     hooks: &[HookReport],
+    named: Option<&Named>,
 ) -> (BTreeSet<AllocatorCounted>, Option<String>) {
     let mut counted = BTreeSet::new();
-    let wrapped = wrapped.unwrap_or(Path::new("libc.so.6")).to_path_buf();
-    let file = wrapped.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let name = if file.starts_with("libjemalloc") {
-        "jemalloc"
-    } else if file.starts_with("libmimalloc") {
-        "mimalloc"
-    } else {
-        "libc"
-    };
-    counted.insert(AllocatorCounted {
-        name: name.to_string(),
-        prefix: None,
-        object: wrapped.display().to_string(),
-        counted_by: CountedBy::Wrappers,
-    });
+    if named.is_none_or(Named::wrappers_count) {
+        let wrapped = wrapped.unwrap_or(Path::new("libc.so.6")).to_path_buf();
+        let file = wrapped.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let name = if file.starts_with("libjemalloc") {
+            "jemalloc"
+        } else if file.starts_with("libmimalloc") {
+            "mimalloc"
+        } else {
+            "libc"
+        };
+        counted.insert(AllocatorCounted {
+            name: name.to_string(),
+            prefix: None,
+            object: wrapped.display().to_string(),
+            counted_by: CountedBy::Wrappers,
+        });
+    }
     let mine: Vec<&HookReport> = hooks
         .iter()
         .filter(|h| h.pid == pid && h.name != DEBUG_STATE)
@@ -91,11 +95,15 @@ pub fn counted_in(
             counted_by: CountedBy::Hooks,
         });
     }
+    let unresolved = named
+        .and_then(|named| named.unresolved(pid))
+        .map(|why| format!("its allocator was not found ({why})"));
     let missed = hooks
         .iter()
         .filter(|h| h.pid == pid && h.outcome != HookOutcome::Hooked)
         .map(|h| format!("{} of {} not hooked", h.name, h.object.display()))
-        .next();
+        .next()
+        .or(unresolved);
     (counted, missed)
 }
 

@@ -23,7 +23,7 @@ use unwind_tables::walk::WalkEnd;
 use unwind_tables::CompactTable;
 
 use super::execs::{Exec, ExecWatch};
-use crate::alloc::hooks::Planner;
+use crate::alloc::hooks::{Named, Planner};
 use crate::collect::{
     Collected, Collector, Estimated, HeapCollected, HeapCount, HeapNow, HeapStats, Target,
     UserFrame, UserStack, Walks, When,
@@ -189,18 +189,23 @@ impl InProcessCollector {
     pub fn start_serving(
         heap: &HeapSettings,
         probe: usize,
+        named: Option<Named>,
         tables: SharedTables,
         report_cost: bool,
         keep_exited: usize,
     ) -> Result<InProcessCollector> {
         let server = Server::new().context("starting the in-process heap recorder")?;
         let environment = server.environment(std::env::var_os("LD_PRELOAD"));
-        let recorder = Recorder::new(recorder_options(heap));
+        let wrappers_pass = named.as_ref().is_some_and(|named| !named.wrappers_count());
+        let recorder = Recorder::new(preload::Options {
+            wrappers_pass,
+            ..recorder_options(heap)
+        });
         let state = Arc::new(Mutex::new(State {
             server: Some(server),
             recorder,
             store: LibraryTables::default(),
-            planner: Planner::default(),
+            planner: Planner::new(named),
             hooks: Vec::new(),
         }));
         let done = Arc::new(AtomicBool::new(false));
@@ -277,7 +282,8 @@ impl InProcessCollector {
         for &(pid, apart) in &retired {
             // What was counted in it, while its mappings are known.
             let wrapped = state.store.wrapped.remove(&pid);
-            let (allocators, missed) = counted_in(pid, wrapped.as_deref(), &hooks);
+            let named = state.planner.named();
+            let (allocators, missed) = counted_in(pid, wrapped.as_deref(), &hooks, named);
             if apart {
                 let executable = self.executable_of(pid);
                 self.exited
@@ -345,8 +351,9 @@ impl InProcessCollector {
             })
             .map(|pid| {
                 let wrapped = state.store.wrapped.get(&pid);
-                let (allocators, reason) =
-                    counted_in(pid, wrapped.map(|p| p.as_path()), &state.hooks);
+                let wrapped = wrapped.map(|p| p.as_path());
+                let named = state.planner.named();
+                let (allocators, reason) = counted_in(pid, wrapped, &state.hooks, named);
                 (pid, self.executable_of(pid), allocators, reason)
             })
             .chain(self.exited.kept_allocators.iter().cloned())
@@ -449,6 +456,11 @@ impl Collector for InProcessCollector {
     }
 
     fn attach(&mut self, target: Target) -> Result<()> {
+        // An allocator named and not found in the target is the session's error, as on
+        // the BPF path.
+        if let Some(named) = self.state().planner.named() {
+            named.resolve(target.pid)?;
+        }
         self.target = Some(target.pid);
         self.target_executable = std::fs::read_link(format!("/proc/{}/exe", target.pid))
             .ok()

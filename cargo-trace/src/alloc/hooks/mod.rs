@@ -8,7 +8,8 @@
 //! libmimalloc, jemalloc's `mallocx`), and a library's calls to its own definitions are
 //! never seen by a wrapper. Their entries get a jump to the library instead.
 //!
-//! Which functions, per object a process maps ([`Planner::targets`]), by its symbols:
+//! Which functions, per object a process maps ([`Planner::targets`]), by its symbols (for
+//! `alloc`; an allocator named, `alloc:jemalloc`, takes its own functions: [`Named`]):
 //! - an allocator's own API (every name of the allocator tables but libc's unprefixed
 //!   malloc API): always;
 //! - libc's names (`malloc`, `free`, ...) defined in the executable: always (it comes
@@ -48,6 +49,9 @@ use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolFlags};
 use preload::{HookCode, HookKind, HookTarget};
 
 use super::allocators::allocator_api;
+pub use named::Named;
+
+mod named;
 
 /// The dynamic linker's function it calls when its objects are consistent again.
 pub const DEBUG_STATE: &str = "_dl_debug_state";
@@ -290,21 +294,7 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
             }
         }
     }
-    let mut defined: HashMap<String, (u64, u64)> = HashMap::new();
-    for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
-        // Functions only: an IFUNC's address is its resolver's.
-        let is_function = matches!(symbol.flags(), SymbolFlags::Elf { st_info, .. }
-            if st_info & 0xf == object::elf::STT_FUNC);
-        if symbol.is_undefined() || !is_function {
-            continue;
-        }
-        if let Ok(name) = symbol.name() {
-            let name = name.split('@').next().unwrap_or(name).to_string();
-            defined
-                .entry(name)
-                .or_insert((symbol.address(), symbol.size()));
-        }
-    }
+    let defined = defined_functions(&elf);
     let api = allocator_api();
     let interposed = !executable
         && api.iter().any(|(name, _, libc_name)| {
@@ -326,12 +316,7 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
         if functions.iter().any(|f| f.address == address) {
             continue;
         }
-        let Some(file_offset) = segments
-            .iter()
-            .filter(|s| s.executable)
-            .find(|s| address >= s.vaddr && address + size <= s.vaddr + s.file_size)
-            .map(|s| s.file_offset + (address - s.vaddr))
-        else {
+        let Some(file_offset) = code_offset(&segments, address, size) else {
             continue;
         };
         functions.push(Function {
@@ -344,10 +329,49 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
             file_offset,
         });
     }
-    // The BPF path probes an allocating function past its first instructions when they
-    // only move values between registers (`probes::cheaper_entries`): rsp, rbp and
-    // memory as at the entry, so a walk from there is the walk from the entry, and its
-    // leaf frame the BPF path's (inline frames included).
+    start_walks_where_bpf_probes(path, &mut functions);
+    Ok(ObjectFunctions {
+        segments,
+        functions,
+    })
+}
+
+/// The functions `elf` defines, by name (versions dropped): their ELF address and size.
+/// Functions only: an IFUNC's address is its resolver's.
+fn defined_functions(elf: &object::File<'_>) -> HashMap<String, (u64, u64)> {
+    let mut defined: HashMap<String, (u64, u64)> = HashMap::new();
+    for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
+        let is_function = matches!(symbol.flags(), SymbolFlags::Elf { st_info, .. }
+            if st_info & 0xf == object::elf::STT_FUNC);
+        if symbol.is_undefined() || !is_function {
+            continue;
+        }
+        if let Ok(name) = symbol.name() {
+            let name = name.split('@').next().unwrap_or(name).to_string();
+            defined
+                .entry(name)
+                .or_insert((symbol.address(), symbol.size()));
+        }
+    }
+    defined
+}
+
+/// Where the code of the function at ELF `address`, `size` bytes long, is in its file:
+/// `None` outside the executable segments.
+fn code_offset(segments: &[process_image::LoadSegment], address: u64, size: u64) -> Option<u64> {
+    segments
+        .iter()
+        .filter(|s| s.executable)
+        .find(|s| address >= s.vaddr && address + size <= s.vaddr + s.file_size)
+        .map(|s| s.file_offset + (address - s.vaddr))
+}
+
+/// Sets the leaf of each allocating function of `functions` (of the object at `path`)
+/// where the BPF path probes it: past its first instructions when they only move values
+/// between registers (`probes::cheaper_entries`): rsp, rbp and memory as at the entry,
+/// so a walk from there is the walk from the entry, and its leaf frame the BPF path's
+/// (inline frames included).
+fn start_walks_where_bpf_probes(path: &Path, functions: &mut [Function]) {
     let allocating: Vec<usize> = (0..functions.len())
         .filter(|&i| {
             functions[i]
@@ -366,10 +390,6 @@ fn functions_of(path: &Path, executable: bool) -> Result<ObjectFunctions, Refusa
             }
         }
     }
-    Ok(ObjectFunctions {
-        segments,
-        functions,
-    })
 }
 
 /// The code of `function` in the file at `path`.
@@ -392,14 +412,16 @@ pub fn check_executable(path: &Path) -> Result<Vec<Checked>, Refusal> {
     Ok(object
         .functions
         .iter()
-        .map(|function| {
-            let checked = code_of(path, function).and_then(|code| {
-                let near = function.address + (64 << 20);
-                plan(&code, function.address, near, near + 48, preload_room()).map(|_| ())
-            });
-            (function.name.clone(), checked)
-        })
+        .map(|function| (function.name.clone(), check_function(path, function)))
         .collect())
+}
+
+/// Whether `function` of the file at `path` can be hooked: planned as the library would
+/// place it (a trampoline within reach).
+fn check_function(path: &Path, function: &Function) -> Result<(), Refusal> {
+    let code = code_of(path, function)?;
+    let near = function.address + (64 << 20);
+    plan(&code, function.address, near, near + 48, preload_room()).map(|_| ())
 }
 
 /// The room the library gives a trampoline.
@@ -415,15 +437,36 @@ pub struct Planner {
     objects: HashMap<(PathBuf, u64, u64, bool), Arc<ObjectFunctions>>,
     /// Each target told, by (pid, entry): its object file and function, to plan it.
     told: HashMap<(u32, u64), (PathBuf, Function)>,
+    /// The allocator named, whose functions are hooked in place of those the rule at the
+    /// top of this module chooses.
+    named: Option<Named>,
 }
 
 impl Planner {
-    /// The allocator functions of the objects process `pid` maps now that its library's
+    /// A planner of the functions of `named`, or with `None` of the allocators the
     /// wrappers do not reach.
+    pub fn new(named: Option<Named>) -> Planner {
+        Planner {
+            named,
+            ..Planner::default()
+        }
+    }
+
+    /// The allocator named, if one is.
+    pub fn named(&self) -> Option<&Named> {
+        self.named.as_ref()
+    }
+
+    /// The allocator functions of the objects process `pid` maps now that its library's
+    /// wrappers do not reach; for an allocator named, its functions.
     pub fn targets(&mut self, pid: u32) -> Vec<HookTarget> {
         let Ok(mappings) = process_image::executable_mappings(pid) else {
             return Vec::new();
         };
+        let named = self
+            .named
+            .as_mut()
+            .map(|named| named.objects(pid, &mappings));
         let executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let mut targets: Vec<HookTarget> = Vec::new();
         for mapping in &mappings {
@@ -438,8 +481,17 @@ impl Planner {
             };
             let is_executable = executable.as_deref() == Some(path.as_path());
             let key = (path.clone(), meta.dev(), meta.ino(), is_executable);
-            let object = match self.objects.get(&key) {
-                Some(object) => Arc::clone(object),
+            let named_object = match &named {
+                // Of the dynamic linker, `_dl_debug_state` as always.
+                Some(_) if is_dynamic_linker(&path) => None,
+                Some(objects) => match objects.get(&(meta.dev(), meta.ino())) {
+                    Some(object) => Some(Arc::clone(object)),
+                    None => continue,
+                },
+                None => None,
+            };
+            let object = match named_object.or_else(|| self.objects.get(&key).cloned()) {
+                Some(object) => object,
                 None => {
                     let Ok(object) = functions_of(&path, is_executable) else {
                         continue;
