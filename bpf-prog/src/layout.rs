@@ -68,32 +68,9 @@ pub const START_MAIN_COOKIE: u64 = u64::MAX;
 /// `ct_count_key.stack_hash` of an event whose stack found its keys held by colliding stacks.
 pub const STACK_NOT_STORED: u64 = 1;
 
-/// `enum ct_rule_kind`.
-pub mod rule_kind {
-    pub const GAP: u8 = 0;
-    pub const CFA_RSP: u8 = 1;
-    pub const CFA_RBP: u8 = 2;
-    pub const PLT: u8 = 3;
-    pub const CFA_DEREF: u8 = 4;
-    pub const END: u8 = 5;
-    pub const SIGNAL: u8 = 6;
-    pub const UNSUPPORTED: u8 = 7;
-    pub const CFA_RSP_STEPS: u8 = 8;
-    pub const RETURN_IN_RDI: u8 = 9;
-}
-
-/// `enum ct_rbp_kind`.
-pub mod rbp_kind {
-    pub const SAME: u8 = 0;
-    pub const AT_CFA: u8 = 1;
-    pub const AT_RBP: u8 = 2;
-}
-
-/// `enum ct_reg`: DWARF register numbers.
-pub mod reg {
-    pub const RBP: u8 = 6;
-    pub const RSP: u8 = 7;
-}
+/// `enum ct_rule_kind`, `enum ct_rbp_kind` and `enum ct_reg`: the numbers of
+/// [`unwind_tables::rule::EncodedRule`], checked against the header below.
+pub use unwind_tables::rule::encoded::{kind as rule_kind, rbp as rbp_kind, reg};
 
 /// `enum ct_sigframe`: ucontext offsets, the same as `unwind_tables::rule::sigframe`.
 pub mod sigframe {

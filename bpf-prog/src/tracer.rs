@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, MapMut, OpenObject, ProgramMut};
-use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
+use unwind_tables::{CompactTable, Rule};
 
 use crate::error::{Error, Result, TableMap};
 use crate::heap::{self, AllocOptions};
 use crate::layout::{
-    self, bytes_of, from_bytes, rbp_kind, reg, rule_kind, CtCount, CtCountKey, CtMapping, CtPage,
-    CtProc, CtRow, CtRule, CtTable, MAX_MAPPINGS, ROWS_PER_CHUNK,
+    self, bytes_of, from_bytes, CtCount, CtCountKey, CtMapping, CtPage, CtProc, CtRow, CtRule,
+    CtTable, MAX_MAPPINGS, ROWS_PER_CHUNK,
 };
 use crate::mappings::{FileMapping, Mapping, TableId};
 use crate::programs::{self, EventProgram};
@@ -953,70 +953,16 @@ impl Tracer {
 
 impl From<Rule> for CtRule {
     fn from(rule: Rule) -> CtRule {
-        let mut ct = CtRule::default();
-        match rule {
-            Rule::Gap => ct.kind = rule_kind::GAP,
-            Rule::End => ct.kind = rule_kind::END,
-            Rule::Signal => ct.kind = rule_kind::SIGNAL,
-            Rule::ReturnInRdi(offset) => {
-                ct.kind = rule_kind::RETURN_IN_RDI;
-                ct.cfa_off = offset;
-            }
-            Rule::Unsupported(reason) => {
-                ct.kind = rule_kind::UNSUPPORTED;
-                ct.reason = reason as u8;
-            }
-            Rule::Frame { cfa, rbp } => {
-                match cfa {
-                    Cfa::Rsp(offset) => {
-                        ct.kind = rule_kind::CFA_RSP;
-                        ct.cfa_off = offset;
-                    }
-                    Cfa::RspSteps {
-                        offset,
-                        pushes,
-                        pops,
-                    } => {
-                        ct.kind = rule_kind::CFA_RSP_STEPS;
-                        ct.cfa_off = offset;
-                        ct.cfa_arg = u32::from(pushes) | u32::from(pops) << 16;
-                    }
-                    Cfa::Rbp(offset) => {
-                        ct.kind = rule_kind::CFA_RBP;
-                        ct.cfa_off = offset;
-                    }
-                    Cfa::Plt { threshold } => {
-                        ct.kind = rule_kind::PLT;
-                        ct.cfa_off = threshold.into();
-                    }
-                    Cfa::Deref {
-                        reg: base,
-                        offset,
-                        add,
-                    } => {
-                        ct.kind = rule_kind::CFA_DEREF;
-                        ct.cfa_reg = match base {
-                            Reg::Rsp => reg::RSP,
-                            Reg::Rbp => reg::RBP,
-                        };
-                        ct.cfa_off = offset;
-                        ct.cfa_arg = add as u32;
-                    }
-                }
-                match rbp {
-                    RbpRule::Same => ct.rbp_kind = rbp_kind::SAME,
-                    RbpRule::AtCfa(offset) => {
-                        ct.rbp_kind = rbp_kind::AT_CFA;
-                        ct.rbp_off = offset;
-                    }
-                    RbpRule::AtRbp(offset) => {
-                        ct.rbp_kind = rbp_kind::AT_RBP;
-                        ct.rbp_off = offset;
-                    }
-                }
-            }
+        let e = rule.encode();
+        CtRule {
+            kind: e.kind,
+            cfa_reg: e.cfa_reg,
+            rbp_kind: e.rbp_kind,
+            reason: e.reason,
+            cfa_off: e.cfa_off,
+            rbp_off: e.rbp_off,
+            cfa_arg: e.cfa_arg,
         }
-        ct
     }
 }
 
@@ -1115,7 +1061,9 @@ pub fn monotonic_ns() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use unwind_tables::UnsupportedReason;
+    use unwind_tables::{Cfa, RbpRule, Reg, UnsupportedReason};
+
+    use crate::layout::{rbp_kind, reg, rule_kind};
 
     use super::*;
 

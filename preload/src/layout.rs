@@ -118,25 +118,26 @@ pub mod ring_state {
     pub const RELEASED: u32 = c::CTP_RING_RELEASED as u32;
 }
 
-/// `enum ctp_rule_kind`, `enum ctp_reg`, `enum ctp_rbp_kind`.
-pub mod rule {
-    use super::c;
-    pub const GAP: u8 = c::CTP_RULE_GAP as u8;
-    pub const CFA_RSP: u8 = c::CTP_RULE_CFA_RSP as u8;
-    pub const CFA_RBP: u8 = c::CTP_RULE_CFA_RBP as u8;
-    pub const PLT: u8 = c::CTP_RULE_PLT as u8;
-    pub const CFA_DEREF: u8 = c::CTP_RULE_CFA_DEREF as u8;
-    pub const END: u8 = c::CTP_RULE_END as u8;
-    pub const SIGNAL: u8 = c::CTP_RULE_SIGNAL as u8;
-    pub const UNSUPPORTED: u8 = c::CTP_RULE_UNSUPPORTED as u8;
-    pub const CFA_RSP_STEPS: u8 = c::CTP_RULE_CFA_RSP_STEPS as u8;
-    pub const RETURN_IN_RDI: u8 = c::CTP_RULE_RETURN_IN_RDI as u8;
-    pub const REG_RBP: u8 = c::CTP_REG_RBP as u8;
-    pub const REG_RSP: u8 = c::CTP_REG_RSP as u8;
-    pub const RBP_SAME: u8 = c::CTP_RBP_SAME as u8;
-    pub const RBP_AT_CFA: u8 = c::CTP_RBP_AT_CFA as u8;
-    pub const RBP_AT_RBP: u8 = c::CTP_RBP_AT_RBP as u8;
-}
+// `enum ctp_rule_kind`, `enum ctp_reg` and `enum ctp_rbp_kind` are the numbers of
+// `unwind_tables::rule::EncodedRule`, which `tables::encode_rule` copies.
+const _: () = {
+    use unwind_tables::rule::encoded::{kind, rbp, reg};
+    assert!(c::CTP_RULE_GAP as u8 == kind::GAP);
+    assert!(c::CTP_RULE_CFA_RSP as u8 == kind::CFA_RSP);
+    assert!(c::CTP_RULE_CFA_RBP as u8 == kind::CFA_RBP);
+    assert!(c::CTP_RULE_PLT as u8 == kind::PLT);
+    assert!(c::CTP_RULE_CFA_DEREF as u8 == kind::CFA_DEREF);
+    assert!(c::CTP_RULE_END as u8 == kind::END);
+    assert!(c::CTP_RULE_SIGNAL as u8 == kind::SIGNAL);
+    assert!(c::CTP_RULE_UNSUPPORTED as u8 == kind::UNSUPPORTED);
+    assert!(c::CTP_RULE_CFA_RSP_STEPS as u8 == kind::CFA_RSP_STEPS);
+    assert!(c::CTP_RULE_RETURN_IN_RDI as u8 == kind::RETURN_IN_RDI);
+    assert!(c::CTP_REG_RBP as u8 == reg::RBP);
+    assert!(c::CTP_REG_RSP as u8 == reg::RSP);
+    assert!(c::CTP_RBP_SAME as u8 == rbp::SAME);
+    assert!(c::CTP_RBP_AT_CFA as u8 == rbp::AT_CFA);
+    assert!(c::CTP_RBP_AT_RBP as u8 == rbp::AT_RBP);
+};
 
 // The walk's constants are the twin's.
 const _: () = {

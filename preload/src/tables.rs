@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use process_image::{MappedObject, MapsEntry};
 use unwind_tables::cache::Cache;
-use unwind_tables::{Cfa, CompactTable, RbpRule, Reg, Rule};
+use unwind_tables::{CompactTable, Rule};
 
 use crate::layout::{self, bytes_of, bytes_of_slice};
 
@@ -255,69 +255,19 @@ impl TableSource for PlainTables {
     }
 }
 
-/// The rule as `struct ctp_rule` holds it (the values of the BPF `ct_rule`).
+/// The rule as `struct ctp_rule` holds it (its numbers are the encoding's, checked in
+/// `layout.rs`).
 pub(crate) fn encode_rule(rule: Rule) -> layout::Rule {
-    use layout::rule as k;
-    let mut ct = layout::Rule::default();
-    match rule {
-        Rule::Gap => ct.kind = k::GAP,
-        Rule::End => ct.kind = k::END,
-        Rule::Signal => ct.kind = k::SIGNAL,
-        Rule::ReturnInRdi(offset) => {
-            ct.kind = k::RETURN_IN_RDI;
-            ct.cfa_off = offset;
-        }
-        Rule::Unsupported(reason) => {
-            ct.kind = k::UNSUPPORTED;
-            ct.reason = reason as u8;
-        }
-        Rule::Frame { cfa, rbp } => {
-            match cfa {
-                Cfa::Rsp(offset) => {
-                    ct.kind = k::CFA_RSP;
-                    ct.cfa_off = offset;
-                }
-                Cfa::RspSteps {
-                    offset,
-                    pushes,
-                    pops,
-                } => {
-                    ct.kind = k::CFA_RSP_STEPS;
-                    ct.cfa_off = offset;
-                    ct.cfa_arg = u32::from(pushes) | u32::from(pops) << 16;
-                }
-                Cfa::Rbp(offset) => {
-                    ct.kind = k::CFA_RBP;
-                    ct.cfa_off = offset;
-                }
-                Cfa::Plt { threshold } => {
-                    ct.kind = k::PLT;
-                    ct.cfa_off = threshold.into();
-                }
-                Cfa::Deref { reg, offset, add } => {
-                    ct.kind = k::CFA_DEREF;
-                    ct.cfa_reg = match reg {
-                        Reg::Rsp => k::REG_RSP,
-                        Reg::Rbp => k::REG_RBP,
-                    };
-                    ct.cfa_off = offset;
-                    ct.cfa_arg = add as u32;
-                }
-            }
-            match rbp {
-                RbpRule::Same => ct.rbp_kind = k::RBP_SAME,
-                RbpRule::AtCfa(offset) => {
-                    ct.rbp_kind = k::RBP_AT_CFA;
-                    ct.rbp_off = offset;
-                }
-                RbpRule::AtRbp(offset) => {
-                    ct.rbp_kind = k::RBP_AT_RBP;
-                    ct.rbp_off = offset;
-                }
-            }
-        }
+    let e = rule.encode();
+    layout::Rule {
+        kind: e.kind,
+        cfa_reg: e.cfa_reg,
+        rbp_kind: e.rbp_kind,
+        reason: e.reason,
+        cfa_off: e.cfa_off,
+        rbp_off: e.rbp_off,
+        cfa_arg: e.cfa_arg,
     }
-    ct
 }
 
 /// A table as the tables memfd holds it: `struct ctp_table`, then its pages, rows and

@@ -218,3 +218,116 @@ impl Rule {
         )
     }
 }
+
+/// A rule as the walkers beyond this crate read it: the BPF program's `struct ct_rule`
+/// and the preloaded library's `struct ctp_rule` (each crate checks its header's numbers
+/// against [`encoded`] and copies the fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EncodedRule {
+    /// [`encoded::kind`].
+    pub kind: u8,
+    /// [`encoded::reg`]: `CFA_DEREF`'s base register.
+    pub cfa_reg: u8,
+    /// [`encoded::rbp`].
+    pub rbp_kind: u8,
+    /// `UNSUPPORTED`: the [`UnsupportedReason`].
+    pub reason: u8,
+    pub cfa_off: i32,
+    pub rbp_off: i32,
+    /// `CFA_DEREF`: the (signed) addend; `CFA_RSP_STEPS`: pushes | pops << 16.
+    pub cfa_arg: u32,
+}
+
+/// The numbers of an [`EncodedRule`]'s fields.
+pub mod encoded {
+    /// Its `kind`.
+    pub mod kind {
+        pub const GAP: u8 = 0;
+        pub const CFA_RSP: u8 = 1;
+        pub const CFA_RBP: u8 = 2;
+        pub const PLT: u8 = 3;
+        pub const CFA_DEREF: u8 = 4;
+        pub const END: u8 = 5;
+        pub const SIGNAL: u8 = 6;
+        pub const UNSUPPORTED: u8 = 7;
+        pub const CFA_RSP_STEPS: u8 = 8;
+        pub const RETURN_IN_RDI: u8 = 9;
+    }
+
+    /// Its `rbp_kind`.
+    pub mod rbp {
+        pub const SAME: u8 = 0;
+        pub const AT_CFA: u8 = 1;
+        pub const AT_RBP: u8 = 2;
+    }
+
+    /// Its `cfa_reg`: DWARF register numbers.
+    pub mod reg {
+        pub const RBP: u8 = super::super::Reg::Rbp as u8;
+        pub const RSP: u8 = super::super::Reg::Rsp as u8;
+    }
+}
+
+impl Rule {
+    /// The rule as the walkers beyond this crate read it.
+    pub fn encode(self) -> EncodedRule {
+        use encoded::{kind, rbp as rbp_kind};
+        let mut e = EncodedRule::default();
+        match self {
+            Rule::Gap => e.kind = kind::GAP,
+            Rule::End => e.kind = kind::END,
+            Rule::Signal => e.kind = kind::SIGNAL,
+            Rule::ReturnInRdi(offset) => {
+                e.kind = kind::RETURN_IN_RDI;
+                e.cfa_off = offset;
+            }
+            Rule::Unsupported(reason) => {
+                e.kind = kind::UNSUPPORTED;
+                e.reason = reason as u8;
+            }
+            Rule::Frame { cfa, rbp } => {
+                match cfa {
+                    Cfa::Rsp(offset) => {
+                        e.kind = kind::CFA_RSP;
+                        e.cfa_off = offset;
+                    }
+                    Cfa::RspSteps {
+                        offset,
+                        pushes,
+                        pops,
+                    } => {
+                        e.kind = kind::CFA_RSP_STEPS;
+                        e.cfa_off = offset;
+                        e.cfa_arg = u32::from(pushes) | u32::from(pops) << 16;
+                    }
+                    Cfa::Rbp(offset) => {
+                        e.kind = kind::CFA_RBP;
+                        e.cfa_off = offset;
+                    }
+                    Cfa::Plt { threshold } => {
+                        e.kind = kind::PLT;
+                        e.cfa_off = threshold.into();
+                    }
+                    Cfa::Deref { reg, offset, add } => {
+                        e.kind = kind::CFA_DEREF;
+                        e.cfa_reg = reg as u8;
+                        e.cfa_off = offset;
+                        e.cfa_arg = add as u32;
+                    }
+                }
+                match rbp {
+                    RbpRule::Same => e.rbp_kind = rbp_kind::SAME,
+                    RbpRule::AtCfa(offset) => {
+                        e.rbp_kind = rbp_kind::AT_CFA;
+                        e.rbp_off = offset;
+                    }
+                    RbpRule::AtRbp(offset) => {
+                        e.rbp_kind = rbp_kind::AT_RBP;
+                        e.rbp_off = offset;
+                    }
+                }
+            }
+        }
+        e
+    }
+}
