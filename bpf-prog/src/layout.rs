@@ -192,46 +192,13 @@ const _: () = {
     assert!(sigframe::RIP == unwind_tables::rule::sigframe::RIP);
 };
 
-/// Plain data that may be copied to and from the kernel as bytes.
-///
-/// # Safety
-/// Implementors are `#[repr(C)]`, made only of integers (or arrays and
-/// structs of them), and have no padding: every byte is initialized and every
-/// byte pattern is a valid value. The `mirror!` macro checks this for the types here.
-pub unsafe trait Pod: Copy + 'static {}
-
-// SAFETY: integers have no padding and accept any bit pattern.
-unsafe impl Pod for u8 {}
-// SAFETY: as above.
-unsafe impl Pod for u16 {}
-// SAFETY: as above.
-unsafe impl Pod for u32 {}
-// SAFETY: as above.
-unsafe impl Pod for i32 {}
-// SAFETY: as above.
-unsafe impl Pod for u64 {}
-
-/// The bytes of `value`, as the kernel expects them.
-pub fn bytes_of<T: Pod>(value: &T) -> &[u8] {
-    // SAFETY: `T: Pod` has no padding, so all size_of::<T>() bytes behind the
-    // reference are initialized; the slice borrows `value`.
-    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
-}
-
-/// The bytes of `values`, as the kernel expects them.
-pub fn bytes_of_slice<T: Pod>(values: &[T]) -> &[u8] {
-    // SAFETY: as in `bytes_of`, for each element; slices have no gaps between elements.
-    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) }
-}
+/// Plain data (`repr(C)`, integers and arrays of them, no padding, any bit pattern
+/// valid), copied as bytes: bytemuck's, implemented by [`mirror!`] where it checks so.
+pub use bytemuck::{bytes_of, cast_slice as bytes_of_slice, Pod};
 
 /// A `T` read from the first `size_of::<T>()` bytes of `bytes`.
 pub fn from_bytes<T: Pod>(bytes: &[u8]) -> Option<T> {
-    if bytes.len() < size_of::<T>() {
-        return None;
-    }
-    // SAFETY: the length is checked above; `T: Pod` accepts any bit pattern;
-    // `read_unaligned` does not need `bytes` to be aligned for `T`.
-    Some(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
+    bytemuck::try_pod_read_unaligned(bytes.get(..size_of::<T>())?).ok()
 }
 
 /// Checks a mirror against the generated C type and implements [`Pod`] for it.
@@ -246,6 +213,12 @@ macro_rules! mirror {
             assert!(align_of::<$rust>() == align_of::<c::$c>());
             assert!(size_of::<$rust>() == 0 $(+ size_of::<$ty>())*);
             $(assert!(offset_of!($rust, $field) == offset_of!(c::$c, $field));)*
+            // Never called: every field's type must be plain data itself.
+            #[allow(dead_code)]
+            fn fields_are_pod() {
+                fn pod<T: Pod>() {}
+                $(pod::<$ty>();)*
+            }
             // Never called: it only has to type-check.
             #[allow(dead_code)]
             fn field_types(rust: &$rust, c: &c::$c) {
@@ -255,7 +228,10 @@ macro_rules! mirror {
                 )*
             }
         };
-        // SAFETY: checked above: repr(C), fields of Pod types, no padding.
+        // SAFETY: checked above: repr(C), fields of plain data, no padding, so every bit
+        // pattern (zero included) is a value.
+        unsafe impl bytemuck::Zeroable for $rust {}
+        // SAFETY: as above.
         unsafe impl Pod for $rust {}
     };
     (@c_type $ty:ty) => { $ty };

@@ -13,43 +13,13 @@ pub(crate) mod c {
     include!(concat!(env!("OUT_DIR"), "/layout_c.rs"));
 }
 
-/// Plain data: `repr(C)`, no padding, any bit pattern valid.
-///
-/// # Safety
-/// Only for types whose every byte is a field of an integer type (or arrays and
-/// structs of such), as [`mirror!`] checks.
-pub unsafe trait Pod: Copy + 'static {}
+/// Plain data (`repr(C)`, integers and arrays of them, no padding, any bit pattern
+/// valid), copied as bytes: bytemuck's, implemented by [`mirror!`] where it checks so.
+pub use bytemuck::{bytes_of, cast_slice as bytes_of_slice, Pod};
 
-// SAFETY: integers have no padding and accept any bit pattern.
-unsafe impl Pod for u8 {}
-// SAFETY: as above.
-unsafe impl Pod for u16 {}
-// SAFETY: as above.
-unsafe impl Pod for u32 {}
-// SAFETY: as above.
-unsafe impl Pod for i32 {}
-// SAFETY: as above.
-unsafe impl Pod for u64 {}
-
-/// The bytes of `value`.
-pub fn bytes_of<T: Pod>(value: &T) -> &[u8] {
-    // SAFETY: `T: Pod` has no padding, so every byte behind the reference is initialized.
-    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
-}
-
-/// The bytes of `values`.
-pub fn bytes_of_slice<T: Pod>(values: &[T]) -> &[u8] {
-    // SAFETY: as in `bytes_of`, for each element; slices have no gaps.
-    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) }
-}
-
-/// A `T` from the first `size_of::<T>()` bytes of `bytes`.
+/// A `T` read from the first `size_of::<T>()` bytes of `bytes`.
 pub fn from_bytes<T: Pod>(bytes: &[u8]) -> Option<T> {
-    if bytes.len() < size_of::<T>() {
-        return None;
-    }
-    // SAFETY: length checked; `T: Pod` accepts any bit pattern; unaligned read.
-    Some(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
+    bytemuck::try_pod_read_unaligned(bytes.get(..size_of::<T>())?).ok()
 }
 
 /// Asserts a mirror's size, field count and every field offset against the C layout,
@@ -61,8 +31,17 @@ macro_rules! mirror {
             assert!(size_of::<$rust>() == 0 $(+ size_of::<$ty>())*);
             assert!(c::$c::FIELDS == [$(stringify!($field)),*].len());
             $(assert!(offset_of!($rust, $field) == c::$c::$field);)*
+            // Never called: every field's type must be plain data itself.
+            #[allow(dead_code)]
+            fn fields_are_pod() {
+                fn pod<T: Pod>() {}
+                $(pod::<$ty>();)*
+            }
         };
-        // SAFETY: checked above: repr(C), integer fields, no padding.
+        // SAFETY: checked above: repr(C), fields of plain data, no padding, so every bit
+        // pattern (zero included) is a value.
+        unsafe impl bytemuck::Zeroable for $rust {}
+        // SAFETY: as above.
         unsafe impl Pod for $rust {}
     };
 }
@@ -316,12 +295,6 @@ mirror!(
         events: [Event; RING_EVENTS],
     }
 );
-// SAFETY: an array of a Pod type is Pod.
-unsafe impl Pod for [Event; RING_EVENTS] {}
-// SAFETY: as above.
-unsafe impl Pod for [u64; 5] {}
-// SAFETY: as above.
-unsafe impl Pod for [u64; 7] {}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -478,11 +451,6 @@ pub const MAX_HOOKS: usize = c::CTP_MAX_HOOKS as usize;
 pub const HOOK_PATCH: usize = c::CTP_HOOK_PATCH as usize;
 /// A trampoline's bytes at most.
 pub const HOOK_ROOM: usize = c::CTP_HOOK_ROOM as usize;
-
-// SAFETY: bytes have no padding and accept any bit pattern.
-unsafe impl Pod for [u8; HOOK_PATCH] {}
-// SAFETY: as above.
-unsafe impl Pod for [u8; HOOK_ROOM] {}
 
 /// `enum ctp_hook_kind`.
 pub mod hook_kind {
