@@ -888,23 +888,6 @@ fn check_exited_processes(name: &str, extra: &[&str]) -> Run {
     run
 }
 
-/// A fixture linked with a library of .ci/setup.sh's, or `None` (with the reason printed)
-/// where the library is missing outside CI.
-fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::PathBuf> {
-    if !std::path::Path::new(header).exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{header} is missing: .ci/setup.sh installs it"
-        );
-        eprintln!("skipping {name}: no {header} (bash .ci/setup.sh installs it)");
-        return None;
-    }
-    Some(
-        fixtures::build(fixtures::Lang::C, name, flags)
-            .unwrap_or_else(|error| panic!("building {name}: {error}")),
-    )
-}
-
 /// jemalloc linked into the executable, as tikv-jemallocator links it: its malloc API and
 /// its own (mallocx, rallocx, xallocx, sdallocx, dallocx) counted exactly, found without a
 /// flag and with `alloc:jemalloc`.
@@ -913,7 +896,7 @@ fn jemalloc_in_the_executable() {
     if !bpf_available("jemalloc_in_the_executable") {
         return;
     }
-    let Some(path) = fixture_with(
+    let Some(path) = common::fixture_with(
         "alloc_jemalloc",
         "/usr/include/jemalloc/jemalloc.h",
         &[
@@ -949,7 +932,7 @@ fn mimalloc_as_a_library() {
     if !bpf_available("mimalloc_as_a_library") {
         return;
     }
-    let Some(path) = fixture_with(
+    let Some(path) = common::fixture_with(
         "alloc_mimalloc",
         "/usr/include/mimalloc.h",
         &["-Wl,--no-as-needed", "-lmimalloc"],

@@ -194,28 +194,11 @@ fn threads_and_children_alike_in_process_and_in_bpf() {
     );
 }
 
-/// A C fixture built with `flags` (an allocator linked in), if its allocator's header is
-/// installed (CI installs it: a missing one fails there).
-fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<std::path::PathBuf> {
-    if !std::path::Path::new(header).exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{header} is missing: .ci/setup.sh installs it"
-        );
-        eprintln!("skipping {name}: no {header} (bash .ci/setup.sh installs it)");
-        return None;
-    }
-    Some(
-        fixtures::build(fixtures::Lang::C, name, flags)
-            .unwrap_or_else(|error| panic!("building {name}: {error}")),
-    )
-}
-
 /// jemalloc linked into the executable (unprefixed, first in the lookup order): hooked in
 /// the process, probed by its symbols from the kernel.
 #[test]
 fn jemalloc_in_the_executable_alike_in_process_and_in_bpf() {
-    let Some(path) = fixture_with(
+    let Some(path) = common::fixture_with(
         "alloc_jemalloc",
         "/usr/include/jemalloc/jemalloc.h",
         &[
@@ -235,7 +218,7 @@ fn jemalloc_in_the_executable_alike_in_process_and_in_bpf() {
 /// the wrappers), probed from the kernel.
 #[test]
 fn mimalloc_as_a_library_alike_in_process_and_in_bpf() {
-    let Some(path) = fixture_with(
+    let Some(path) = common::fixture_with(
         "alloc_mimalloc",
         "/usr/include/mimalloc.h",
         &["-Wl,--no-as-needed", "-lmimalloc"],
@@ -259,7 +242,7 @@ fn allocator_crates_alike_in_process_and_in_bpf() {
 /// The jemalloc fixture linked with libjemalloc.so (its malloc replaces libc's), if
 /// installed.
 fn jemalloc_library_fixture() -> Option<std::path::PathBuf> {
-    fixture_with(
+    common::fixture_with(
         "alloc_jemalloc",
         "/usr/include/jemalloc/jemalloc.h",
         &["-Wl,--no-as-needed", "-ljemalloc"],
@@ -274,7 +257,7 @@ fn jemalloc_library_fixture() -> Option<std::path::PathBuf> {
 #[test]
 fn named_allocators_alike_in_process_and_in_bpf() {
     let jemalloc_header = "/usr/include/jemalloc/jemalloc.h";
-    if let Some(path) = fixture_with(
+    if let Some(path) = common::fixture_with(
         "alloc_jemalloc",
         jemalloc_header,
         &[
@@ -311,7 +294,7 @@ fn named_allocators_alike_in_process_and_in_bpf() {
             true,
         );
     }
-    if let Some(path) = fixture_with(
+    if let Some(path) = common::fixture_with(
         "alloc_mimalloc",
         "/usr/include/mimalloc.h",
         &["-Wl,--no-as-needed", "-lmimalloc"],

@@ -141,14 +141,7 @@ fn attaching_to_a_running_process_profiles_it_and_leaves_it_running() {
         .unwrap();
     // Interrupted once it says tracing began (a loaded machine may take seconds).
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("tracing process") {
-        said.clear();
-        assert!(
-            stderr.read_line(&mut said).unwrap() > 0,
-            "cargo-trace ended"
-        );
-    }
+    let said = common::await_tracing(&mut stderr);
     interrupt_after(&child, Duration::from_millis(1500));
     let status = child.wait().unwrap();
     let mut rest = String::new();

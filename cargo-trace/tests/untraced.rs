@@ -197,14 +197,7 @@ fn an_attached_process_is_followed_exactly_and_no_other_is_patched() {
         .spawn()
         .unwrap();
     let mut stderr = BufReader::new(session.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("tracing process") {
-        said.clear();
-        assert!(
-            stderr.read_line(&mut said).unwrap() > 0,
-            "cargo-trace ended"
-        );
-    }
+    let said = common::await_tracing(&mut stderr);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
     stdin.flush().unwrap();

@@ -215,3 +215,35 @@ pub fn csv_fields(line: &str) -> Vec<String> {
     fields.push(field);
     fields
 }
+
+/// Reads cargo-trace's `stderr` until it says it is tracing (a loaded machine may take
+/// seconds); what it said up to there. Fails if it ends first.
+pub fn await_tracing(stderr: &mut impl std::io::BufRead) -> String {
+    let mut said = String::new();
+    while !said.contains("tracing process") {
+        said.clear();
+        assert!(
+            stderr.read_line(&mut said).unwrap() > 0,
+            "cargo-trace ended"
+        );
+    }
+    said
+}
+
+/// A C fixture built with `flags` (a library of .ci/setup.sh's linked in), or `None`
+/// (with the reason printed) where the library's `header` is missing outside CI; under
+/// `CI=true` a missing one fails.
+pub fn fixture_with(name: &str, header: &str, flags: &[&str]) -> Option<PathBuf> {
+    if !Path::new(header).exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{header} is missing: .ci/setup.sh installs it"
+        );
+        eprintln!("skipping {name}: no {header} (bash .ci/setup.sh installs it)");
+        return None;
+    }
+    Some(
+        cargo_trace_tests::fixtures::build(cargo_trace_tests::fixtures::Lang::C, name, flags)
+            .unwrap_or_else(|error| panic!("building {name}: {error}")),
+    )
+}
