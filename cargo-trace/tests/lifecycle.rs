@@ -422,14 +422,24 @@ fn an_exec_loop_under_a_fast_profile_finishes_with_execve_samples_kernel_only() 
         .and_then(|count| count.parse().ok())
         .unwrap_or_else(|| panic!("no sample inside execve in 200 execs at 4999 Hz: {summary}"));
     assert!(in_exec > 0);
-    for failure in ["read fault", "no process"] {
-        assert!(!summary.contains(failure), "{summary}");
-    }
+    // A read fault may happen outside execve: a sample taken while the kernel
+    // copies a stack page after fork (its entry cleared for the copy) cannot
+    // read it. Inside execve none may (the folded stacks below).
+    assert!(!summary.contains("no process"), "{summary}");
     let folded = std::fs::read_to_string(&folded_path).unwrap();
     for line in folded.lines() {
         assert!(
             !(line.contains("execve") && line.contains("[truncated")),
             "a sample inside execve with a failed walk: {line}"
+        );
+        // The session's own uprobe on ld.so's _dl_debug_state fires twice in
+        // each child: a sample in its trap (rip past the one-byte ret) or in
+        // its single step (rip in the [uprobes] page) walks from the probed
+        // instruction.
+        assert!(
+            !(line.contains("[truncated")
+                && (line.contains("[[uprobes]]") || line.contains("[ld-linux-x86-64.so.2+0x"))),
+            "a sample at the session's own uprobe with a failed walk: {line}"
         );
     }
 }

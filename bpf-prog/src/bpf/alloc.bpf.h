@@ -670,7 +670,7 @@ static __always_inline __u64 alloc_stack(struct pt_regs *ctx, __u32 tgid, bool s
 		sp += 8;
 	else
 		ip = ctx->ip;
-	return take_stacks(NULL, tgid, ip, sp, ctx->bp, ctx->di).user;
+	return take_stacks(NULL, tgid, ip, sp, ctx->bp, ctx->di, false).user;
 }
 
 /* An allocating call's entry, unsampled when sampling 1 in N left it out

@@ -45,6 +45,8 @@
 #define CT_PF_KTHREAD 0x00200000
 #define CT_NR_RT_SIGRETURN 15 /* x86-64 */
 #define CT_SYSCALL_INSN_LEN 2
+/* orig_ax of a kernel entry by an exception without an error code (int3) */
+#define CT_ORIG_AX_EXCEPTION ((__u64)-1)
 
 #define EEXIST 17
 
@@ -441,12 +443,13 @@ struct event_stacks {
 
 /*
  * Walks and stores the event's stacks, in a nesting level of its own: the
- * user stack walked from rip, rsp, rbp, rdi (none if rip is 0), the kernel
- * stack of kctx (none if NULL). Without a free level, the event has no
+ * user stack walked from rip, rsp, rbp, rdi (none if rip is 0; trap: the
+ * thread entered the kernel by an exception, see after_breakpoint), the
+ * kernel stack of kctx (none if NULL). Without a free level, the event has no
  * stacks (CT_LOSS_TOO_NESTED).
  */
 static __always_inline struct event_stacks take_stacks(void *kctx, __u32 tgid, __u64 rip,
-						       __u64 rsp, __u64 rbp, __u64 rdi)
+						       __u64 rsp, __u64 rbp, __u64 rdi, bool trap)
 {
 	struct event_stacks keys = { CT_STACK_NONE, CT_STACK_NONE };
 	__u32 zero = 0;
@@ -468,6 +471,7 @@ static __always_inline struct event_stacks take_stacks(void *kctx, __u32 tgid, _
 			s->walk.start_rsp = rsp;
 			s->walk.start_rbp = rbp;
 			s->walk.start_rdi = rdi;
+			s->walk.start_trap = trap;
 			keys.user = take_user_stack(&s->walk, known, level, tgid);
 		}
 		if (kctx)
@@ -539,7 +543,7 @@ static __always_inline struct event_stacks take_stacks_from_kernel(void *ctx, __
 
 	if (!task->mm) {
 		count_loss(task->flags & CT_PF_KTHREAD ? CT_LOSS_KERNEL_THREAD : CT_LOSS_EXITING);
-		return take_stacks(kctx, tgid, 0, 0, 0, 0);
+		return take_stacks(kctx, tgid, 0, 0, 0, 0, false);
 	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	__u64 ip = regs->ip;
@@ -547,7 +551,8 @@ static __always_inline struct event_stacks take_stacks_from_kernel(void *ctx, __
 	 * the syscall, and so outside its unwind info: walk from the syscall. */
 	if (regs->orig_ax == CT_NR_RT_SIGRETURN)
 		ip -= CT_SYSCALL_INSN_LEN;
-	return take_stacks(kctx, tgid, ip, regs->sp, regs->bp, regs->di);
+	return take_stacks(kctx, tgid, ip, regs->sp, regs->bp, regs->di,
+			   regs->orig_ax == CT_ORIG_AX_EXCEPTION);
 }
 
 /* uprobe and uretprobe: ctx holds the user registers (at a uretprobe, rip
@@ -560,7 +565,7 @@ static __always_inline struct event_stacks take_stacks_from_kernel(void *ctx, __
 		if (filter_uprobes && !pid_wanted(tgid))                                     \
 			return 0;                                                            \
 		struct event_stacks stacks =                                                 \
-			take_stacks(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, ctx->di);         \
+			take_stacks(NULL, tgid, ctx->ip, ctx->sp, ctx->bp, ctx->di, false);  \
 		count_event(stacks, tgid, bpf_get_attach_cookie(ctx), 0);                    \
 		return 0;                                                                    \
 	}
@@ -590,7 +595,8 @@ static __always_inline void count_sample(struct bpf_perf_event_data *ctx, __u32 
 		/* kernel half of the address space: sampled in kernel mode */
 		stacks = take_stacks_from_kernel(ctx, tgid);
 	else
-		stacks = take_stacks(NULL, tgid, ip, ctx->regs.sp, ctx->regs.bp, ctx->regs.di);
+		stacks = take_stacks(NULL, tgid, ip, ctx->regs.sp, ctx->regs.bp, ctx->regs.di,
+				     false);
 	count_event(stacks, tgid, bpf_get_attach_cookie(ctx), 0);
 }
 

@@ -86,7 +86,9 @@ struct walk_state {
 	__u64 hash;  /* of the frames named so far (see name_frame) */
 	__u64 check;
 	__u32 named; /* frames named: stack.pcs[named..] still hold runtime addresses */
-	__u32 pad;
+	__u32 start_trap; /* the thread entered the kernel by an exception without an
+			   * error code (orig_ax -1): maybe a breakpoint's trap (see
+			   * after_breakpoint) */
 	__u32 nmappings;
 	__u32 mapping; /* index of the mapping of the previous pc: tried first */
 	__u32 exact;   /* pc is a current pc, not a return address */
@@ -614,6 +616,49 @@ __noinline __u64 uretprobe_return(__u64 slot, __u64 *found)
 	return 0;
 }
 
+/*
+ * A uprobe's instruction runs out of line: copied to a slot of the process's
+ * [uprobes] page (the trampoline's is its first) and single-stepped there,
+ * with the registers it has at the probed address. The address in the
+ * probed code a pc in the current thread's slot stands for; 0 if pc is not
+ * in it.
+ */
+#define CT_XOL_AREA_SIZE 4096 /* the [uprobes] page */
+#define CT_XOL_SLOT_SIZE 128
+
+static __always_inline __u64 uprobe_stepped_from(__u64 pc)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (!bpf_core_field_exists(task->utask))
+		return 0;
+	/* BTF loads: a fault reads 0 */
+	struct uprobe_task *utask = task->utask;
+	if (!utask)
+		return 0;
+	/* set, with vaddr, before rip is moved to the slot, and until the
+	 * step is done */
+	__u64 slot = utask->xol_vaddr;
+	if (!slot || pc - slot >= CT_XOL_SLOT_SIZE)
+		return 0;
+	return utask->vaddr + (pc - slot);
+}
+
+/*
+ * Whether the thread's pc follows a breakpoint: a uprobe's int3 traps with
+ * rip past it, and the kernel sets rip back to the probed address only once
+ * it has found the uprobe. The stack is as it was at the int3. Asked only
+ * of a walk whose first frame has no row (the probe on a function's last
+ * byte, a one-byte ret: rip is past the function), so a pc that merely
+ * follows a 0xcc byte can only gain a frame it would not have had.
+ */
+static __always_inline bool after_breakpoint(__u64 pc)
+{
+	__u8 byte = 0;
+
+	return !bpf_probe_read_user(&byte, sizeof(byte), (void *)(pc - 1)) && byte == 0xcc;
+}
+
 static __always_inline int stop(struct walk_state *w, __u16 error)
 {
 	w->error = error;
@@ -741,6 +786,32 @@ static int walk_steps(__u32 index, void *arg)
 	return walk_some(ctx->w, ctx->proc, ctx->pages, ctx->rules) & 1;
 }
 
+/* Sets w up to walk from pc, with the thread's registers from w->start_*. */
+static __always_inline void start_walk(struct walk_state *w, __u64 pc)
+{
+	struct ct_stack *stack = &w->stack;
+
+	stack->pcs[0] = pc;
+	stack->len = 1;
+	w->pc = pc;
+	w->rsp = w->start_rsp;
+	w->rbp = w->start_rbp;
+	w->hash = 0;
+	w->check = 0x5851f42d4c957f2dULL;
+	w->named = 0;
+	w->mapping = 0;
+	w->unregistered.start = 0;
+	w->unregistered.end = 0;
+	w->exact = 1;
+	w->rdi = w->start_rdi;
+	w->error = CT_WALK_COMPLETE;
+	w->reason = 0;
+	w->nwords = 0;
+	w->unfit = 0;
+	w->uses_rbp = 0;
+	w->rbp_from_regs = 1;
+}
+
 /*
  * Walks the user stack of the current process, whose mappings proc holds
  * (NULL: none registered), from the given registers into w, using the page
@@ -754,31 +825,14 @@ static int walk_steps(__u32 index, void *arg)
 static __always_inline void walk_user_stack(struct walk_state *w, __u32 level,
 					    struct ct_proc *proc, __u64 trampoline)
 {
-	__u64 rip = w->start_rip, rsp = w->start_rsp, rbp = w->start_rbp, rdi = w->start_rdi;
+	__u64 rip = w->start_rip;
 	struct ct_stack *stack = &w->stack;
-	stack->pcs[0] = rip;
-	stack->len = 1;
-	w->pc = rip;
-	w->rsp = rsp;
-	w->rbp = rbp;
-	w->hash = 0;
-	w->check = 0x5851f42d4c957f2dULL;
-	w->named = 0;
-	w->mapping = 0;
-	w->unregistered.start = 0;
-	w->unregistered.end = 0;
-	w->exact = 1;
-	w->rdi = rdi;
-	w->error = CT_WALK_COMPLETE;
-	w->reason = 0;
-	w->use_rule_cache = level == 0;
-	w->nwords = 0;
-	w->unfit = 0;
-	w->uses_rbp = 0;
-	w->rbp_from_regs = 1;
+
 	for (int slot = 0; slot < CT_PAGE_SLOTS; slot++)
 		w->page_tag[slot] = 0;
+	w->use_rule_cache = level == 0;
 	w->trampoline = trampoline;
+	start_walk(w, rip);
 	if (trampoline && rip - trampoline < CT_TRAMPOLINE_SIZE) {
 		/* In the trampoline, the probed function has returned: the event
 		 * is its caller's, at the return address, with the stack as the
@@ -790,6 +844,13 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level,
 			w->pc = ret;
 			w->rsp = slot + 8;
 			w->exact = 0;
+		}
+		w->unfit = 1;
+	} else if (trampoline && rip - trampoline < CT_XOL_AREA_SIZE) {
+		__u64 probed = uprobe_stepped_from(rip);
+		if (probed) {
+			stack->pcs[0] = probed;
+			w->pc = probed;
 		}
 		w->unfit = 1;
 	}
@@ -811,6 +872,15 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level,
 		 * CT_MAX_FRAMES steps always reach a stop: the bound is never
 		 * what ends a walk. */
 		bpf_loop(CT_MAX_FRAMES / STEPS_PER_CALL + 1, walk_steps, &ctx, 0);
+		if (w->start_trap && stack->len == 1 && w->pc == rip &&
+		    (w->error == CT_WALK_NO_ROW || w->error == CT_WALK_NO_MAPPING) &&
+		    after_breakpoint(rip)) {
+			/* at the breakpoint, which the kernel has not set rip
+			 * back to yet */
+			start_walk(w, rip - 1);
+			w->unfit = 1;
+			bpf_loop(CT_MAX_FRAMES / STEPS_PER_CALL + 1, walk_steps, &ctx, 0);
+		}
 	} else {
 		w->error = CT_WALK_NO_PROC;
 	}
