@@ -848,6 +848,57 @@ fn walks_cross_uretprobe_trampolines() {
     );
 }
 
+/// A uprobe's instruction runs out of line: the kernel single-steps a copy in a slot of
+/// the process's `[uprobes]` page. An event taken there, here the page fault of the
+/// probed store (a fresh page at every call), walks from the probed instruction.
+#[test]
+fn events_in_a_uprobes_single_step_walk_from_the_probed_instruction() {
+    if !bpf_available("uprobe single step") {
+        return;
+    }
+    const PAGES: u64 = 200;
+    let path = fixtures::c_fixture("xol_fault");
+    let probe = format!("uprobe:{}:touch", path.display());
+    let run = trace(
+        "uprobe-single-step",
+        &[&probe, "software:page-faults:1"],
+        &format!("{} {PAGES}", quoted(&path)),
+        &[],
+    );
+    assert!(run.status.success(), "cargo-trace failed: {}", run.stderr);
+    run.assert_every_walk_complete();
+    let chain = ["main", "touch_all", "touch"];
+    let (mut probed, mut faults) = (0, 0);
+    for (frames, count) in &run.folded().stacks {
+        assert!(!is_truncated(frames), "{frames:?}");
+        assert!(
+            !frames.iter().any(|f| f.contains("[uprobes]")),
+            "{frames:?}"
+        );
+        let user: Vec<&str> = frames[1..]
+            .iter()
+            .map(String::as_str)
+            .filter(|f| !f.ends_with("_[k]"))
+            .collect();
+        if !user.ends_with(&chain) {
+            continue;
+        }
+        if frames[0] == probe {
+            probed += count;
+        } else if frames[0] == "software:page-faults:1" {
+            faults += count;
+        }
+    }
+    assert_eq!(probed, PAGES);
+    // One fault per page, and at most one more: the first fetch from the [uprobes]
+    // page maps it.
+    assert!(
+        (PAGES..=PAGES + 1).contains(&faults),
+        "{faults} faults in touch for {PAGES} pages: {}",
+        run.stderr
+    );
+}
+
 #[test]
 fn samples_during_exit_are_counted_as_what_they_are() {
     if !bpf_available("samples during exit") {
