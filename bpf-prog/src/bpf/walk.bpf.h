@@ -648,9 +648,10 @@ static __always_inline __u64 uprobe_stepped_from(__u64 pc)
  * Whether the thread's pc follows a breakpoint: a uprobe's int3 traps with
  * rip past it, and the kernel sets rip back to the probed address only once
  * it has found the uprobe. The stack is as it was at the int3. Asked only
- * of a walk whose first frame has no row (the probe on a function's last
- * byte, a one-byte ret: rip is past the function), so a pc that merely
- * follows a 0xcc byte can only gain a frame it would not have had.
+ * of a walk that stopped at its first frame with no row or no mapping (the
+ * probe on a function's last byte, a one-byte ret: rip is past the
+ * function), so a pc that merely follows a 0xcc byte can only gain frames
+ * it would not have had.
  */
 static __always_inline bool after_breakpoint(__u64 pc)
 {
