@@ -573,7 +573,8 @@ static __always_inline int read_user(struct walk_state *w, struct ct_user_pages 
  * uretprobe system call, a sample on its way back), takes the original.
  */
 #define CT_URETPROBE_DEPTH 8 /* return instances searched */
-#define CT_TRAMPOLINE_SIZE 128 /* the trampoline's xol slot */
+#define CT_XOL_AREA_SIZE 4096 /* the [uprobes] page */
+#define CT_XOL_SLOT_SIZE 128  /* a slot of it; the trampoline's is the first */
 
 /* The uretprobe trampoline of the current process, 0 if it has none. */
 static __always_inline __u64 uretprobe_trampoline(void)
@@ -590,6 +591,14 @@ static __always_inline __u64 uretprobe_trampoline(void)
 	return area ? area->vaddr : 0;
 }
 
+/* The current thread's uprobe state: asked only where its process has a
+ * [uprobes] page, so where the kernel has the field. A BTF load: a fault
+ * reads 0. */
+static __always_inline struct uprobe_task *current_utask(void)
+{
+	return bpf_get_current_task_btf()->utask;
+}
+
 /*
  * The return address a uretprobe replaced in the stack slot at `slot` (any
  * slot if 0: the innermost, for a pc in the trampoline), and the slot in
@@ -598,10 +607,9 @@ static __always_inline __u64 uretprobe_trampoline(void)
  */
 __noinline __u64 uretprobe_return(__u64 slot, __u64 *found)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
 	/* BTF loads (a fault reads 0), not probe-read helpers through the stack:
 	 * its frame is under the walk's */
-	struct uprobe_task *utask = task->utask;
+	struct uprobe_task *utask = current_utask();
 	struct return_instance *ri = utask ? utask->return_instances : NULL;
 
 	for (int i = 0; i < CT_URETPROBE_DEPTH && ri; i++) {
@@ -623,17 +631,10 @@ __noinline __u64 uretprobe_return(__u64 slot, __u64 *found)
  * probed code a pc in the current thread's slot stands for; 0 if pc is not
  * in it.
  */
-#define CT_XOL_AREA_SIZE 4096 /* the [uprobes] page */
-#define CT_XOL_SLOT_SIZE 128
-
 static __always_inline __u64 uprobe_stepped_from(__u64 pc)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct uprobe_task *utask = current_utask();
 
-	if (!bpf_core_field_exists(task->utask))
-		return 0;
-	/* BTF loads: a fault reads 0 */
-	struct uprobe_task *utask = task->utask;
 	if (!utask)
 		return 0;
 	/* set, with vaddr, before rip is moved to the slot, and until the
@@ -834,7 +835,7 @@ static __always_inline void walk_user_stack(struct walk_state *w, __u32 level,
 	w->use_rule_cache = level == 0;
 	w->trampoline = trampoline;
 	start_walk(w, rip);
-	if (trampoline && rip - trampoline < CT_TRAMPOLINE_SIZE) {
+	if (trampoline && rip - trampoline < CT_XOL_SLOT_SIZE) {
 		/* In the trampoline, the probed function has returned: the event
 		 * is its caller's, at the return address, with the stack as the
 		 * caller had it. */
